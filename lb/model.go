@@ -1,0 +1,145 @@
+// Package lb owns the load-balancing model and its decisions: the immutable
+// Snapshot of service ports and endpoints that the control plane publishes,
+// the Picker that orders endpoints (round robin with ClientIP affinity), the
+// RetryPolicy that bounds connect attempts, and passive ejection of failing
+// endpoints. It knows nothing about sockets, Kubernetes objects or iptables.
+package lb
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Protocol is an L4 protocol as Kubernetes spells it.
+type Protocol string
+
+// The protocols a service port can use.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default ClientIP affinity timeout (10800s).
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// ServicePortName identifies one port of one Service, as kube-proxy does.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; empty for an unnamed single port
+	Protocol  Protocol
+}
+
+// String is kube-proxy's form: "ns/name:port", or "ns/name" for an unnamed port.
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// Endpoint is one backend address of a service port with its conditions.
+type Endpoint struct {
+	Addr        netip.AddrPort
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+}
+
+// Affinity is a service port's session affinity.
+type Affinity struct {
+	ClientIP bool
+	Timeout  time.Duration // meaningful only when ClientIP is set
+}
+
+// ServicePort is one port of one Service, with everything a data plane needs.
+type ServicePort struct {
+	Name            ServicePortName
+	ClusterIPs      []netip.Addr
+	Port            uint16
+	NodePort        uint16
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	Affinity        Affinity
+	// Endpoints is sorted by address, as kube-proxy sorts them.
+	Endpoints []Endpoint
+}
+
+// Usable returns the endpoints traffic may go to: the ready ones, or, when
+// none is ready, the ones that are serving and terminating (kube-proxy's
+// fallback). The result is sorted by address.
+func (sp *ServicePort) Usable() []netip.AddrPort {
+	var ready, terminating []netip.AddrPort
+	for _, ep := range sp.Endpoints {
+		switch {
+		case ep.Ready:
+			ready = append(ready, ep.Addr)
+		case ep.Serving && ep.Terminating:
+			terminating = append(terminating, ep.Addr)
+		}
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return terminating
+}
+
+// SameFrontend reports whether two service ports listen in the same places,
+// so that a listener can be kept across an update.
+func (sp *ServicePort) SameFrontend(o *ServicePort) bool {
+	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&
+		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
+		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs)
+}
+
+// Snapshot is one immutable view of every service port. It is published by
+// pointer swap; readers never lock and never mutate it.
+type Snapshot struct {
+	Ports map[ServicePortName]*ServicePort
+}
+
+// Sorted returns the service ports ordered by name, for stable output.
+func (s *Snapshot) Sorted() []*ServicePort {
+	out := make([]*ServicePort, 0, len(s.Ports))
+	for _, sp := range s.Ports {
+		out = append(out, sp)
+	}
+	slices.SortFunc(out, func(a, b *ServicePort) int {
+		if c := compareStrings(a.Name.String(), b.Name.String()); c != 0 {
+			return c
+		}
+		return compareStrings(string(a.Name.Protocol), string(b.Name.Protocol))
+	})
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Validate checks the invariants every consumer relies on.
+func (sp *ServicePort) Validate() error {
+	switch sp.Name.Protocol {
+	case TCP, UDP, SCTP:
+	default:
+		return fmt.Errorf("%s: unsupported protocol %q", sp.Name, sp.Name.Protocol)
+	}
+	if sp.Port == 0 {
+		return fmt.Errorf("%s: port must be 1-65535", sp.Name)
+	}
+	if sp.Affinity.ClientIP && sp.Affinity.Timeout <= 0 {
+		return fmt.Errorf("%s: affinity timeout must be positive", sp.Name)
+	}
+	return nil
+}

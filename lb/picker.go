@@ -1,0 +1,212 @@
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-proxy/sluice/affinity"
+)
+
+func errorf(format string, a ...any) error { return fmt.Errorf(format, a...) }
+
+// ErrNoEndpoints means a service port has no usable endpoint.
+var ErrNoEndpoints = errors.New("no endpoints")
+
+// EjectionPolicy is passive ejection: after Failures consecutive connect
+// failures an endpoint is skipped for Backoff, doubling on each failed probe
+// up to MaxBackoff. Failures <= 0 turns ejection off.
+type EjectionPolicy struct {
+	Failures   int
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+}
+
+// DefaultEjectionPolicy ejects after 2 consecutive failures for 5s, up to 1m.
+func DefaultEjectionPolicy() EjectionPolicy {
+	return EjectionPolicy{Failures: 2, Backoff: 5 * time.Second, MaxBackoff: time.Minute}
+}
+
+type health struct {
+	consecutive  int
+	backoff      time.Duration
+	ejectedUntil time.Time
+}
+
+type endpointSet struct {
+	addrs []netip.AddrPort
+	index map[netip.AddrPort]int
+}
+
+// Picker chooses endpoints for one service port: round robin over the usable
+// endpoints, ClientIP affinity when enabled, and passive ejection of endpoints
+// that keep failing. Endpoints and affinity are replaced by SetEndpoints and
+// SetAffinity without disturbing pins to endpoints that stay. A Picker is safe
+// for concurrent use; Order never blocks on I/O.
+type Picker struct {
+	clock    affinity.Clock
+	ejection EjectionPolicy
+
+	set      atomic.Pointer[endpointSet]
+	next     atomic.Uint64
+	affinity atomic.Pointer[affinity.Table] // nil when affinity is off
+
+	mu     sync.Mutex
+	health map[netip.AddrPort]*health
+}
+
+// NewPicker returns a picker with no endpoints.
+func NewPicker(clock affinity.Clock, ejection EjectionPolicy) *Picker {
+	if clock == nil {
+		clock = affinity.SystemClock{}
+	}
+	p := &Picker{clock: clock, ejection: ejection, health: make(map[netip.AddrPort]*health)}
+	p.set.Store(&endpointSet{})
+	return p
+}
+
+// SetEndpoints replaces the endpoint list. Pins and health of endpoints that
+// remain are kept; the round-robin position is kept too, so an update that
+// changes nothing changes no decision.
+func (p *Picker) SetEndpoints(addrs []netip.AddrPort) {
+	s := &endpointSet{addrs: append([]netip.AddrPort(nil), addrs...), index: make(map[netip.AddrPort]int, len(addrs))}
+	for i, a := range s.addrs {
+		s.index[a] = i
+	}
+	p.set.Store(s)
+	if t := p.affinity.Load(); t != nil {
+		t.Retain(func(a netip.AddrPort) bool { _, ok := s.index[a]; return ok })
+	}
+	p.mu.Lock()
+	for a := range p.health {
+		if _, ok := s.index[a]; !ok {
+			delete(p.health, a)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// Endpoints returns the current endpoint list. Callers must not modify it.
+func (p *Picker) Endpoints() []netip.AddrPort { return p.set.Load().addrs }
+
+// SetAffinity turns ClientIP affinity on (with its timeout) or off. Turning it
+// off drops every pin; changing the timeout keeps them.
+func (p *Picker) SetAffinity(a Affinity) {
+	if !a.ClientIP {
+		p.affinity.Store(nil)
+		return
+	}
+	if t := p.affinity.Load(); t != nil {
+		t.SetTTL(a.Timeout)
+		return
+	}
+	p.affinity.Store(affinity.NewTable(a.Timeout, p.clock))
+}
+
+// Order returns the endpoints to try, best first: the client's live pin, then
+// healthy endpoints in round-robin order, then ejected ones whose back-off
+// has run out (probes). Endpoints still in back-off come last, so a service
+// whose every endpoint is ejected is still tried rather than refused.
+func (p *Picker) Order(client netip.Addr) ([]netip.AddrPort, error) {
+	s := p.set.Load()
+	n := len(s.addrs)
+	if n == 0 {
+		return nil, ErrNoEndpoints
+	}
+	out := make([]netip.AddrPort, 0, n)
+	pinned := -1
+	if t := p.affinity.Load(); t != nil {
+		if ep, ok := t.Lookup(client); ok {
+			if i, ok := s.index[ep]; ok {
+				pinned = i
+				out = append(out, ep)
+			}
+		}
+	}
+	var start int
+	if pinned >= 0 {
+		// A pinned client does not consume a round-robin turn.
+		start = int(p.next.Load() % uint64(n))
+	} else {
+		start = int((p.next.Add(1) - 1) % uint64(n))
+	}
+	now := p.clock.Now()
+	var later []netip.AddrPort
+	p.mu.Lock()
+	for k := 0; k < n; k++ {
+		i := (start + k) % n
+		if i == pinned {
+			continue
+		}
+		a := s.addrs[i]
+		if h := p.health[a]; h != nil && now.Before(h.ejectedUntil) {
+			later = append(later, a)
+			continue
+		}
+		out = append(out, a)
+	}
+	p.mu.Unlock()
+	return append(out, later...), nil
+}
+
+// Connected records that client reached ep: ep's failures are forgiven and,
+// under affinity, the client is pinned (or re-pinned) to it.
+func (p *Picker) Connected(client netip.Addr, ep netip.AddrPort) {
+	if t := p.affinity.Load(); t != nil {
+		t.Pin(client, ep)
+	}
+	p.mu.Lock()
+	delete(p.health, ep)
+	p.mu.Unlock()
+}
+
+// Failed records a failed connect to ep. It reports whether ep is now ejected.
+func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
+	if t := p.affinity.Load(); t != nil {
+		t.Unpin(client, ep)
+	}
+	if p.ejection.Failures <= 0 {
+		return false
+	}
+	now := p.clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.set.Load().index[ep]; !ok {
+		return false
+	}
+	h := p.health[ep]
+	if h == nil {
+		h = &health{}
+		p.health[ep] = h
+	}
+	h.consecutive++
+	if h.consecutive < p.ejection.Failures {
+		return false
+	}
+	if h.backoff == 0 {
+		h.backoff = p.ejection.Backoff
+	} else {
+		h.backoff = min(2*h.backoff, max(p.ejection.MaxBackoff, p.ejection.Backoff))
+	}
+	h.ejectedUntil = now.Add(h.backoff)
+	return true
+}
+
+// Ejected reports whether ep is currently in back-off.
+func (p *Picker) Ejected(ep netip.AddrPort) bool {
+	now := p.clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.health[ep]
+	return h != nil && now.Before(h.ejectedUntil)
+}
+
+// ExpirePins drops affinity pins that outlived their timeout.
+func (p *Picker) ExpirePins() {
+	if t := p.affinity.Load(); t != nil {
+		t.Expire()
+	}
+}

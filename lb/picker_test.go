@@ -1,0 +1,244 @@
+package lb
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func eps(ss ...string) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddrPort(s)
+	}
+	return out
+}
+
+var (
+	a, b, c = eps("10.0.0.1:80")[0], eps("10.0.0.2:80")[0], eps("10.0.0.3:80")[0]
+	cli1    = netip.MustParseAddr("192.168.0.1")
+	cli2    = netip.MustParseAddr("192.168.0.2")
+)
+
+func first(t *testing.T, p *Picker, client netip.Addr) netip.AddrPort {
+	t.Helper()
+	o, err := p.Order(client)
+	if err != nil {
+		t.Fatalf("Order: %v", err)
+	}
+	return o[0]
+}
+
+func TestNoEndpoints(t *testing.T) {
+	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	if _, err := p.Order(cli1); err != ErrNoEndpoints {
+		t.Fatalf("err = %v, want ErrNoEndpoints", err)
+	}
+}
+
+func TestRoundRobinIsAStrictCycleAndOrderCoversAll(t *testing.T) {
+	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p.SetEndpoints([]netip.AddrPort{a, b, c})
+	var got []netip.AddrPort
+	for i := 0; i < 6; i++ {
+		o, _ := p.Order(cli1)
+		if len(o) != 3 {
+			t.Fatalf("order %v does not hold every endpoint", o)
+		}
+		got = append(got, o[0])
+	}
+	want := []netip.AddrPort{a, b, c, a, b, c}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("picks %v, want %v", got, want)
+		}
+	}
+}
+
+func TestConcurrentRoundRobinIsFair(t *testing.T) {
+	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p.SetEndpoints([]netip.AddrPort{a, b, c})
+	var mu sync.Mutex
+	counts := map[netip.AddrPort]int{}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 300; i++ {
+				o, _ := p.Order(cli1)
+				mu.Lock()
+				counts[o[0]]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, ep := range []netip.AddrPort{a, b, c} {
+		if counts[ep] != 400 {
+			t.Fatalf("counts %v, want 400 each", counts)
+		}
+	}
+}
+
+func TestAffinityPinsAndSurvivesUnrelatedUpdate(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(0, 0)}
+	p := NewPicker(clk, DefaultEjectionPolicy())
+	p.SetEndpoints([]netip.AddrPort{a, b, c})
+	p.SetAffinity(Affinity{ClientIP: true, Timeout: time.Minute})
+	e1 := first(t, p, cli1)
+	p.Connected(cli1, e1)
+	e2 := first(t, p, cli2)
+	p.Connected(cli2, e2)
+	if e1 == e2 {
+		t.Fatalf("two new clients got the same endpoint %v", e1)
+	}
+	for i := 0; i < 5; i++ {
+		if got := first(t, p, cli1); got != e1 {
+			t.Fatalf("pinned client moved from %v to %v", e1, got)
+		}
+	}
+	// Removing the endpoint of cli2 moves only cli2.
+	var keep []netip.AddrPort
+	for _, ep := range []netip.AddrPort{a, b, c} {
+		if ep != e2 {
+			keep = append(keep, ep)
+		}
+	}
+	p.SetEndpoints(keep)
+	if got := first(t, p, cli1); got != e1 {
+		t.Fatalf("unrelated update moved cli1 from %v to %v", e1, got)
+	}
+	if got := first(t, p, cli2); got == e2 {
+		t.Fatalf("cli2 still goes to removed endpoint %v", e2)
+	}
+	// Changing the timeout keeps pins; expiry drops them.
+	p.SetAffinity(Affinity{ClientIP: true, Timeout: 10 * time.Second})
+	if got := first(t, p, cli1); got != e1 {
+		t.Fatalf("timeout change moved cli1")
+	}
+	clk.Step(11 * time.Second)
+	p.ExpirePins()
+	p.SetAffinity(Affinity{}) // off drops all
+	p.SetAffinity(Affinity{ClientIP: true, Timeout: time.Minute})
+	if t2 := p.affinity.Load(); t2.Len() != 0 {
+		t.Fatalf("pins survived affinity None: %d", t2.Len())
+	}
+}
+
+func TestFailedPinIsRepinnedToTheAnsweringEndpoint(t *testing.T) {
+	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p.SetEndpoints([]netip.AddrPort{a, b, c})
+	p.SetAffinity(Affinity{ClientIP: true, Timeout: time.Minute})
+	p.Connected(cli1, a)
+	o, _ := p.Order(cli1)
+	if o[0] != a {
+		t.Fatalf("pin not first: %v", o)
+	}
+	p.Failed(cli1, a)
+	p.Connected(cli1, o[1])
+	if got := first(t, p, cli1); got != o[1] {
+		t.Fatalf("client not re-pinned to %v, got %v", o[1], got)
+	}
+}
+
+func TestEjectionSkipsThenProbesWithBackoff(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(0, 0)}
+	p := NewPicker(clk, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: 4 * time.Second})
+	p.SetEndpoints([]netip.AddrPort{a, b})
+	if p.Failed(cli1, a) {
+		t.Fatal("ejected after one failure")
+	}
+	if !p.Failed(cli1, a) {
+		t.Fatal("not ejected after two failures")
+	}
+	for i := 0; i < 4; i++ {
+		o, _ := p.Order(cli1)
+		if o[0] != b || o[len(o)-1] != a {
+			t.Fatalf("ejected endpoint not last: %v", o)
+		}
+	}
+	clk.Step(time.Second)
+	seen := false
+	for i := 0; i < 2; i++ {
+		if first(t, p, cli1) == a {
+			seen = true
+		}
+	}
+	if !seen {
+		t.Fatal("endpoint not probed after back-off")
+	}
+	// A failed probe doubles the back-off.
+	p.Failed(cli1, a)
+	clk.Step(time.Second)
+	if !p.Ejected(a) {
+		t.Fatal("back-off did not double")
+	}
+	clk.Step(time.Second)
+	if p.Ejected(a) {
+		t.Fatal("still ejected after doubled back-off")
+	}
+	// Success forgives.
+	p.Connected(cli1, a)
+	if p.Failed(cli1, a) {
+		t.Fatal("history not forgiven after success")
+	}
+}
+
+func TestUsableFallsBackToServingTerminating(t *testing.T) {
+	sp := &ServicePort{Endpoints: []Endpoint{
+		{Addr: a, Ready: false, Serving: true, Terminating: true},
+		{Addr: b, Ready: false, Serving: false, Terminating: true},
+	}}
+	if got := sp.Usable(); len(got) != 1 || got[0] != a {
+		t.Fatalf("Usable = %v, want [%v]", got, a)
+	}
+	sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: c, Ready: true, Serving: true})
+	if got := sp.Usable(); len(got) != 1 || got[0] != c {
+		t.Fatalf("Usable = %v, want ready only [%v]", got, c)
+	}
+}
+
+func TestRetryPolicyBudget(t *testing.T) {
+	p := DefaultRetryPolicy()
+	want := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+	for i, w := range want {
+		if got, ok := p.TryTimeout(i, 0); !ok || got != w {
+			t.Fatalf("try %d = %v %v, want %v", i, got, ok, w)
+		}
+	}
+	if _, ok := p.TryTimeout(4, 0); ok {
+		t.Fatal("a fifth try was allowed")
+	}
+	if got, ok := p.TryTimeout(3, 3500*time.Millisecond); !ok || got != 250*time.Millisecond {
+		t.Fatalf("budget clip = %v %v", got, ok)
+	}
+	if _, ok := p.TryTimeout(1, 4*time.Second); ok {
+		t.Fatal("try allowed after budget ran out")
+	}
+	if err := (RetryPolicy{}).Validate(); err == nil {
+		t.Fatal("empty policy validated")
+	}
+}
+
+func TestServicePortNameString(t *testing.T) {
+	if s := (ServicePortName{Namespace: "ns1", Name: "svc1", Port: "p80"}).String(); s != "ns1/svc1:p80" {
+		t.Fatal(s)
+	}
+	if s := (ServicePortName{Namespace: "ns1", Name: "svc1"}).String(); s != "ns1/svc1" {
+		t.Fatal(s)
+	}
+}
