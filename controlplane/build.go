@@ -1,0 +1,333 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// ServiceNameLabel is the label that ties an EndpointSlice to its Service.
+const ServiceNameLabel = discoveryv1.LabelServiceName
+
+// maxAffinitySeconds is the API server's upper bound for the ClientIP timeout.
+const maxAffinitySeconds = 86400
+
+type objErr struct {
+	objs   *Objects
+	id     string
+	errors []error
+}
+
+func (e *objErr) add(field string, format string, a ...any) {
+	e.errors = append(e.errors, &ManifestError{File: e.objs.Origin(e.id), Object: e.id, Field: field, Err: fmt.Errorf(format, a...)})
+}
+
+type svcKey struct{ ns, name string }
+
+// Build validates the objects and turns them into a Snapshot. Every problem
+// is reported, each naming file, object and field; on any problem no
+// snapshot is returned, so a bad update never replaces a good state.
+//
+// Services of type ExternalName and with clusterIP None are skipped, as
+// kube-proxy skips them. Unlike in a cluster, a manifest Service may omit its
+// clusterIP (there is no allocator); its NodePorts and external IPs are still
+// served.
+func Build(objs *Objects) (*lb.Snapshot, error) {
+	snap := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	var errs []error
+	known := map[svcKey]bool{}
+	for _, svc := range objs.Services {
+		e := &objErr{objs: objs, id: "Service " + svc.Namespace + "/" + svc.Name}
+		ports := buildService(svc, e)
+		errs = append(errs, e.errors...)
+		known[svcKey{svc.Namespace, svc.Name}] = true
+		if len(e.errors) > 0 {
+			continue
+		}
+		for _, sp := range ports {
+			snap.Ports[sp.Name] = sp
+		}
+	}
+	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	for _, sl := range objs.EndpointSlices {
+		e := &objErr{objs: objs, id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
+		sliceEndpoints(sl, known, e, collected)
+		errs = append(errs, e.errors...)
+	}
+	for _, ep := range objs.Endpoints {
+		e := &objErr{objs: objs, id: "Endpoints " + ep.Namespace + "/" + ep.Name}
+		legacyEndpoints(ep, known, e, collected)
+		errs = append(errs, e.errors...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	for name, eps := range collected {
+		sp, ok := snap.Ports[name]
+		if !ok {
+			continue // a port the Service does not have: ignored, as kube-proxy does
+		}
+		sp.Endpoints = mergeEndpoints(eps)
+	}
+	return snap, nil
+}
+
+func parseIPs(e *objErr, field string, ss []string) []netip.Addr {
+	var out []netip.Addr
+	for i, s := range ss {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			e.add(fmt.Sprintf("%s[%d]", field, i), "invalid IP address %q", s)
+			continue
+		}
+		out = append(out, a.Unmap())
+	}
+	return out
+}
+
+func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil // headless
+	}
+	clusterIPs := svc.Spec.ClusterIPs
+	if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
+		clusterIPs = []string{svc.Spec.ClusterIP}
+	}
+	if len(svc.Spec.ClusterIPs) == 0 && svc.Spec.ClusterIP != "" {
+		if _, err := netip.ParseAddr(svc.Spec.ClusterIP); err != nil {
+			e.add("spec.clusterIP", "invalid IP address %q", svc.Spec.ClusterIP)
+			clusterIPs = nil
+		}
+	}
+	cips := parseIPs(e, "spec.clusterIPs", clusterIPs)
+	eips := parseIPs(e, "spec.externalIPs", svc.Spec.ExternalIPs)
+	var lbips []netip.Addr
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy) {
+			continue
+		}
+		lbips = append(lbips, parseIPs(e, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), []string{ing.IP})...)
+	}
+	aff := lb.Affinity{}
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+	case corev1.ServiceAffinityClientIP:
+		aff = lb.Affinity{ClientIP: true, Timeout: lb.DefaultAffinityTimeout}
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			ts := *c.ClientIP.TimeoutSeconds
+			if ts <= 0 || ts > maxAffinitySeconds {
+				e.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "must be 1-%d, got %d", maxAffinitySeconds, ts)
+			}
+			aff.Timeout = time.Duration(ts) * time.Second
+		}
+	default:
+		e.add("spec.sessionAffinity", "unsupported value %q: want None or ClientIP", svc.Spec.SessionAffinity)
+	}
+	if len(svc.Spec.Ports) == 0 {
+		e.add("spec.ports", "at least one port is required")
+	}
+	names := map[string]int{}
+	portProtos := map[string]int{}
+	var out []*lb.ServicePort
+	for i, p := range svc.Spec.Ports {
+		f := fmt.Sprintf("spec.ports[%d]", i)
+		if len(svc.Spec.Ports) > 1 && p.Name == "" {
+			e.add(f+".name", "required when a Service has more than one port")
+		}
+		if j, dup := names[p.Name]; dup {
+			e.add(f+".name", "duplicate port name %q (also spec.ports[%d])", p.Name, j)
+		}
+		names[p.Name] = i
+		proto := lb.Protocol(p.Protocol)
+		if proto == "" {
+			proto = lb.TCP
+		}
+		if proto != lb.TCP && proto != lb.UDP && proto != lb.SCTP {
+			e.add(f+".protocol", "unsupported protocol %q: want TCP, UDP or SCTP", p.Protocol)
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			e.add(f+".port", "must be 1-65535, got %d", p.Port)
+		}
+		if p.NodePort < 0 || p.NodePort > 65535 {
+			e.add(f+".nodePort", "must be 0-65535, got %d", p.NodePort)
+		}
+		pp := fmt.Sprintf("%d/%s", p.Port, proto)
+		if j, dup := portProtos[pp]; dup {
+			e.add(f+".port", "duplicate port %s (also spec.ports[%d])", pp, j)
+		}
+		portProtos[pp] = i
+		out = append(out, &lb.ServicePort{
+			Name:            lb.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: proto},
+			ClusterIPs:      cips,
+			Port:            uint16(p.Port),
+			NodePort:        uint16(p.NodePort),
+			ExternalIPs:     eips,
+			LoadBalancerIPs: lbips,
+			Affinity:        aff,
+		})
+	}
+	return out
+}
+
+func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+	svcName := sl.Labels[ServiceNameLabel]
+	if svcName == "" {
+		e.add("metadata.labels["+ServiceNameLabel+"]", "required: it names the Service this slice belongs to")
+		return
+	}
+	if !known[svcKey{sl.Namespace, svcName}] {
+		e.add("metadata.labels["+ServiceNameLabel+"]", "Service %s/%s not found", sl.Namespace, svcName)
+		return
+	}
+	var want func(netip.Addr) bool
+	switch sl.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		want = netip.Addr.Is4
+	case discoveryv1.AddressTypeIPv6:
+		want = netip.Addr.Is6
+	case discoveryv1.AddressTypeFQDN:
+		return // kube-proxy ignores FQDN slices
+	default:
+		e.add("addressType", "unsupported value %q: want IPv4, IPv6 or FQDN", sl.AddressType)
+		return
+	}
+	type portRef struct {
+		name  string
+		proto lb.Protocol
+		port  uint16
+	}
+	var ports []portRef
+	for i, p := range sl.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		if p.Port == nil || *p.Port == 0 {
+			continue // kube-proxy ignores ports without a number
+		}
+		if *p.Port < 1 || *p.Port > 65535 {
+			e.add(f+".port", "must be 1-65535, got %d", *p.Port)
+			continue
+		}
+		ref := portRef{proto: lb.TCP, port: uint16(*p.Port)}
+		if p.Name != nil {
+			ref.name = *p.Name
+		}
+		if p.Protocol != nil {
+			ref.proto = lb.Protocol(*p.Protocol)
+		}
+		ports = append(ports, ref)
+	}
+	var eps []lb.Endpoint
+	for i, ep := range sl.Endpoints {
+		f := fmt.Sprintf("endpoints[%d].addresses", i)
+		if len(ep.Addresses) == 0 {
+			e.add(f, "at least one address is required")
+			continue
+		}
+		a, err := netip.ParseAddr(ep.Addresses[0])
+		if err != nil {
+			e.add(f+"[0]", "invalid IP address %q", ep.Addresses[0])
+			continue
+		}
+		a = a.Unmap()
+		if !want(a) {
+			e.add(f+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
+			continue
+		}
+		c := ep.Conditions
+		le := lb.Endpoint{
+			Addr:        netip.AddrPortFrom(a, 0),
+			Ready:       c.Ready == nil || *c.Ready,
+			Serving:     c.Serving == nil || *c.Serving,
+			Terminating: c.Terminating != nil && *c.Terminating,
+		}
+		if ep.NodeName != nil {
+			le.NodeName = *ep.NodeName
+		}
+		eps = append(eps, le)
+	}
+	for _, p := range ports {
+		name := lb.ServicePortName{Namespace: sl.Namespace, Name: svcName, Port: p.name, Protocol: p.proto}
+		for _, le := range eps {
+			le.Addr = netip.AddrPortFrom(le.Addr.Addr(), p.port)
+			out[name] = append(out[name], le)
+		}
+	}
+}
+
+func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+	if !known[svcKey{ep.Namespace, ep.Name}] {
+		e.add("metadata.name", "Service %s/%s not found", ep.Namespace, ep.Name)
+		return
+	}
+	for si, ss := range ep.Subsets {
+		var addrs []lb.Endpoint
+		add := func(list []corev1.EndpointAddress, field string, ready bool) {
+			for i, a := range list {
+				ip, err := netip.ParseAddr(a.IP)
+				if err != nil {
+					e.add(fmt.Sprintf("subsets[%d].%s[%d].ip", si, field, i), "invalid IP address %q", a.IP)
+					continue
+				}
+				le := lb.Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), 0), Ready: ready, Serving: ready}
+				if a.NodeName != nil {
+					le.NodeName = *a.NodeName
+				}
+				addrs = append(addrs, le)
+			}
+		}
+		add(ss.Addresses, "addresses", true)
+		add(ss.NotReadyAddresses, "notReadyAddresses", false)
+		for pi, p := range ss.Ports {
+			if p.Port < 1 || p.Port > 65535 {
+				e.add(fmt.Sprintf("subsets[%d].ports[%d].port", si, pi), "must be 1-65535, got %d", p.Port)
+				continue
+			}
+			proto := lb.Protocol(p.Protocol)
+			if proto == "" {
+				proto = lb.TCP
+			}
+			name := lb.ServicePortName{Namespace: ep.Namespace, Name: ep.Name, Port: p.Name, Protocol: proto}
+			for _, le := range addrs {
+				le.Addr = netip.AddrPortFrom(le.Addr.Addr(), uint16(p.Port))
+				out[name] = append(out[name], le)
+			}
+		}
+	}
+}
+
+// mergeEndpoints drops duplicate addresses (the first wins unless a later one
+// is not terminating, as kube-proxy does) and sorts by "ip:port" string.
+func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
+	seen := map[netip.AddrPort]int{}
+	var out []lb.Endpoint
+	for _, ep := range eps {
+		if i, dup := seen[ep.Addr]; dup {
+			if out[i].Terminating && !ep.Terminating {
+				out[i] = ep
+			}
+			continue
+		}
+		seen[ep.Addr] = len(out)
+		out = append(out, ep)
+	}
+	slices.SortFunc(out, func(a, b lb.Endpoint) int {
+		as, bs := a.Addr.String(), b.Addr.String()
+		switch {
+		case as < bs:
+			return -1
+		case as > bs:
+			return 1
+		}
+		return 0
+	})
+	return out
+}

@@ -1,0 +1,215 @@
+package controlplane
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+const goodManifest = `
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: dns, port: 53, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-a
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}]
+endpoints:
+- addresses: [10.0.0.2]
+- addresses: [10.0.0.1]
+  conditions: {ready: false, serving: true, terminating: true}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-b
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.0.0.1]
+- addresses: [10.0.0.3]
+  conditions: {ready: false}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: legacy}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{port: 81}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: legacy}
+subsets:
+- addresses: [{ip: 10.1.0.1}]
+  notReadyAddresses: [{ip: 10.1.0.2}]
+  ports: [{port: 9000}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext}
+spec: {type: ExternalName, externalName: example.com}
+`
+
+func build(t *testing.T, manifest string) (*lb.Snapshot, error) {
+	t.Helper()
+	objs, err := ParseManifest("test.yaml", []byte(manifest))
+	if err != nil {
+		return nil, err
+	}
+	return Build(objs)
+}
+
+func TestBuildMergesSlicesAndLegacyEndpoints(t *testing.T) {
+	snap, err := build(t, goodManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Ports) != 3 {
+		t.Fatalf("got %d ports, want 3 (ExternalName skipped): %v", len(snap.Ports), snap.Ports)
+	}
+	http := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}]
+	if http == nil || http.NodePort != 30080 || http.Port != 80 || http.ClusterIPs[0] != netip.MustParseAddr("10.96.0.10") {
+		t.Fatalf("http port wrong: %+v", http)
+	}
+	if !http.Affinity.ClientIP || http.Affinity.Timeout != time.Minute {
+		t.Fatalf("affinity wrong: %+v", http.Affinity)
+	}
+	// 10.0.0.1 appears terminating in web-a and ready in web-b: the ready one wins.
+	var got []string
+	for _, ep := range http.Endpoints {
+		got = append(got, ep.Addr.String())
+	}
+	if strings.Join(got, ",") != "10.0.0.1:8080,10.0.0.2:8080,10.0.0.3:8080" {
+		t.Fatalf("endpoints %v", got)
+	}
+	if !http.Endpoints[0].Ready {
+		t.Fatalf("duplicate merge kept the terminating copy: %+v", http.Endpoints[0])
+	}
+	if u := http.Usable(); len(u) != 2 {
+		t.Fatalf("usable = %v, want the two ready", u)
+	}
+	dns := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "dns", Protocol: lb.UDP}]
+	if dns == nil || len(dns.Endpoints) != 2 {
+		t.Fatalf("dns wrong: %+v", dns)
+	}
+	legacy := snap.Ports[lb.ServicePortName{Namespace: "default", Name: "legacy", Protocol: lb.TCP}]
+	if legacy == nil || len(legacy.Endpoints) != 2 || len(legacy.Usable()) != 1 || legacy.Usable()[0].String() != "10.1.0.1:9000" {
+		t.Fatalf("legacy wrong: %+v", legacy)
+	}
+}
+
+func TestBadManifestsNameFileObjectAndField(t *testing.T) {
+	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.96.0.1\n"
+	cases := []struct{ name, manifest, want string }{
+		{"bad yaml", "apiVersion: v1\nkind: [", "test.yaml#1: malformed YAML/JSON"},
+		{"unknown kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", `Pod default/p: unknown kind "Pod"`},
+		{"unknown field", svc + "  portz: []\n", `Service default/s: invalid Service`},
+		{"invalid cluster ip", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.96.0.300\n  ports: [{port: 80}]\n", `Service default/s: spec.clusterIP: invalid IP address "10.96.0.300"`},
+		{"invalid external ip", svc + "  externalIPs: [nope]\n  ports: [{port: 80}]\n", `spec.externalIPs[0]: invalid IP address "nope"`},
+		{"port out of range", svc + "  ports: [{port: 70000}]\n", `Service default/s: spec.ports[0].port: must be 1-65535, got 70000`},
+		{"node port out of range", svc + "  ports: [{port: 80, nodePort: 99999}]\n", `spec.ports[0].nodePort: must be 0-65535`},
+		{"duplicate port names", svc + "  ports: [{name: a, port: 80}, {name: a, port: 81}]\n", `spec.ports[1].name: duplicate port name "a"`},
+		{"negative affinity", svc + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: -5}}\n  ports: [{port: 80}]\n", `spec.sessionAffinityConfig.clientIP.timeoutSeconds: must be 1-86400, got -5`},
+		{"slice to unknown service", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: ghost}}\naddressType: IPv4\nendpoints: []\n", `EndpointSlice default/x: metadata.labels[kubernetes.io/service-name]: Service default/ghost not found`},
+		{"slice bad address", svc + "  ports: [{port: 80}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [fe80::1]}]\n", `test.yaml#2: EndpointSlice default/x: endpoints[0].addresses[0]: address fe80::1 is not of addressType IPv4`},
+		{"missing name", "apiVersion: v1\nkind: Service\nmetadata: {}\n", `metadata.name: required`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := build(t, tc.manifest)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "test.yaml") {
+				t.Fatalf("error %q does not contain %q and the file name", err, tc.want)
+			}
+		})
+	}
+}
+
+type recordingSink struct {
+	snaps   chan *lb.Snapshot
+	rejects chan error
+}
+
+func (r *recordingSink) Publish(s *lb.Snapshot) { r.snaps <- s }
+func (r *recordingSink) Reject(err error)       { r.rejects <- err }
+func (r *recordingSink) Queued()                {}
+
+func TestManifestSourceHotReloadAndBadReload(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "svc.yaml")
+	if err := os.WriteFile(file, []byte(goodManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sink := &recordingSink{snaps: make(chan *lb.Snapshot, 16), rejects: make(chan error, 16)}
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	first := <-sink.snaps
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Bad update: rejected, nothing published.
+	write := func(content string) {
+		tmp := filepath.Join(dir, ".tmp")
+		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(strings.Replace(goodManifest, "port: 80,", "port: 0,", 1))
+	for rejected := false; !rejected; {
+		select {
+		case err := <-sink.rejects:
+			if !strings.Contains(err.Error(), "spec.ports[0].port") {
+				t.Fatalf("reject error %v", err)
+			}
+			rejected = true
+		case s := <-sink.snaps:
+			if s != first { // a no-op reload republishes the same snapshot
+				t.Fatalf("bad update published: %v", s)
+			}
+		}
+	}
+	// Good update: published, with the change.
+	write(strings.Replace(goodManifest, "nodePort: 30080", "nodePort: 30081", 1))
+	var next *lb.Snapshot
+	for next == nil || next == first {
+		select {
+		case next = <-sink.snaps:
+		case err := <-sink.rejects:
+			t.Fatalf("good update rejected: %v", err)
+		}
+	}
+	if np := next.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}].NodePort; np != 30081 {
+		t.Fatalf("nodePort after reload = %d", np)
+	}
+}

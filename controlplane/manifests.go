@@ -1,0 +1,215 @@
+// Package controlplane owns where services come from and when they change:
+// sources (Kubernetes manifests on disk, watched; the Kubernetes API comes
+// later), the tracker that turns Service, EndpointSlice and Endpoints objects
+// into one immutable *lb.Snapshot and drops no-op changes, and the runner
+// that coalesces bursts of changes and never publishes before a full sync.
+package controlplane
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// Objects is what a source read: the Kubernetes objects that matter to a
+// proxy, in the order they were found.
+type Objects struct {
+	Services       []*corev1.Service
+	EndpointSlices []*discoveryv1.EndpointSlice
+	Endpoints      []*corev1.Endpoints
+	// origin maps "Kind ns/name" to "file#doc" for error messages.
+	origin map[string]string
+}
+
+// ManifestError is one problem in one object of one manifest file.
+type ManifestError struct {
+	File   string // path, with "#N" for the Nth document of a multi-document file
+	Object string // e.g. "Service default/web"; empty when the document could not be decoded
+	Field  string // e.g. "spec.ports[1].port"; empty when it is not about one field
+	Err    error
+}
+
+func (e *ManifestError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Object != "" {
+		b.WriteString(": " + e.Object)
+	}
+	if e.Field != "" {
+		b.WriteString(": " + e.Field)
+	}
+	b.WriteString(": " + e.Err.Error())
+	return b.String()
+}
+
+func (e *ManifestError) Unwrap() error { return e.Err }
+
+// manifestExtensions are the file name endings read from a directory, as kubectl does.
+var manifestExtensions = []string{".yaml", ".yml", ".json"}
+
+// LoadManifests reads a file, or every .yaml/.yml/.json file of a directory
+// (not recursive, sorted by name), and returns the objects or every problem
+// found, joined. Validation happens in Build.
+func LoadManifests(path string) (*Objects, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("manifests: %w", err)
+	}
+	files := []string{path}
+	if fi.IsDir() {
+		files = nil
+		ents, err := os.ReadDir(path)
+		if err != nil {
+			return nil, fmt.Errorf("manifests: %w", err)
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			if slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(e.Name()))) {
+				files = append(files, filepath.Join(path, e.Name()))
+			}
+		}
+		sort.Strings(files)
+	}
+	objs := &Objects{origin: map[string]string{}}
+	var errs []error
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("manifests: %w", err))
+			continue
+		}
+		errs = append(errs, objs.decode(f, data)...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return objs, nil
+}
+
+// ParseManifest decodes one file's content; name is used in errors only.
+func ParseManifest(name string, data []byte) (*Objects, error) {
+	objs := &Objects{origin: map[string]string{}}
+	if errs := objs.decode(name, data); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return objs, nil
+}
+
+type typeMeta struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Items      []json.RawMessage `json:"items"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
+func (o *Objects) decode(file string, data []byte) []error {
+	var errs []error
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for doc := 1; ; doc++ {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if err == io.EOF {
+			break
+		}
+		where := fmt.Sprintf("%s#%d", file, doc)
+		if err != nil {
+			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
+			break // the decoder cannot resynchronise after a syntax error
+		}
+		if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+			continue // an empty document, e.g. a trailing ---
+		}
+		errs = append(errs, o.decodeObject(where, raw)...)
+	}
+	return errs
+}
+
+func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
+	var tm typeMeta
+	if err := json.Unmarshal(raw, &tm); err != nil {
+		return []error{&ManifestError{File: where, Err: fmt.Errorf("not a Kubernetes object: %w", err)}}
+	}
+	ns := tm.Metadata.Namespace
+	if ns == "" {
+		ns = corev1.NamespaceDefault
+	}
+	id := fmt.Sprintf("%s %s/%s", tm.Kind, ns, tm.Metadata.Name)
+	fail := func(field string, err error) []error {
+		return []error{&ManifestError{File: where, Object: id, Field: field, Err: err}}
+	}
+	strict := func(into any) error {
+		if err := yaml.UnmarshalStrict(raw, into); err != nil {
+			return fmt.Errorf("invalid %s: %w", tm.Kind, err)
+		}
+		return nil
+	}
+	gv := tm.APIVersion + "/" + tm.Kind
+	switch gv {
+	case "v1/List":
+		var errs []error
+		for i, item := range tm.Items {
+			errs = append(errs, o.decodeObject(fmt.Sprintf("%s items[%d]", where, i), item)...)
+		}
+		return errs
+	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
+	default:
+		if tm.Kind == "" {
+			return fail("kind", errors.New("missing kind"))
+		}
+		if tm.APIVersion == "" {
+			return fail("apiVersion", errors.New("missing apiVersion"))
+		}
+		return fail("", fmt.Errorf("unknown kind %q in apiVersion %q: want v1 Service, v1 Endpoints or discovery.k8s.io/v1 EndpointSlice", tm.Kind, tm.APIVersion))
+	}
+	if tm.Metadata.Name == "" {
+		return fail("metadata.name", errors.New("required"))
+	}
+	if prev, dup := o.origin[id]; dup {
+		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", prev))
+	}
+	o.origin[id] = where
+	switch gv {
+	case "v1/Service":
+		svc := &corev1.Service{}
+		if err := strict(svc); err != nil {
+			return fail("", err)
+		}
+		svc.Namespace = ns
+		o.Services = append(o.Services, svc)
+	case "v1/Endpoints":
+		ep := &corev1.Endpoints{}
+		if err := strict(ep); err != nil {
+			return fail("", err)
+		}
+		ep.Namespace = ns
+		o.Endpoints = append(o.Endpoints, ep)
+	default:
+		sl := &discoveryv1.EndpointSlice{}
+		if err := strict(sl); err != nil {
+			return fail("", err)
+		}
+		sl.Namespace = ns
+		o.EndpointSlices = append(o.EndpointSlices, sl)
+	}
+	return nil
+}
+
+// Origin returns where an object ("Kind ns/name") was read from, or "".
+func (o *Objects) Origin(id string) string { return o.origin[id] }

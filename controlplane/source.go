@@ -1,0 +1,149 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Sink receives what a source decides. Publish gets each new snapshot (never
+// a no-op one); Reject gets each update that was refused, while the last good
+// snapshot keeps serving; Queued is called when a change is noticed, before
+// it is processed (healthz uses it to detect staleness).
+type Sink interface {
+	Publish(*lb.Snapshot)
+	Reject(error)
+	Queued()
+}
+
+// ManifestSource serves Services and endpoints from manifest files and
+// watches them. The zero value is not usable: set Path and Sink.
+type ManifestSource struct {
+	Path string
+	Sink Sink
+	Log  *slog.Logger
+	// Coalesce is how long to wait after a file event for more, so that an
+	// editor's burst of writes becomes one reload. Default 100ms.
+	Coalesce time.Duration
+	// Resync re-reads the files this often even without events (like
+	// kube-proxy's --config-sync-period). Zero disables it.
+	Resync time.Duration
+	// After is the timer, injectable for tests; default time.After.
+	After func(time.Duration) <-chan time.Time
+
+	last *lb.Snapshot
+}
+
+// Load reads and validates the manifests once and publishes the result. It
+// is the start-up path: an error here should stop the process.
+func (s *ManifestSource) Load() error {
+	snap, err := s.read()
+	if err != nil {
+		return err
+	}
+	s.last = snap
+	s.Sink.Publish(snap)
+	return nil
+}
+
+func (s *ManifestSource) read() (*lb.Snapshot, error) {
+	objs, err := LoadManifests(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	return Build(objs)
+}
+
+// Reload reads the manifests again. A bad update is rejected and the last
+// good snapshot stays; an update that changes nothing is dropped.
+func (s *ManifestSource) Reload() {
+	snap, err := s.read()
+	if err != nil {
+		s.logger().Error("manifest update rejected; still serving the last good state", "path", s.Path, "err", err)
+		s.Sink.Reject(err)
+		return
+	}
+	if s.last != nil && reflect.DeepEqual(s.last, snap) {
+		s.Sink.Publish(s.last) // processed; nothing changed, but healthz learns the queue is empty
+		return
+	}
+	s.last = snap
+	s.Sink.Publish(snap)
+}
+
+func (s *ManifestSource) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+// Run watches the path until ctx ends. Load must have succeeded first.
+func (s *ManifestSource) Run(ctx context.Context) error {
+	after := s.After
+	if after == nil {
+		after = time.After
+	}
+	coalesce := s.Coalesce
+	if coalesce <= 0 {
+		coalesce = 100 * time.Millisecond
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", s.Path, err)
+	}
+	defer w.Close()
+	// Watch the directory: editors and kubectl-style tools replace files by
+	// rename, which a watch on the file itself would lose.
+	dir, only := s.Path, ""
+	if fi, err := os.Stat(s.Path); err == nil && !fi.IsDir() {
+		dir, only = filepath.Dir(s.Path), filepath.Clean(s.Path)
+	}
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	var resync <-chan time.Time
+	if s.Resync > 0 {
+		resync = after(s.Resync)
+	}
+	var pending <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if only != "" && filepath.Clean(ev.Name) != only {
+				continue
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue
+			}
+			if pending == nil {
+				s.Sink.Queued()
+				pending = after(coalesce)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			s.logger().Warn("manifest watch error", "path", s.Path, "err", err)
+		case <-pending:
+			pending = nil
+			s.Reload()
+		case <-resync:
+			resync = after(s.Resync)
+			s.Reload()
+		}
+	}
+}
