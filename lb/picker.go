@@ -210,3 +210,9 @@ func (p *Picker) ExpirePins() {
 		t.Expire()
 	}
 }
+
+// Has reports whether ep is among the current endpoints.
+func (p *Picker) Has(ep netip.AddrPort) bool {
+	_, ok := p.set.Load().index[ep]
+	return ok
+}

@@ -242,3 +242,33 @@ func TestServicePortNameString(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+func TestWalkTriesEachEndpointOnceWithinAttempts(t *testing.T) {
+	start := time.Unix(0, 0)
+	w := DefaultRetryPolicy().Walk([]netip.AddrPort{a, b, c}, start)
+	var got []netip.AddrPort
+	for {
+		ep, to, ok := w.Next(start)
+		if !ok {
+			break
+		}
+		if to <= 0 {
+			t.Fatal("non-positive timeout")
+		}
+		got = append(got, ep)
+	}
+	if len(got) != 3 || got[0] != a || got[2] != c {
+		t.Fatalf("walk = %v", got)
+	}
+	p := RetryPolicy{Attempts: 2, TryTimeouts: []time.Duration{time.Second}, Budget: 5 * time.Second}
+	w = p.Walk([]netip.AddrPort{a, b, c}, start)
+	w.Next(start)
+	w.Next(start)
+	if _, _, ok := w.Next(start); ok {
+		t.Fatal("walk exceeded Attempts")
+	}
+	w = p.Walk([]netip.AddrPort{a, b}, start)
+	if _, _, ok := w.Next(start.Add(6 * time.Second)); ok {
+		t.Fatal("walk exceeded budget")
+	}
+}

@@ -1,6 +1,9 @@
 package lb
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // DefaultTryTimeouts are legacy kube-proxy's per-try connect timeouts.
 var defaultTryTimeouts = [...]time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
@@ -60,3 +63,35 @@ func (p RetryPolicy) Validate() error {
 	}
 	return nil
 }
+
+// Walk is one connection's way through an endpoint ordering under a policy:
+// each endpoint at most once, at most Attempts tries, within the budget.
+type Walk struct {
+	order  []netip.AddrPort
+	policy RetryPolicy
+	start  time.Time
+	tries  int
+}
+
+// Walk starts a walk over order at time start.
+func (p RetryPolicy) Walk(order []netip.AddrPort, start time.Time) *Walk {
+	return &Walk{order: order, policy: p, start: start}
+}
+
+// Next returns the next endpoint to try and that try's timeout, or ok=false
+// when the walk is over.
+func (w *Walk) Next(now time.Time) (ep netip.AddrPort, timeout time.Duration, ok bool) {
+	if w.tries >= len(w.order) {
+		return netip.AddrPort{}, 0, false
+	}
+	timeout, ok = w.policy.TryTimeout(w.tries, now.Sub(w.start))
+	if !ok {
+		return netip.AddrPort{}, 0, false
+	}
+	ep = w.order[w.tries]
+	w.tries++
+	return ep, timeout, true
+}
+
+// Tries returns how many tries have been handed out.
+func (w *Walk) Tries() int { return w.tries }

@@ -1,0 +1,580 @@
+//go:build linux
+
+package listeners
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// The conformance suite: every engine must pass all of it.
+
+var engineNames = []string{EngineEventLoop, EngineGoroutine}
+
+func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
+	for _, name := range engineNames {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(name, Options{Loops: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := e.Shutdown(ctx); err != nil {
+					t.Errorf("shutdown: %v", err)
+				}
+			})
+			fn(t, e)
+		})
+	}
+}
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type counters struct {
+	opened, connected, failed, refused atomic.Int64
+	closed                             chan [2]uint64
+}
+
+func newCounters() *counters                     { return &counters{closed: make(chan [2]uint64, 1024)} }
+func (c *counters) Opened()                      { c.opened.Add(1) }
+func (c *counters) Connected(time.Duration, int) { c.connected.Add(1) }
+func (c *counters) ConnectFailed()               { c.failed.Add(1) }
+func (c *counters) Refused()                     { c.refused.Add(1) }
+func (c *counters) Closed(up, down uint64)       { c.closed <- [2]uint64{up, down} }
+
+type fixture struct {
+	t      *testing.T
+	e      Engine
+	clock  *fakeClock
+	ctr    *counters
+	target *Target
+	ln     Listener
+}
+
+func newFixture(t *testing.T, e Engine, proto lb.Protocol, backends ...netip.AddrPort) *fixture {
+	t.Helper()
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	f := &fixture{t: t, e: e, clock: clk, ctr: newCounters()}
+	f.target = &Target{
+		Picker:     lb.NewPicker(clk, lb.EjectionPolicy{Failures: 2, Backoff: time.Minute, MaxBackoff: time.Hour}),
+		Retry:      lb.RetryPolicy{Attempts: 4, TryTimeouts: []time.Duration{300 * time.Millisecond}, Budget: 5 * time.Second},
+		UDPTimeout: 100 * time.Millisecond,
+		Counters:   f.ctr,
+	}
+	f.target.Picker.SetEndpoints(backends)
+	ln, err := e.Listen(proto, netip.MustParseAddrPort("127.0.0.1:0"), f.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	f.ln = ln
+	return f
+}
+
+func (f *fixture) dial() *net.TCPConn {
+	f.t.Helper()
+	c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(f.ln.Addr()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second)) // a safety net, never a synchronisation
+	return c
+}
+
+// serveTCP runs handle for every connection to a fresh loopback listener.
+func serveTCP(t *testing.T, handle func(*net.TCPConn)) netip.AddrPort {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); defer c.Close(); handle(c) }()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+func echoHandler(c *net.TCPConn) {
+	io.Copy(c, c)
+	c.CloseWrite()
+}
+
+func nameHandler(name string) func(*net.TCPConn) {
+	return func(c *net.TCPConn) { c.Write([]byte(name)) }
+}
+
+// refusingAddr is a loopback port with nothing listening.
+func refusingAddr(t *testing.T) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return a
+}
+
+// blackholeAddr is a loopback listener whose accept queue is full, so the
+// kernel drops every further SYN: a connect to it hangs until it times out,
+// like a dead pod behind a firewall. Nothing outside loopback is touched.
+func blackholeAddr(t *testing.T) netip.AddrPort {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(fd)
+	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+	// Fill the queue, then prove that a further connect really hangs.
+	for i := 0; i < 2; i++ {
+		c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	if c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("black hole accepted a connection; the test cannot prove anything")
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("black hole did not time out: %v", err)
+	}
+	return addr
+}
+
+func echoOnce(t *testing.T, c *net.TCPConn, payload []byte) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { _, err := c.Write(payload); errc <- err }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("read echo: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("echo differs from what was sent")
+	}
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func TestConformanceEcho(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+		c := f.dial()
+		defer c.Close()
+		echoOnce(t, c, []byte("hello"))
+		echoOnce(t, c, randomBytes(4<<20))
+		c.CloseWrite()
+		if n, err := io.Copy(io.Discard, c); err != nil || n != 0 {
+			t.Fatalf("after half-close: %d bytes, %v; want clean EOF", n, err)
+		}
+		got := <-f.ctr.closed
+		if got[0] != 5+4<<20 || got[1] != 5+4<<20 {
+			t.Fatalf("byte counters %v", got)
+		}
+	})
+}
+
+func TestConformanceManyConcurrentConnections(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler), serveTCP(t, echoHandler))
+		const n = 200
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := net.DialTimeout("tcp", f.ln.Addr().String(), 10*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(20 * time.Second))
+				msg := randomBytes(16 << 10)
+				go c.Write(msg)
+				got := make([]byte, len(msg))
+				if _, err := io.ReadFull(c, got); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(got, msg) {
+					errs <- errors.New("corrupted echo")
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if got := f.ctr.connected.Load(); got != n {
+			t.Fatalf("connected %d, want %d", got, n)
+		}
+	})
+}
+
+func TestConformanceHalfClose(t *testing.T) {
+	reply := randomBytes(2 << 20)
+	backend := func(c *net.TCPConn) {
+		n, _ := io.Copy(io.Discard, c) // read the whole request up to the client's FIN
+		fmt.Fprintf(c, "%08d", n)
+		c.Write(reply)
+		c.CloseWrite()
+	}
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, backend))
+		c := f.dial()
+		defer c.Close()
+		req := randomBytes(300 << 10)
+		if _, err := c.Write(req); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("reading the reply after shutdown(SHUT_WR): %v", err)
+		}
+		if want := fmt.Sprintf("%08d", len(req)); len(got) < 8 || string(got[:8]) != want {
+			t.Fatalf("backend saw %q bytes, want %s", got[:min(8, len(got))], want)
+		}
+		if !bytes.Equal(got[8:], reply) {
+			t.Fatalf("reply truncated: %d of %d bytes", len(got)-8, len(reply))
+		}
+	})
+}
+
+func TestConformanceSlowReaderKeepsMemoryBounded(t *testing.T) {
+	const offered = 256 << 20
+	const bound = 32 << 20 // kernel socket buffers on both hops plus the proxy's own
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		written := make(chan int64, 1)
+		backend := serveTCP(t, func(c *net.TCPConn) {
+			c.SetWriteBuffer(64 << 10)
+			chunk := make([]byte, 64<<10)
+			var n int64
+			for n < offered {
+				// The deadline measures when the pipeline is full; nothing waits on it.
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				m, err := c.Write(chunk)
+				n += int64(m)
+				if err != nil {
+					break
+				}
+			}
+			written <- n
+			c.SetWriteDeadline(time.Time{})
+			c.CloseWrite()
+			io.Copy(io.Discard, c)
+		})
+		f := newFixture(t, e, lb.TCP, backend)
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
+		}}
+		c, err := d.Dial("tcp", f.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		n := <-written // the client has read nothing so far
+		t.Logf("backend pushed %d KiB before the pipeline filled", n>>10)
+		if n >= bound {
+			t.Fatalf("a client that reads nothing let the backend push %d MiB through the proxy; want < %d MiB", n>>20, bound>>20)
+		}
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got, err := io.Copy(io.Discard, c)
+		if err != nil || got != n {
+			t.Fatalf("client read %d bytes (%v), backend wrote %d", got, err, n)
+		}
+	})
+}
+
+func TestConformanceRefusesAtOnceWithNoEndpoints(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP)
+		c := f.dial()
+		defer c.Close()
+		_, err := c.Read(make([]byte, 1))
+		if err == nil {
+			t.Fatal("read data from a service with no endpoints")
+		}
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatal("client left hanging")
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("got %v, want connection reset", err)
+		}
+		if f.ctr.refused.Load() != 1 {
+			t.Fatalf("refused counter = %d", f.ctr.refused.Load())
+		}
+	})
+}
+
+func testRetryPast(t *testing.T, bad func(*testing.T) netip.AddrPort) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, bad(t), serveTCP(t, echoHandler))
+		for i := 0; i < 10; i++ {
+			c := f.dial()
+			echoOnce(t, c, []byte(fmt.Sprint("try ", i)))
+			c.Close()
+		}
+		// Round robin puts the bad endpoint first on every other connection:
+		// it costs two failures, then passive ejection skips it.
+		if got := f.ctr.failed.Load(); got != 2 {
+			t.Fatalf("connect failures = %d, want 2 (then ejected)", got)
+		}
+		if f.ctr.refused.Load() != 0 {
+			t.Fatal("a client was refused although a good endpoint existed")
+		}
+	})
+}
+
+func TestConformanceRetryPastRefusingEndpoint(t *testing.T)   { testRetryPast(t, refusingAddr) }
+func TestConformanceRetryPastBlackholedEndpoint(t *testing.T) { testRetryPast(t, blackholeAddr) }
+
+func readName(t *testing.T, f *fixture, from string) string {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp", f.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestConformanceAffinityPinAndExpiry(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, nameHandler("a")), serveTCP(t, nameHandler("b")), serveTCP(t, nameHandler("c")))
+		// Without affinity: strict rotation.
+		var seq []string
+		for i := 0; i < 3; i++ {
+			seq = append(seq, readName(t, f, "127.0.0.1"))
+		}
+		if seq[0] == seq[1] || seq[1] == seq[2] || seq[0] == seq[2] {
+			t.Fatalf("no rotation without affinity: %v", seq)
+		}
+		f.target.Picker.SetAffinity(lb.Affinity{ClientIP: true, Timeout: time.Minute})
+		pinned := readName(t, f, "127.0.0.1")
+		for i := 0; i < 5; i++ {
+			if got := readName(t, f, "127.0.0.1"); got != pinned {
+				t.Fatalf("client moved from %s to %s under affinity", pinned, got)
+			}
+		}
+		other := readName(t, f, "127.0.0.2")
+		if other == pinned {
+			t.Fatalf("second client got the first client's endpoint %s", other)
+		}
+		f.clock.Step(2 * time.Minute)
+		if got := readName(t, f, "127.0.0.1"); got == pinned {
+			t.Fatalf("pin to %s survived its timeout", pinned)
+		}
+	})
+}
+
+func TestConformanceGracefulShutdownDrains(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+		c := f.dial()
+		defer c.Close()
+		echoOnce(t, c, []byte("before"))
+		done := make(chan error, 1)
+		go func() { done <- e.Shutdown(context.Background()) }()
+		// New connections are refused once the listener is gone.
+		for {
+			c2, err := net.DialTimeout("tcp", f.ln.Addr().String(), time.Second)
+			if err != nil {
+				break
+			}
+			c2.Close()
+		}
+		echoOnce(t, c, []byte("during drain"))
+		select {
+		case err := <-done:
+			t.Fatalf("shutdown returned (%v) with a connection open", err)
+		default:
+		}
+		c.CloseWrite()
+		io.Copy(io.Discard, c)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// ---------------------------------------------------------------- UDP
+
+func serveUDP(t *testing.T, reply func(req []byte) []byte) netip.AddrPort {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { pc.Close(); <-done })
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteToUDPAddrPort(reply(buf[:n]), from)
+		}
+	}()
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+func udpEcho(req []byte) []byte               { return append([]byte(nil), req...) }
+func udpName(name string) func([]byte) []byte { return func([]byte) []byte { return []byte(name) } }
+
+func udpAsk(t *testing.T, c *net.UDPConn, to netip.AddrPort, msg []byte) ([]byte, netip.AddrPort) {
+	t.Helper()
+	if _, err := c.WriteToUDPAddrPort(msg, to); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 65536)
+	n, from, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no UDP reply: %v", err)
+	}
+	return buf[:n], from
+}
+
+func udpClient(t *testing.T) *net.UDPConn {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestConformanceUDPEchoAndLargeDatagrams(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.UDP, serveUDP(t, udpEcho))
+		c := udpClient(t)
+		for _, size := range []int{1, 1400, 60 << 10, 65507} {
+			msg := randomBytes(size)
+			got, _ := udpAsk(t, c, f.ln.Addr(), msg)
+			if !bytes.Equal(got, msg) {
+				t.Fatalf("%d-byte datagram came back as %d bytes", size, len(got))
+			}
+		}
+	})
+}
+
+func TestConformanceUDPFlowsPinAndExpire(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.UDP, serveUDP(t, udpName("a")), serveUDP(t, udpName("b")))
+		c1, c2 := udpClient(t), udpClient(t)
+		first, _ := udpAsk(t, c1, f.ln.Addr(), []byte("x"))
+		for i := 0; i < 3; i++ {
+			if got, _ := udpAsk(t, c1, f.ln.Addr(), []byte("x")); !bytes.Equal(got, first) {
+				t.Fatalf("flow moved from %s to %s", first, got)
+			}
+		}
+		second, _ := udpAsk(t, c2, f.ln.Addr(), []byte("x"))
+		if bytes.Equal(first, second) {
+			t.Fatalf("two flows went to the same endpoint %s", first)
+		}
+		// Both flows end after the idle timeout...
+		for i := 0; i < 2; i++ {
+			select {
+			case <-f.ctr.closed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("idle UDP flow never expired")
+			}
+		}
+		// ...so c1's next datagram starts a new flow on the next endpoint.
+		if got, _ := udpAsk(t, c1, f.ln.Addr(), []byte("x")); !bytes.Equal(got, first) {
+			// Round robin has advanced by two since c1's first flow: back to "first".
+			t.Fatalf("new flow after expiry went to %s, want %s", got, first)
+		}
+		if f.ctr.opened.Load() != 3 {
+			t.Fatalf("opened %d flows, want 3", f.ctr.opened.Load())
+		}
+	})
+}
+
+func TestConformanceUDPReplyComesFromTheAddressTheClientUsed(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		backend := serveUDP(t, udpEcho)
+		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Second}
+		tg.Picker.SetEndpoints([]netip.AddrPort{backend})
+		ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("0.0.0.0:0"), tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c := udpClient(t)
+		to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), ln.Addr().Port())
+		got, from := udpAsk(t, c, to, []byte("where from?"))
+		if string(got) != "where from?" {
+			t.Fatalf("reply %q", got)
+		}
+		if from != to {
+			t.Fatalf("reply came from %s, client sent to %s", from, to)
+		}
+	})
+}

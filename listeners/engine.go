@@ -1,0 +1,125 @@
+// Package listeners owns the userspace data plane: the engines that accept
+// client traffic and pump it to endpoints (an epoll event loop and a
+// goroutine-per-connection engine behind one Engine interface), the TCP and
+// UDP paths, and the Server that turns each published lb.Snapshot into the
+// set of open listeners (NodePorts, local external IPs, proxy ports).
+package listeners
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Counters receives per-service-port events from the data path. Calls are
+// cheap and never block; implementations must be safe for concurrent use.
+type Counters interface {
+	// Opened: a TCP connection was accepted or a UDP flow created.
+	Opened()
+	// Connected: a TCP connection reached an endpoint after tries attempts.
+	Connected(latency time.Duration, tries int)
+	// ConnectFailed: one connect attempt failed (refused, timed out, unreachable).
+	ConnectFailed()
+	// Refused: the client was refused because no endpoint could be reached.
+	Refused()
+	// Closed: a connection or flow ended having carried up bytes client to
+	// endpoint and down bytes endpoint to client.
+	Closed(up, down uint64)
+}
+
+type noCounters struct{}
+
+func (noCounters) Opened()                      {}
+func (noCounters) Connected(time.Duration, int) {}
+func (noCounters) ConnectFailed()               {}
+func (noCounters) Refused()                     {}
+func (noCounters) Closed(uint64, uint64)        {}
+
+// Target is what a listener forwards to: one service port's picker plus the
+// knobs the data path needs. Fields are read-only once the target is in use;
+// endpoint and affinity changes go through the Picker.
+type Target struct {
+	Picker     *lb.Picker
+	Retry      lb.RetryPolicy
+	UDPTimeout time.Duration
+	Counters   Counters // nil means none
+}
+
+func (t *Target) counters() Counters {
+	if t.Counters == nil {
+		return noCounters{}
+	}
+	return t.Counters
+}
+
+// Listener is one open listening socket.
+type Listener interface {
+	Addr() netip.AddrPort
+	// Close stops accepting. Established connections are left alone.
+	Close() error
+}
+
+// Engine accepts traffic and forwards it. Both engines pass the same
+// conformance suite.
+type Engine interface {
+	Name() string
+	// Listen opens a TCP or UDP listener on addr (port 0 picks a free port).
+	Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (Listener, error)
+	// Shutdown closes every listener, waits for open connections to finish
+	// until ctx ends, then closes what is left. It returns ctx.Err() if it
+	// had to cut connections.
+	Shutdown(ctx context.Context) error
+}
+
+// Engine names accepted by New.
+const (
+	EngineEventLoop = "eventloop"
+	EngineGoroutine = "goroutine"
+)
+
+// ErrUnsupportedProtocol is returned for a protocol an engine cannot serve.
+var ErrUnsupportedProtocol = errors.New("unsupported protocol")
+
+// New returns the named engine.
+func New(name string, opts Options) (Engine, error) {
+	switch name {
+	case EngineGoroutine:
+		return NewGoroutine(opts), nil
+	case EngineEventLoop:
+		e, err := NewEventLoop(opts)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	return nil, fmt.Errorf("unknown engine %q: want %s or %s", name, EngineEventLoop, EngineGoroutine)
+}
+
+// Options are the engine-wide settings.
+type Options struct {
+	// Loops is the number of event loops (eventloop engine); 0 means GOMAXPROCS.
+	Loops int
+	// BufferSize is the per-direction copy buffer of a connection. It bounds
+	// the memory a slow reader can pin. Default 64 KiB.
+	BufferSize int
+	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.BufferSize <= 0 {
+		o.BufferSize = 64 << 10
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// maxDatagram is the largest UDP payload over IPv4 (65535-8-20), plus room
+// to detect truncation of anything larger over IPv6.
+const maxDatagram = 65535

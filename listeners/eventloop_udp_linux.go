@@ -1,0 +1,242 @@
+//go:build linux
+
+package listeners
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// elUDPListener is a UDP listener owned by one loop, with its flow table.
+// Each flow has a connected socket to its endpoint on the same loop.
+type elUDPListener struct {
+	e        *EventLoop
+	l        *loop
+	fd       int
+	addr     netip.AddrPort
+	t        *Target
+	wildcard bool
+	once     sync.Once
+
+	// Loop-owned.
+	flows    map[netip.AddrPort]*udpFlow
+	sweeping bool
+	closed   bool
+}
+
+type udpFlow struct {
+	ln         *elUDPListener
+	fd         int
+	client     netip.AddrPort
+	clientSA   unix.Sockaddr
+	oob        []byte // pktinfo for replies from a wildcard listener
+	ep         netip.AddrPort
+	lastActive time.Time
+	up, down   uint64
+}
+
+func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) {
+	fd, err := bindSocket(unix.SOCK_DGRAM, addr)
+	if err != nil {
+		return nil, err
+	}
+	wildcard := addr.Addr().IsUnspecified()
+	if wildcard {
+		if err := enablePktinfo(uintptr(fd), addr.Addr().Is6()); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+	}
+	ln := &elUDPListener{e: e, l: e.pick(), fd: fd, addr: localAddr(fd), t: t, wildcard: wildcard, flows: map[netip.AddrPort]*udpFlow{}}
+	errc := make(chan error, 1)
+	ln.l.post(func() {
+		err := ln.l.register(fd, ln)
+		if err == nil {
+			ln.l.udp[ln] = struct{}{}
+		}
+		errc <- err
+	})
+	if err := <-errc; err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return ln, nil
+}
+
+func (ln *elUDPListener) Addr() netip.AddrPort { return ln.addr }
+
+// Close stops the listener; its flows cannot reply without it, so they end.
+func (ln *elUDPListener) Close() error {
+	ln.once.Do(func() {
+		ln.e.forget(ln)
+		done := make(chan struct{})
+		ln.l.post(func() {
+			ln.closed = true
+			ln.closeFlows()
+			ln.l.closeFD(ln.fd)
+			delete(ln.l.udp, ln)
+			close(done)
+		})
+		<-done
+	})
+	return nil
+}
+
+func (ln *elUDPListener) closeFlows() {
+	for _, f := range ln.flows {
+		f.close()
+	}
+}
+
+func (ln *elUDPListener) event(ev uint32) {
+	if ev&(unix.EPOLLIN|unix.EPOLLERR) == 0 {
+		return
+	}
+	l := ln.l
+	for i := 0; i < 64; i++ {
+		n, oobn, flags, from, err := unix.Recvmsg(ln.fd, l.rbuf, l.oob, 0)
+		if err != nil {
+			if errAgain(err) {
+				return
+			}
+			continue // a queued ICMP error; keep reading
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			continue
+		}
+		client := fromSockaddr(from)
+		f := ln.flow(client, from, l.oob[:oobn])
+		if f == nil {
+			continue
+		}
+		if _, err := unix.Write(f.fd, l.rbuf[:n]); err == nil {
+			f.up += uint64(n)
+			f.lastActive = l.now
+		}
+	}
+	l.post(func() {
+		if !ln.closed {
+			ln.event(unix.EPOLLIN)
+		}
+	})
+}
+
+func (ln *elUDPListener) flow(client netip.AddrPort, sa unix.Sockaddr, oob []byte) *udpFlow {
+	if f := ln.flows[client]; f != nil {
+		if ln.t.Picker.Has(f.ep) {
+			return f
+		}
+		f.close() // its endpoint went away: re-pick
+	}
+	ctr := ln.t.counters()
+	order, err := ln.t.Picker.Order(client.Addr())
+	if err != nil {
+		ctr.Refused()
+		return nil
+	}
+	ep := order[0]
+	epsa, family := toSockaddr(ep)
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		ctr.Refused()
+		return nil
+	}
+	if err := unix.Connect(fd, epsa); err != nil {
+		unix.Close(fd)
+		ln.t.Picker.Failed(client.Addr(), ep)
+		ctr.ConnectFailed()
+		ctr.Refused()
+		return nil
+	}
+	f := &udpFlow{ln: ln, fd: fd, client: client, clientSA: sa, ep: ep, lastActive: ln.l.now}
+	if ln.wildcard {
+		f.oob = pktinfoSrc(pktinfoDst(oob))
+	}
+	if err := ln.l.register(fd, f); err != nil {
+		unix.Close(fd)
+		ctr.Refused()
+		return nil
+	}
+	e := ln.e
+	e.mu.Lock()
+	e.active.Add(1)
+	e.mu.Unlock()
+	ln.flows[client] = f
+	ln.t.Picker.Connected(client.Addr(), ep)
+	ctr.Opened()
+	ln.scheduleSweep()
+	return f
+}
+
+// scheduleSweep arms one timer per listener while it has flows; flows end
+// between one and 1.25 UDP timeouts after their last datagram.
+func (ln *elUDPListener) scheduleSweep() {
+	if ln.sweeping {
+		return
+	}
+	ln.sweeping = true
+	timeout := ln.t.UDPTimeout
+	time.AfterFunc(max(timeout/4, time.Millisecond), func() {
+		ln.l.post(func() {
+			ln.sweeping = false
+			if ln.closed {
+				return
+			}
+			now := ln.e.opts.Now()
+			for _, f := range ln.flows {
+				if now.Sub(f.lastActive) >= timeout {
+					f.close()
+				}
+			}
+			if len(ln.flows) > 0 {
+				ln.scheduleSweep()
+			}
+		})
+	})
+}
+
+// event relays replies from the endpoint to the client.
+func (f *udpFlow) event(ev uint32) {
+	if ev&(unix.EPOLLIN|unix.EPOLLERR) == 0 {
+		return
+	}
+	l := f.ln.l
+	for i := 0; i < 64; i++ {
+		n, err := unix.Read(f.fd, l.rbuf)
+		if err != nil {
+			if errAgain(err) {
+				return
+			}
+			if err == unix.ECONNREFUSED {
+				f.ln.t.Picker.Failed(f.client.Addr(), f.ep)
+				f.ln.t.counters().ConnectFailed()
+				f.close()
+				return
+			}
+			continue
+		}
+		if err := unix.Sendmsg(f.ln.fd, l.rbuf[:n], f.oob, f.clientSA, 0); err == nil {
+			f.down += uint64(n)
+			f.lastActive = l.now
+		}
+	}
+	l.post(func() {
+		if f.ln.flows[f.client] == f {
+			f.event(unix.EPOLLIN)
+		}
+	})
+}
+
+func (f *udpFlow) close() {
+	ln := f.ln
+	if ln.flows[f.client] != f {
+		return
+	}
+	delete(ln.flows, f.client)
+	ln.l.closeFD(f.fd)
+	ln.t.counters().Closed(f.up, f.down)
+	ln.e.active.Done()
+}

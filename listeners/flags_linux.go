@@ -1,0 +1,7 @@
+//go:build linux
+
+package listeners
+
+import "golang.org/x/sys/unix"
+
+const msgTrunc = unix.MSG_TRUNC

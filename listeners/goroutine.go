@@ -1,0 +1,255 @@
+package listeners
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Dialer opens connections to endpoints. *net.Dialer satisfies it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Goroutine is the standard-library engine: a goroutine per listener and two
+// per TCP connection (io.Copy with half-close), and a goroutine per UDP flow.
+// It runs everywhere Go does, Windows included.
+type Goroutine struct {
+	opts   Options
+	dialer Dialer
+
+	mu        sync.Mutex
+	listeners map[io.Closer]struct{}
+	conns     map[io.Closer]struct{}
+	closing   bool
+	wg        sync.WaitGroup // open connections and flows
+	loops     sync.WaitGroup // accept and read loops
+}
+
+// NewGoroutine returns a goroutine engine that dials with net.Dialer.
+func NewGoroutine(opts Options) *Goroutine {
+	return NewGoroutineWithDialer(opts, &net.Dialer{})
+}
+
+// NewGoroutineWithDialer returns a goroutine engine with an injected dialer.
+func NewGoroutineWithDialer(opts Options, d Dialer) *Goroutine {
+	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}}
+}
+
+// Name returns "goroutine".
+func (g *Goroutine) Name() string { return EngineGoroutine }
+
+func (g *Goroutine) track(c io.Closer) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.conns[c] = struct{}{}
+	g.wg.Add(1)
+	return true
+}
+
+func (g *Goroutine) untrack(c io.Closer) {
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
+	g.wg.Done()
+}
+
+// Listen opens a TCP or UDP listener.
+func (g *Goroutine) Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (Listener, error) {
+	switch proto {
+	case lb.TCP:
+		ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
+		if err != nil {
+			return nil, err
+		}
+		l := &goTCPListener{g: g, ln: ln, t: t}
+		g.addListener(l)
+		g.loops.Add(1)
+		go l.serve()
+		return l, nil
+	case lb.UDP:
+		return g.listenUDP(addr, t)
+	}
+	return nil, ErrUnsupportedProtocol
+}
+
+func (g *Goroutine) addListener(l io.Closer) {
+	g.mu.Lock()
+	g.listeners[l] = struct{}{}
+	g.mu.Unlock()
+}
+
+func (g *Goroutine) removeListener(l io.Closer) {
+	g.mu.Lock()
+	delete(g.listeners, l)
+	g.mu.Unlock()
+}
+
+// Shutdown closes the listeners and drains connections until ctx ends.
+func (g *Goroutine) Shutdown(ctx context.Context) error {
+	g.mu.Lock()
+	g.closing = true
+	var ls []io.Closer
+	for l := range g.listeners {
+		ls = append(ls, l)
+	}
+	g.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	g.loops.Wait()
+	done := make(chan struct{})
+	go func() { g.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	<-done
+	return ctx.Err()
+}
+
+type goTCPListener struct {
+	g    *Goroutine
+	ln   *net.TCPListener
+	t    *Target
+	once sync.Once
+}
+
+func (l *goTCPListener) Addr() netip.AddrPort { return l.ln.Addr().(*net.TCPAddr).AddrPort() }
+
+func (l *goTCPListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		err = l.ln.Close()
+		l.g.removeListener(l)
+	})
+	return err
+}
+
+func (l *goTCPListener) serve() {
+	defer l.g.loops.Done()
+	var backoff time.Duration
+	for {
+		c, err := l.ln.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and friends: back off instead of spinning or panicking.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if !l.g.track(c) {
+			c.Close()
+			continue
+		}
+		go l.handle(c)
+	}
+}
+
+// refuse resets the client connection: the nearest a userspace proxy gets
+// to ECONNREFUSED once the kernel has completed the handshake.
+func refuse(c *net.TCPConn) {
+	c.SetLinger(0)
+	c.Close()
+}
+
+func (l *goTCPListener) handle(client *net.TCPConn) {
+	defer l.g.untrack(client)
+	t, ctr := l.t, l.t.counters()
+	ctr.Opened()
+	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	order, err := t.Picker.Order(src)
+	if err != nil {
+		ctr.Refused()
+		refuse(client)
+		return
+	}
+	start := l.g.opts.Now()
+	walk := t.Retry.Walk(order, start)
+	var backend *net.TCPConn
+	for backend == nil {
+		ep, timeout, ok := walk.Next(l.g.opts.Now())
+		if !ok {
+			ctr.Refused()
+			refuse(client)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		c, err := l.g.dialer.DialContext(ctx, "tcp", ep.String())
+		cancel()
+		if err != nil {
+			t.Picker.Failed(src, ep)
+			ctr.ConnectFailed()
+			continue
+		}
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			c.Close()
+			t.Picker.Failed(src, ep)
+			ctr.ConnectFailed()
+			continue
+		}
+		backend = tc
+		t.Picker.Connected(src, ep)
+		ctr.Connected(l.g.opts.Now().Sub(start), walk.Tries())
+	}
+	up, down := splice2(client, backend)
+	ctr.Closed(up, down)
+}
+
+// splice2 pumps both directions until both have ended. A clean EOF is
+// passed on as a half-close (CloseWrite); an error resets both sides.
+func splice2(client, backend *net.TCPConn) (up, down uint64) {
+	var wg sync.WaitGroup
+	var once sync.Once
+	abort := func() {
+		once.Do(func() {
+			client.SetLinger(0)
+			backend.SetLinger(0)
+			client.Close()
+			backend.Close()
+		})
+	}
+	pump := func(dst, src *net.TCPConn, n *uint64) {
+		defer wg.Done()
+		// io.Copy uses splice(2) between TCP sockets on Linux; memory per
+		// direction stays bounded because a blocked write stops the reads.
+		c, err := io.Copy(dst, src)
+		*n = uint64(c)
+		if err != nil {
+			abort()
+			return
+		}
+		if err := dst.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ENOTCONN) {
+			abort()
+		}
+	}
+	wg.Add(2)
+	go pump(backend, client, &up)
+	go pump(client, backend, &down)
+	wg.Wait()
+	once.Do(func() {
+		client.Close()
+		backend.Close()
+	})
+	return up, down
+}
