@@ -1,0 +1,246 @@
+package listeners
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/affinity"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Role says why a listener exists.
+type Role string
+
+// The roles of a listener.
+const (
+	RoleNodePort     Role = "nodePort"
+	RoleExternalIP   Role = "externalIP"
+	RoleLoadBalancer Role = "loadBalancerIP"
+	RoleProxyPort    Role = "proxyPort" // the target of ClusterIP capture
+)
+
+// Frontend is one open listener of one service port.
+type Frontend struct {
+	Service lb.ServicePortName
+	Role    Role
+	// VIP is the ClusterIP a proxy port stands for (invalid for other roles).
+	VIP  netip.Addr
+	Addr netip.AddrPort
+}
+
+// Server turns snapshots into open listeners. Each service port gets a
+// Picker that lives as long as the port, so round-robin position, affinity
+// pins and ejection survive updates; listeners are reopened only when the
+// addresses a port listens on change. The zero value is not usable: set
+// Engine and call Apply.
+type Server struct {
+	Engine      Engine
+	BindAddress netip.Addr // NodePorts and proxy ports; default 0.0.0.0
+	ProxyPorts  *PortAllocator
+	// IsLocal reports whether an external or load-balancer IP is an address
+	// of this host, so it can be listened on directly. Nil means none is.
+	IsLocal    func(netip.Addr) bool
+	Retry      lb.RetryPolicy
+	Ejection   lb.EjectionPolicy
+	UDPTimeout time.Duration
+	Clock      affinity.Clock
+	// Counters returns the counters of a service port; nil means none.
+	Counters func(lb.ServicePortName) Counters
+	Log      *slog.Logger
+
+	mu    sync.Mutex
+	ports map[lb.ServicePortName]*servedPort
+}
+
+type servedPort struct {
+	sp        *lb.ServicePort
+	target    *Target
+	frontends []Frontend
+	listeners []Listener
+	proxyPort int // allocated from ProxyPorts; 0 when random
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+// Apply makes the listeners match snap. A listener that cannot be opened is
+// reported in the returned error (naming service and address) and the rest
+// still goes ahead. Established connections are never touched.
+func (s *Server) Apply(snap *lb.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ports == nil {
+		s.ports = map[lb.ServicePortName]*servedPort{}
+	}
+	var errs []error
+	for name, p := range s.ports {
+		if _, ok := snap.Ports[name]; !ok {
+			s.closePort(p)
+			delete(s.ports, name)
+			s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
+		}
+	}
+	for _, sp := range snap.Sorted() {
+		p := s.ports[sp.Name]
+		if p != nil && p.sp.SameFrontend(sp) {
+			p.sp = sp
+			p.target.Picker.SetEndpoints(sp.Usable())
+			p.target.Picker.SetAffinity(sp.Affinity)
+			continue
+		}
+		if sp.Name.Protocol == lb.SCTP {
+			if p == nil {
+				s.log().Warn("SCTP service port not served: the userspace SCTP listener is not built yet", "service", sp.Name.String())
+			}
+			continue
+		}
+		var picker *lb.Picker
+		if p != nil {
+			picker = p.target.Picker // keep pins and health across a frontend change
+			s.closePort(p)
+		} else {
+			picker = lb.NewPicker(s.Clock, s.Ejection)
+		}
+		picker.SetEndpoints(sp.Usable())
+		picker.SetAffinity(sp.Affinity)
+		var ctr Counters
+		if s.Counters != nil {
+			ctr = s.Counters(sp.Name)
+		}
+		np := &servedPort{sp: sp, target: &Target{Picker: picker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}}
+		errs = append(errs, s.openPort(np)...)
+		s.ports[sp.Name] = np
+		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) bindAddress() netip.Addr {
+	if s.BindAddress.IsValid() {
+		return s.BindAddress
+	}
+	return netip.IPv4Unspecified()
+}
+
+func (s *Server) openPort(p *servedPort) []error {
+	sp := p.sp
+	var errs []error
+	open := func(fe Frontend) bool {
+		ln, err := s.Engine.Listen(sp.Name.Protocol, fe.Addr, p.target)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
+			return false
+		}
+		fe.Addr = ln.Addr()
+		p.frontends = append(p.frontends, fe)
+		p.listeners = append(p.listeners, ln)
+		return true
+	}
+	bind := s.bindAddress()
+	if sp.NodePort != 0 {
+		open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(bind, sp.NodePort)})
+	}
+	for _, set := range []struct {
+		role Role
+		ips  []netip.Addr
+	}{{RoleExternalIP, sp.ExternalIPs}, {RoleLoadBalancer, sp.LoadBalancerIPs}} {
+		for _, ip := range set.ips {
+			if s.IsLocal != nil && s.IsLocal(ip) {
+				open(Frontend{Service: sp.Name, Role: set.role, Addr: netip.AddrPortFrom(ip, sp.Port)})
+			}
+		}
+	}
+	for _, vip := range sp.ClusterIPs {
+		if vip.Is4() != bind.Is4() && !bind.IsUnspecified() {
+			continue // the proxy port lives on the bind address's family
+		}
+		for try := 0; try < 16; try++ {
+			port := 0
+			if s.ProxyPorts != nil {
+				var err error
+				if port, err = s.ProxyPorts.Next(); err != nil {
+					errs = append(errs, fmt.Errorf("service %s: proxy port: %w", sp.Name, err))
+					break
+				}
+			}
+			before := len(errs)
+			if open(Frontend{Service: sp.Name, Role: RoleProxyPort, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
+				p.proxyPort = port
+				break
+			}
+			if port == 0 || try == 15 {
+				break
+			}
+			// That port of the range is taken by someone else: try another.
+			errs = errs[:before]
+		}
+		break // one proxy port serves every ClusterIP of the port
+	}
+	return errs
+}
+
+func (s *Server) closePort(p *servedPort) {
+	for _, ln := range p.listeners {
+		ln.Close()
+	}
+	if p.proxyPort != 0 && s.ProxyPorts != nil {
+		s.ProxyPorts.Release(p.proxyPort)
+	}
+	p.listeners, p.frontends = nil, nil
+}
+
+// Frontends lists every open listener, sorted by service and address.
+func (s *Server) Frontends() []Frontend {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Frontend
+	for _, p := range s.ports {
+		out = append(out, p.frontends...)
+	}
+	slices.SortFunc(out, func(a, b Frontend) int {
+		if c := compare(a.Service.String()+string(a.Service.Protocol), b.Service.String()+string(b.Service.Protocol)); c != 0 {
+			return c
+		}
+		return compare(a.Addr.String(), b.Addr.String())
+	})
+	return out
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ExpirePins drops affinity pins that outlived their timeout, so one-off
+// clients do not accumulate. Lookups already ignore expired pins.
+func (s *Server) ExpirePins() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.ports {
+		p.target.Picker.ExpirePins()
+	}
+}
+
+// Close closes every listener.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, p := range s.ports {
+		s.closePort(p)
+		delete(s.ports, name)
+	}
+}

@@ -1,0 +1,143 @@
+//go:build linux
+
+package listeners
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+func freePort(t *testing.T) uint16 {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).AddrPort().Port()
+}
+
+func snapshotOf(ports ...*lb.ServicePort) *lb.Snapshot {
+	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	for _, p := range ports {
+		s.Ports[p.Name] = p
+	}
+	return s
+}
+
+func webPort(nodePort uint16, eps ...netip.AddrPort) *lb.ServicePort {
+	sp := &lb.ServicePort{
+		Name:       lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Port:       80,
+		NodePort:   nodePort,
+	}
+	for _, ep := range eps {
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: ep, Ready: true, Serving: true})
+	}
+	return sp
+}
+
+func dialName(t *testing.T, addr netip.AddrPort) (string, error) {
+	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+func TestServerAppliesUpdatesWithoutDroppingConnections(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), Ejection: lb.DefaultEjectionPolicy(), UDPTimeout: time.Second}
+		defer srv.Close()
+		echo := serveTCP(t, echoHandler)
+		nameB := serveTCP(t, nameHandler("b"))
+		np := freePort(t)
+		if err := srv.Apply(snapshotOf(webPort(np, echo))); err != nil {
+			t.Fatal(err)
+		}
+		fes := srv.Frontends()
+		if len(fes) != 2 || fes[0].Role != RoleNodePort && fes[1].Role != RoleNodePort {
+			t.Fatalf("frontends %+v, want a nodePort and a proxyPort", fes)
+		}
+		nodeAddr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), np)
+		long, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(nodeAddr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer long.Close()
+		long.SetDeadline(time.Now().Add(20 * time.Second))
+		echoOnce(t, long, []byte("one"))
+
+		// Endpoints change: same listeners, new connections go to the new endpoint.
+		if err := srv.Apply(snapshotOf(webPort(np, nameB))); err != nil {
+			t.Fatal(err)
+		}
+		if after := srv.Frontends(); after[0] != fes[0] || after[1] != fes[1] {
+			t.Fatalf("an endpoint change reopened listeners: %v -> %v", fes, after)
+		}
+		if got, err := dialName(t, nodeAddr); err != nil || got != "b" {
+			t.Fatalf("after endpoint change got %q, %v", got, err)
+		}
+		echoOnce(t, long, []byte("two"))
+
+		// NodePort change: the old port closes, the new one serves.
+		np2 := freePort(t)
+		if err := srv.Apply(snapshotOf(webPort(np2, nameB))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dialName(t, nodeAddr); err == nil {
+			t.Fatal("old nodePort still accepts")
+		}
+		if got, err := dialName(t, netip.AddrPortFrom(nodeAddr.Addr(), np2)); err != nil || got != "b" {
+			t.Fatalf("new nodePort: %q, %v", got, err)
+		}
+		echoOnce(t, long, []byte("three"))
+
+		// Service removed: nothing listens, the established connection lives on.
+		if err := srv.Apply(snapshotOf()); err != nil {
+			t.Fatal(err)
+		}
+		if len(srv.Frontends()) != 0 {
+			t.Fatalf("frontends left: %v", srv.Frontends())
+		}
+		if _, err := dialName(t, netip.AddrPortFrom(nodeAddr.Addr(), np2)); err == nil {
+			t.Fatal("removed service still accepts")
+		}
+		echoOnce(t, long, []byte("four"))
+	})
+}
+
+func TestServerReportsListenConflictsAndKeepsTheRest(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		bp := busy.Addr().(*net.TCPAddr).AddrPort().Port()
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy()}
+		defer srv.Close()
+		other := webPort(freePort(t), serveTCP(t, nameHandler("ok")))
+		other.Name.Name = "other"
+		err = srv.Apply(snapshotOf(webPort(bp, serveTCP(t, echoHandler)), other))
+		if err == nil {
+			t.Fatal("a nodePort already in use was not reported")
+		}
+		if want := "demo/web:http"; !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), busy.Addr().String()) {
+			t.Fatalf("error %q does not name the service and address", err)
+		}
+		if got, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), other.NodePort)); err != nil || got != "ok" {
+			t.Fatalf("the other service is not served: %q %v", got, err)
+		}
+	})
+}
+
