@@ -140,4 +140,3 @@ func TestServerReportsListenConflictsAndKeepsTheRest(t *testing.T) {
 		}
 	})
 }
-

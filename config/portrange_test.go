@@ -1,9 +1,6 @@
-package listeners
+package config
 
-import (
-	"errors"
-	"testing"
-)
+import "testing"
 
 func TestParsePortRange(t *testing.T) {
 	good := map[string]PortRange{
@@ -25,30 +22,6 @@ func TestParsePortRange(t *testing.T) {
 		if _, err := ParsePortRange(in); err == nil {
 			t.Errorf("ParsePortRange(%q) accepted", in)
 		}
-	}
-}
-
-func TestPortAllocatorExhaustsAndReleases(t *testing.T) {
-	a := NewPortAllocator(PortRange{Base: 1, Size: 1})
-	p, err := a.Next()
-	if err != nil || p != 1 {
-		t.Fatalf("Next = %d, %v", p, err)
-	}
-	if _, err := a.Next(); !errors.Is(err, ErrPortRangeExhausted) {
-		t.Fatalf("full range gave %v", err)
-	}
-	a.Release(1)
-	if p, err := a.Next(); err != nil || p != 1 {
-		t.Fatalf("after release: %d, %v", p, err)
-	}
-	seen := map[int]bool{}
-	a = NewPortAllocator(PortRange{Base: 100, Size: 50})
-	for i := 0; i < 50; i++ {
-		p, err := a.Next()
-		if err != nil || p < 100 || p > 149 || seen[p] {
-			t.Fatalf("Next = %d, %v (seen %v)", p, err, seen[p])
-		}
-		seen[p] = true
 	}
 }
 

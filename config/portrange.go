@@ -1,11 +1,9 @@
-package listeners
+package config
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // PortRange is kube-proxy's --proxy-port-range: "begin-end", a single port,
@@ -61,46 +59,4 @@ func (r PortRange) String() string {
 		return ""
 	}
 	return fmt.Sprintf("%d-%d", r.Base, r.Base+r.Size-1)
-}
-
-// PortAllocator hands out proxy ports from a range, starting at a random
-// offset so that restarts do not reuse ports in order. With an empty range it
-// returns 0, letting the kernel choose.
-type PortAllocator struct {
-	r    PortRange
-	mu   sync.Mutex
-	used map[int]bool
-}
-
-// NewPortAllocator returns an allocator over r.
-func NewPortAllocator(r PortRange) *PortAllocator {
-	return &PortAllocator{r: r, used: map[int]bool{}}
-}
-
-// ErrPortRangeExhausted means every port of the range is in use.
-var ErrPortRangeExhausted = fmt.Errorf("proxy port range exhausted")
-
-// Next returns a free port, or 0 when the range is random.
-func (a *PortAllocator) Next() (int, error) {
-	if a.r.Base == 0 {
-		return 0, nil
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	off := rand.IntN(a.r.Size)
-	for i := 0; i < a.r.Size; i++ {
-		p := a.r.Base + (off+i)%a.r.Size
-		if !a.used[p] {
-			a.used[p] = true
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: %s", ErrPortRangeExhausted, a.r)
-}
-
-// Release returns a port. Ports outside the range are ignored.
-func (a *PortAllocator) Release(p int) {
-	a.mu.Lock()
-	delete(a.used, p)
-	a.mu.Unlock()
 }

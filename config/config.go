@@ -1,0 +1,377 @@
+// Package config owns sluice's settings: kube-proxy's KubeProxyConfiguration
+// (kubeproxy.config.k8s.io/v1alpha1) with kube-proxy's defaults, the same
+// command-line flags with the same names, types and defaults, sluice's own
+// flags, the config file, and validation that names the culprit.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+	"sigs.k8s.io/yaml"
+)
+
+// Proxy modes.
+const (
+	ModeUserspace = "userspace"
+	ModeIPTables  = "iptables"
+	ModeIPVS      = "ipvs"
+	ModeNFTables  = "nftables"
+)
+
+// Modes lists the accepted --proxy-mode values.
+var modes = []string{ModeUserspace, ModeIPTables, ModeIPVS, ModeNFTables}
+
+// Config is everything sluice runs with.
+type Config struct {
+	// KubeProxy is the kube-proxy-compatible part; --config files fill it and
+	// --write-config-to writes it.
+	KubeProxy kpv1alpha1.KubeProxyConfiguration
+
+	// Process-level flags of kube-proxy that are not in the file.
+	ConfigFile    string
+	WriteConfigTo string
+	Cleanup       bool
+	InitOnly      bool
+	Version       string // "" (not asked), "true" or "raw"
+	Master        string
+	HealthzPort   int32 // deprecated --healthz-port; 0 means unset
+	MetricsPort   int32 // deprecated --metrics-port; 0 means unset
+
+	// Legacy userspace knobs that left KubeProxyConfiguration.
+	UDPTimeout time.Duration
+
+	// sluice's own.
+	Manifests       string
+	Engine          string
+	ConnectTimeouts []time.Duration
+	ConnectAttempts int
+	ConnectBudget   time.Duration
+	EjectAfter      int
+	EjectBackoff    time.Duration
+	EjectMaxBackoff time.Duration
+	DrainTimeout    time.Duration
+	LogFormat       string
+	Verbosity       int
+
+	// Changed lists the flags set on the command line, for the start-up
+	// report of flags the chosen mode ignores.
+	Changed []string
+}
+
+func i32(v int32) *int32                  { return &v }
+func dur(d time.Duration) metav1.Duration { return metav1.Duration{Duration: d} }
+
+// Defaults returns kube-proxy's v1alpha1 defaults (pkg/proxy/apis/config/v1alpha1)
+// with sluice's userspace mode as the default mode.
+func Defaults() *Config {
+	t := true
+	kp := kpv1alpha1.KubeProxyConfiguration{
+		TypeMeta:           metav1.TypeMeta{APIVersion: kpv1alpha1.SchemeGroupVersion.String(), Kind: "KubeProxyConfiguration"},
+		BindAddress:        "0.0.0.0",
+		HealthzBindAddress: "0.0.0.0:10256",
+		MetricsBindAddress: "127.0.0.1:10249",
+		Mode:               kpv1alpha1.ProxyMode(ModeUserspace),
+		ConfigSyncPeriod:   dur(15 * time.Minute),
+		OOMScoreAdj:        i32(-999),
+		DetectLocalMode:    "ClusterCIDR",
+		IPTables: kpv1alpha1.KubeProxyIPTablesConfiguration{
+			MasqueradeBit:      i32(14),
+			LocalhostNodePorts: &t,
+			SyncPeriod:         dur(30 * time.Second),
+			MinSyncPeriod:      dur(time.Second),
+		},
+		IPVS: kpv1alpha1.KubeProxyIPVSConfiguration{
+			SyncPeriod: dur(30 * time.Second),
+		},
+		NFTables: kpv1alpha1.KubeProxyNFTablesConfiguration{
+			MasqueradeBit: i32(14),
+			SyncPeriod:    dur(30 * time.Second),
+			MinSyncPeriod: dur(time.Second),
+		},
+		Conntrack: kpv1alpha1.KubeProxyConntrackConfiguration{
+			MaxPerCore:            i32(32768),
+			Min:                   i32(131072),
+			TCPEstablishedTimeout: &metav1.Duration{Duration: 24 * time.Hour},
+			TCPCloseWaitTimeout:   &metav1.Duration{Duration: time.Hour},
+		},
+	}
+	kp.ClientConnection.ContentType = "application/vnd.kubernetes.protobuf"
+	kp.ClientConnection.AcceptContentTypes = ""
+	kp.ClientConnection.QPS = 5
+	kp.ClientConnection.Burst = 10
+	return &Config{
+		KubeProxy:       kp,
+		UDPTimeout:      250 * time.Millisecond,
+		Engine:          defaultEngine(),
+		ConnectTimeouts: []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
+		ConnectAttempts: 4,
+		ConnectBudget:   3750 * time.Millisecond,
+		EjectAfter:      2,
+		EjectBackoff:    5 * time.Second,
+		EjectMaxBackoff: time.Minute,
+		DrainTimeout:    30 * time.Second,
+		LogFormat:       "text",
+	}
+}
+
+func defaultEngine() string {
+	if runtime.GOOS == "linux" {
+		return "eventloop"
+	}
+	return "goroutine"
+}
+
+// LoadFile reads a KubeProxyConfiguration file over the defaults. Unknown
+// fields and a wrong apiVersion or kind are errors naming the file.
+func LoadFile(path string, into *Config) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(data, &tm); err != nil {
+		return fmt.Errorf("--config %s: malformed YAML/JSON: %w", path, err)
+	}
+	if tm.APIVersion != kpv1alpha1.SchemeGroupVersion.String() || tm.Kind != "KubeProxyConfiguration" {
+		return fmt.Errorf("--config %s: want apiVersion %s and kind KubeProxyConfiguration, got apiVersion %q kind %q",
+			path, kpv1alpha1.SchemeGroupVersion, tm.APIVersion, tm.Kind)
+	}
+	if err := yaml.UnmarshalStrict(data, &into.KubeProxy); err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	if into.KubeProxy.Mode == "" {
+		into.KubeProxy.Mode = ModeUserspace
+	}
+	return nil
+}
+
+// WriteFile writes the effective KubeProxyConfiguration, as kube-proxy's
+// --write-config-to does.
+func (c *Config) WriteFile(path string) error {
+	kp := c.KubeProxy
+	kp.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
+	kp.Kind = "KubeProxyConfiguration"
+	data, err := yaml.Marshal(&kp)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// Mode returns the proxy mode.
+func (c *Config) Mode() string {
+	if c.KubeProxy.Mode == "" {
+		return ModeUserspace
+	}
+	return string(c.KubeProxy.Mode)
+}
+
+// problem collects validation errors, each naming the flag (and the config
+// file field it maps to) and the value.
+type problems []error
+
+func (p *problems) add(flag, field string, value any, format string, a ...any) {
+	name := "--" + flag
+	if field != "" {
+		name += " (config field " + field + ")"
+	}
+	*p = append(*p, fmt.Errorf("invalid value %q for %s: %s", fmt.Sprint(value), name, fmt.Sprintf(format, a...)))
+}
+
+func validIPPort(s string) error {
+	if s == "" {
+		return nil // disabled
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return fmt.Errorf("%q is not an IP address", host)
+	}
+	var n int
+	if _, err := fmt.Sscanf(port, "%d", &n); err != nil || n < 0 || n > 65535 || fmt.Sprint(n) != port {
+		return fmt.Errorf("%q is not a port 0-65535", port)
+	}
+	return nil
+}
+
+var ipvsSchedulers = []string{"", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"}
+
+// Validate checks every setting and reports all problems at once.
+func (c *Config) Validate() error {
+	var p problems
+	kp := &c.KubeProxy
+	if !slices.Contains(modes, c.Mode()) {
+		p.add("proxy-mode", "mode", kp.Mode, "want one of %s", strings.Join(modes, ", "))
+	}
+	if _, err := netip.ParseAddr(kp.BindAddress); err != nil {
+		p.add("bind-address", "bindAddress", kp.BindAddress, "not an IP address")
+	}
+	if err := validIPPort(kp.HealthzBindAddress); err != nil {
+		p.add("healthz-bind-address", "healthzBindAddress", kp.HealthzBindAddress, "%v (want IP:port, or empty to disable)", err)
+	}
+	if err := validIPPort(kp.MetricsBindAddress); err != nil {
+		p.add("metrics-bind-address", "metricsBindAddress", kp.MetricsBindAddress, "%v (want IP:port, or empty to disable)", err)
+	}
+	for _, d := range []struct {
+		flag, field string
+		v           time.Duration
+		zeroOK      bool
+	}{
+		{"config-sync-period", "configSyncPeriod", kp.ConfigSyncPeriod.Duration, false},
+		{"iptables-sync-period", "iptables.syncPeriod", kp.IPTables.SyncPeriod.Duration, false},
+		{"iptables-min-sync-period", "iptables.minSyncPeriod", kp.IPTables.MinSyncPeriod.Duration, true},
+		{"ipvs-sync-period", "ipvs.syncPeriod", kp.IPVS.SyncPeriod.Duration, false},
+		{"ipvs-min-sync-period", "ipvs.minSyncPeriod", kp.IPVS.MinSyncPeriod.Duration, true},
+		{"ipvs-tcp-timeout", "ipvs.tcpTimeout", kp.IPVS.TCPTimeout.Duration, true},
+		{"ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", kp.IPVS.TCPFinTimeout.Duration, true},
+		{"ipvs-udp-timeout", "ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration, true},
+		{"conntrack-udp-timeout", "conntrack.udpTimeout", kp.Conntrack.UDPTimeout.Duration, true},
+		{"conntrack-udp-timeout-stream", "conntrack.udpStreamTimeout", kp.Conntrack.UDPStreamTimeout.Duration, true},
+		{"udp-timeout", "", c.UDPTimeout, false},
+		{"connect-budget", "", c.ConnectBudget, false},
+		{"eject-backoff", "", c.EjectBackoff, true},
+		{"eject-max-backoff", "", c.EjectMaxBackoff, true},
+		{"drain-timeout", "", c.DrainTimeout, true},
+	} {
+		if d.v < 0 || (d.v == 0 && !d.zeroOK) {
+			want := "must be greater than 0"
+			if d.zeroOK {
+				want = "must not be negative"
+			}
+			p.add(d.flag, d.field, d.v, "%s", want)
+		}
+	}
+	if kp.IPTables.MinSyncPeriod.Duration > kp.IPTables.SyncPeriod.Duration {
+		p.add("iptables-min-sync-period", "iptables.minSyncPeriod", kp.IPTables.MinSyncPeriod.Duration, "must not exceed --iptables-sync-period (%s)", kp.IPTables.SyncPeriod.Duration)
+	}
+	if b := kp.IPTables.MasqueradeBit; b != nil && (*b < 0 || *b > 31) {
+		p.add("iptables-masquerade-bit", "iptables.masqueradeBit", *b, "must be within [0, 31]")
+	}
+	if o := kp.OOMScoreAdj; o != nil && (*o < -1000 || *o > 1000) {
+		p.add("oom-score-adj", "oomScoreAdj", *o, "must be within [-1000, 1000]")
+	}
+	if v := kp.Conntrack.MaxPerCore; v != nil && *v < 0 {
+		p.add("conntrack-max-per-core", "conntrack.maxPerCore", *v, "must not be negative")
+	}
+	if v := kp.Conntrack.Min; v != nil && *v < 0 {
+		p.add("conntrack-min", "conntrack.min", *v, "must not be negative")
+	}
+	if kp.ClientConnection.QPS < 0 {
+		p.add("kube-api-qps", "clientConnection.qps", kp.ClientConnection.QPS, "must not be negative")
+	}
+	if kp.ClientConnection.Burst < 0 {
+		p.add("kube-api-burst", "clientConnection.burst", kp.ClientConnection.Burst, "must not be negative")
+	}
+	if kp.ClusterCIDR != "" {
+		cidrs := strings.Split(kp.ClusterCIDR, ",")
+		for _, s := range cidrs {
+			if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+				p.add("cluster-cidr", "clusterCIDR", kp.ClusterCIDR, "%q is not a CIDR", s)
+			}
+		}
+		if len(cidrs) > 2 {
+			p.add("cluster-cidr", "clusterCIDR", kp.ClusterCIDR, "at most one CIDR per IP family")
+		}
+	}
+	for _, s := range kp.NodePortAddresses {
+		if s == "primary" {
+			continue
+		}
+		if _, err := netip.ParsePrefix(s); err != nil {
+			p.add("nodeport-addresses", "nodePortAddresses", s, "not a CIDR or \"primary\"")
+		}
+	}
+	for _, s := range kp.IPVS.ExcludeCIDRs {
+		if _, err := netip.ParsePrefix(s); err != nil {
+			p.add("ipvs-exclude-cidrs", "ipvs.excludeCIDRs", s, "not a CIDR")
+		}
+	}
+	if !slices.Contains(ipvsSchedulers, kp.IPVS.Scheduler) {
+		p.add("ipvs-scheduler", "ipvs.scheduler", kp.IPVS.Scheduler, "want one of %s", strings.Join(ipvsSchedulers[1:], ", "))
+	}
+	switch kp.DetectLocalMode {
+	case "", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
+	default:
+		p.add("detect-local-mode", "detectLocalMode", kp.DetectLocalMode, "want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix")
+	}
+	if kp.DetectLocalMode == "BridgeInterface" && kp.DetectLocal.BridgeInterface == "" {
+		p.add("pod-bridge-interface", "detectLocal.bridgeInterface", "", "required when --detect-local-mode is BridgeInterface")
+	}
+	if kp.DetectLocalMode == "InterfaceNamePrefix" && kp.DetectLocal.InterfaceNamePrefix == "" {
+		p.add("pod-interface-name-prefix", "detectLocal.interfaceNamePrefix", "", "required when --detect-local-mode is InterfaceNamePrefix")
+	}
+	if _, err := ParsePortRange(kp.PortRange); err != nil {
+		p.add("proxy-port-range", "portRange", kp.PortRange, "%v", err)
+	}
+	if c.HealthzPort < 0 || c.HealthzPort > 65535 {
+		p.add("healthz-port", "", c.HealthzPort, "must be 0-65535")
+	}
+	if c.MetricsPort < 0 || c.MetricsPort > 65535 {
+		p.add("metrics-port", "", c.MetricsPort, "must be 0-65535")
+	}
+	switch c.Engine {
+	case "eventloop":
+		if runtime.GOOS != "linux" {
+			p.add("engine", "", c.Engine, "the eventloop engine needs Linux (epoll); use goroutine")
+		}
+	case "goroutine":
+	default:
+		p.add("engine", "", c.Engine, "want eventloop or goroutine")
+	}
+	if c.ConnectAttempts < 1 {
+		p.add("connect-attempts", "", c.ConnectAttempts, "must be at least 1")
+	}
+	if len(c.ConnectTimeouts) == 0 {
+		p.add("connect-timeouts", "", "", "at least one per-try timeout is required")
+	}
+	for _, t := range c.ConnectTimeouts {
+		if t <= 0 {
+			p.add("connect-timeouts", "", t, "every per-try timeout must be greater than 0")
+		}
+	}
+	if c.EjectAfter < 0 {
+		p.add("eject-after", "", c.EjectAfter, "must not be negative (0 turns ejection off)")
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		p.add("logging-format", "", c.LogFormat, "want text or json")
+	}
+	if c.Version != "" && c.Version != "true" && c.Version != "raw" && c.Version != "false" {
+		p.add("version", "", c.Version, "want true, raw or false")
+	}
+	return errors.Join(p...)
+}
+
+// HealthzAddress is --healthz-bind-address with the deprecated --healthz-port applied.
+func (c *Config) HealthzAddress() string {
+	return withPort(c.KubeProxy.HealthzBindAddress, c.HealthzPort)
+}
+
+// MetricsAddress is --metrics-bind-address with the deprecated --metrics-port applied.
+func (c *Config) MetricsAddress() string {
+	return withPort(c.KubeProxy.MetricsBindAddress, c.MetricsPort)
+}
+
+func withPort(addr string, port int32) string {
+	if addr == "" || port == 0 {
+		return addr
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(host, fmt.Sprint(port))
+}

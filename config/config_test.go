@@ -1,0 +1,148 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultsMatchKubeProxy(t *testing.T) {
+	c, _, err := Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp := c.KubeProxy
+	checks := map[string][2]any{
+		"bind-address":         {kp.BindAddress, "0.0.0.0"},
+		"healthz-bind-address": {kp.HealthzBindAddress, "0.0.0.0:10256"},
+		"metrics-bind-address": {kp.MetricsBindAddress, "127.0.0.1:10249"},
+		"config-sync-period":   {kp.ConfigSyncPeriod.Duration, 15 * time.Minute},
+		"iptables-sync-period": {kp.IPTables.SyncPeriod.Duration, 30 * time.Second},
+		"iptables-min-sync":    {kp.IPTables.MinSyncPeriod.Duration, time.Second},
+		"masquerade-bit":       {*kp.IPTables.MasqueradeBit, int32(14)},
+		"oom-score-adj":        {*kp.OOMScoreAdj, int32(-999)},
+		"conntrack-max":        {*kp.Conntrack.MaxPerCore, int32(32768)},
+		"conntrack-min":        {*kp.Conntrack.Min, int32(131072)},
+		"kube-api-qps":         {kp.ClientConnection.QPS, float32(5)},
+		"kube-api-burst":       {kp.ClientConnection.Burst, int32(10)},
+		"content-type":         {kp.ClientConnection.ContentType, "application/vnd.kubernetes.protobuf"},
+		"udp-timeout":          {c.UDPTimeout, 250 * time.Millisecond},
+		"mode":                 {c.Mode(), ModeUserspace},
+	}
+	for name, c := range checks {
+		if c[0] != c[1] {
+			t.Errorf("%s default = %v, want %v", name, c[0], c[1])
+		}
+	}
+}
+
+func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
+	cases := map[string][]string{
+		"--proxy-mode":               {"--proxy-mode=kernelspace"},
+		"--bind-address":             {"--bind-address=300.1.1.1"},
+		"--udp-timeout":              {"--udp-timeout=soon"},
+		"--iptables-masquerade-bit":  {"--iptables-masquerade-bit=40"},
+		"--healthz-bind-address":     {"--healthz-bind-address=localhost:x"},
+		"--proxy-port-range":         {"--proxy-port-range=10-5"},
+		"--cluster-cidr":             {"--cluster-cidr=10.0.0.0/33"},
+		"--oom-score-adj":            {"--oom-score-adj=5000"},
+		"--engine":                   {"--engine=turbo"},
+		"--ipvs-scheduler":           {"--ipvs-scheduler=fastest"},
+		"--iptables-min-sync-period": {"--iptables-min-sync-period=1m"},
+		"--feature-gates":            {"--feature-gates=Foo=maybe"},
+		"--connect-timeouts":         {"--connect-timeouts=-2s"},
+	}
+	for flag, args := range cases {
+		_, _, err := Parse(args)
+		if err == nil {
+			t.Errorf("%v accepted", args)
+			continue
+		}
+		val := strings.SplitN(args[0], "=", 2)[1]
+		if !strings.Contains(err.Error(), strings.TrimPrefix(flag, "--")) || !strings.Contains(err.Error(), val) {
+			t.Errorf("%v: error %q does not name flag %s and value %q", args, err, flag, val)
+		}
+	}
+	if _, _, err := Parse([]string{"stray"}); err == nil {
+		t.Error("positional argument accepted")
+	}
+}
+
+func TestConfigFileWithFlagsOverridingIt(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kp.yaml")
+	os.WriteFile(file, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 127.0.0.1
+mode: userspace
+portRange: 30000-30100
+metricsBindAddress: 127.0.0.1:19249
+iptables:
+  syncPeriod: 45s
+`), 0o644)
+	c, _, err := Parse([]string{"--config", file, "--metrics-bind-address=127.0.0.1:29249"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubeProxy.BindAddress != "127.0.0.1" || c.KubeProxy.PortRange != "30000-30100" || c.KubeProxy.IPTables.SyncPeriod.Duration != 45*time.Second {
+		t.Fatalf("file values not applied: %+v", c.KubeProxy)
+	}
+	if c.KubeProxy.MetricsBindAddress != "127.0.0.1:29249" {
+		t.Fatalf("explicit flag did not override the file: %s", c.KubeProxy.MetricsBindAddress)
+	}
+	if c.KubeProxy.HealthzBindAddress != "0.0.0.0:10256" {
+		t.Fatalf("default lost: %s", c.KubeProxy.HealthzBindAddress)
+	}
+
+	// --write-config-to round-trips through --config.
+	out := filepath.Join(dir, "out.yaml")
+	if err := c.WriteFile(out); err != nil {
+		t.Fatal(err)
+	}
+	again, _, err := Parse([]string{"--config", out})
+	if err != nil {
+		t.Fatalf("written config does not load: %v", err)
+	}
+	if again.KubeProxy.MetricsBindAddress != "127.0.0.1:29249" || again.KubeProxy.PortRange != "30000-30100" {
+		t.Fatalf("round trip lost values: %+v", again.KubeProxy)
+	}
+
+	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbindAdress: 1.2.3.4\n"), 0o644)
+	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "bindAdress") || !strings.Contains(err.Error(), file) {
+		t.Fatalf("unknown field: %v", err)
+	}
+	os.WriteFile(file, []byte("apiVersion: v1\nkind: ConfigMap\n"), 0o644)
+	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "KubeProxyConfiguration") {
+		t.Fatalf("wrong kind: %v", err)
+	}
+	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: warp\n"), 0o644)
+	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "config field mode") {
+		t.Fatalf("bad mode in file: %v", err)
+	}
+}
+
+func TestUnusedFlagsAreReportedPerMode(t *testing.T) {
+	c, _, err := Parse([]string{"--ipvs-scheduler=lc", "--udp-timeout=1s", "--masquerade-all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.UnusedFlags(), ","); got != "ipvs-scheduler,masquerade-all" {
+		t.Fatalf("unused in userspace = %q", got)
+	}
+	c, _, _ = Parse([]string{"--proxy-mode=ipvs", "--ipvs-scheduler=lc", "--udp-timeout=1s"})
+	if got := strings.Join(c.UnusedFlags(), ","); got != "udp-timeout" {
+		t.Fatalf("unused in ipvs = %q", got)
+	}
+}
+
+func TestDeprecatedPortsApply(t *testing.T) {
+	c, _, err := Parse([]string{"--healthz-port=12345", "--metrics-port=23456"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HealthzAddress() != "0.0.0.0:12345" || c.MetricsAddress() != "127.0.0.1:23456" {
+		t.Fatalf("%s %s", c.HealthzAddress(), c.MetricsAddress())
+	}
+}

@@ -1,0 +1,298 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// mapStringBool is kube-proxy's --feature-gates type: "A=true,B=false".
+type mapStringBool struct{ m *map[string]bool }
+
+func (v mapStringBool) String() string {
+	if v.m == nil || *v.m == nil {
+		return ""
+	}
+	var parts []string
+	for k, b := range *v.m {
+		parts = append(parts, fmt.Sprintf("%s=%t", k, b))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (v mapStringBool) Set(s string) error {
+	if *v.m == nil {
+		*v.m = map[string]bool{}
+	}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q is not key=true|false", kv)
+		}
+		b, err := strconv.ParseBool(val)
+		if err != nil {
+			return fmt.Errorf("%q: value must be true or false", kv)
+		}
+		(*v.m)[k] = b
+	}
+	return nil
+}
+
+func (mapStringBool) Type() string { return "mapStringBool" }
+
+// durationList is a comma-separated list of durations.
+type durationList struct{ d *[]time.Duration }
+
+func (v durationList) String() string {
+	var parts []string
+	for _, d := range *v.d {
+		parts = append(parts, d.String())
+	}
+	return strings.Join(parts, ",")
+}
+
+func (v durationList) Set(s string) error {
+	var out []time.Duration
+	for _, part := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil {
+			return err
+		}
+		out = append(out, d)
+	}
+	*v.d = out
+	return nil
+}
+
+func (durationList) Type() string { return "durations" }
+
+// proxyMode accepts "" as kube-proxy does ("best available" = userspace here).
+type proxyMode struct{ m *kpv1alpha1.ProxyMode }
+
+func (v proxyMode) String() string { return string(*v.m) }
+func (v proxyMode) Set(s string) error {
+	if s == "" {
+		s = ModeUserspace
+	}
+	*v.m = kpv1alpha1.ProxyMode(s)
+	return nil
+}
+func (proxyMode) Type() string { return "ProxyMode" }
+
+type localMode struct{ m *kpv1alpha1.LocalMode }
+
+func (v localMode) String() string     { return string(*v.m) }
+func (v localMode) Set(s string) error { *v.m = kpv1alpha1.LocalMode(s); return nil }
+func (localMode) Type() string         { return "LocalMode" }
+
+// flagUse says which modes use a flag; flags not listed are used by all.
+var kernelModes = []string{ModeIPTables, ModeIPVS, ModeNFTables}
+
+var flagModes = map[string][]string{
+	"proxy-port-range":                  {ModeUserspace},
+	"udp-timeout":                       {ModeUserspace},
+	"engine":                            {ModeUserspace},
+	"connect-timeouts":                  {ModeUserspace},
+	"connect-attempts":                  {ModeUserspace},
+	"connect-budget":                    {ModeUserspace},
+	"eject-after":                       {ModeUserspace},
+	"eject-backoff":                     {ModeUserspace},
+	"eject-max-backoff":                 {ModeUserspace},
+	"drain-timeout":                     {ModeUserspace},
+	"iptables-masquerade-bit":           kernelModes,
+	"iptables-localhost-nodeports":      {ModeIPTables},
+	"iptables-sync-period":              {ModeIPTables, ModeIPVS},
+	"iptables-min-sync-period":          {ModeIPTables, ModeIPVS},
+	"masquerade-all":                    kernelModes,
+	"cluster-cidr":                      kernelModes,
+	"detect-local-mode":                 kernelModes,
+	"pod-bridge-interface":              kernelModes,
+	"pod-interface-name-prefix":         kernelModes,
+	"nodeport-addresses":                kernelModes,
+	"conntrack-max-per-core":            kernelModes,
+	"conntrack-min":                     kernelModes,
+	"conntrack-tcp-timeout-established": kernelModes,
+	"conntrack-tcp-timeout-close-wait":  kernelModes,
+	"conntrack-tcp-be-liberal":          kernelModes,
+	"conntrack-udp-timeout":             kernelModes,
+	"conntrack-udp-timeout-stream":      kernelModes,
+	"ipvs-scheduler":                    {ModeIPVS},
+	"ipvs-sync-period":                  {ModeIPVS},
+	"ipvs-min-sync-period":              {ModeIPVS},
+	"ipvs-exclude-cidrs":                {ModeIPVS},
+	"ipvs-strict-arp":                   {ModeIPVS},
+	"ipvs-tcp-timeout":                  {ModeIPVS},
+	"ipvs-tcpfin-timeout":               {ModeIPVS},
+	"ipvs-udp-timeout":                  {ModeIPVS},
+	"bind-address-hard-fail":            {},
+	"oom-score-adj":                     {},
+	"show-hidden-metrics-for-version":   {},
+	"log-flush-frequency":               {},
+	"windows-service":                   {},
+}
+
+// newFlagSet binds every flag to c, so the values already in c (defaults,
+// or a config file) are the flags' defaults.
+func newFlagSet(c *Config) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("sluice", pflag.ContinueOnError)
+	fs.SortFlags = true
+	kp := &c.KubeProxy
+	if kp.IPTables.MasqueradeBit == nil {
+		kp.IPTables.MasqueradeBit = i32(14)
+	}
+	if kp.OOMScoreAdj == nil {
+		kp.OOMScoreAdj = i32(-999)
+	}
+	if kp.Conntrack.MaxPerCore == nil {
+		kp.Conntrack.MaxPerCore = i32(32768)
+	}
+	if kp.Conntrack.Min == nil {
+		kp.Conntrack.Min = i32(131072)
+	}
+	if kp.Conntrack.TCPEstablishedTimeout == nil {
+		kp.Conntrack.TCPEstablishedTimeout = &metav1.Duration{Duration: 24 * time.Hour}
+	}
+	if kp.Conntrack.TCPCloseWaitTimeout == nil {
+		kp.Conntrack.TCPCloseWaitTimeout = &metav1.Duration{Duration: time.Hour}
+	}
+	if kp.IPTables.LocalhostNodePorts == nil {
+		t := true
+		kp.IPTables.LocalhostNodePorts = &t
+	}
+
+	// kube-proxy's flags: same names, types and defaults.
+	fs.StringVar(&kp.BindAddress, "bind-address", kp.BindAddress, "The IP address NodePorts and proxy ports listen on (0.0.0.0 for all IPv4 interfaces, :: for all IPv6 interfaces).")
+	fs.BoolVar(&kp.BindAddressHardFail, "bind-address-hard-fail", kp.BindAddressHardFail, "If true, a port that cannot be opened is fatal.")
+	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "If true, remove everything any sluice mode installed in the kernel and exit.")
+	fs.StringVar(&kp.ClusterCIDR, "cluster-cidr", kp.ClusterCIDR, "The CIDR range of the pods in the cluster (a comma-separated dual-stack pair allowed).")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file. Flags given on the command line override it.")
+	fs.DurationVar(&kp.ConfigSyncPeriod.Duration, "config-sync-period", kp.ConfigSyncPeriod.Duration, "How often configuration is re-read from its source. Must be greater than 0.")
+	fs.Int32Var(kp.Conntrack.MaxPerCore, "conntrack-max-per-core", *kp.Conntrack.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).")
+	fs.Int32Var(kp.Conntrack.Min, "conntrack-min", *kp.Conntrack.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.")
+	fs.BoolVar(&kp.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", kp.Conntrack.TCPBeLiberal, "Enable liberal mode for tracking TCP packets by setting nf_conntrack_tcp_be_liberal to 1.")
+	fs.DurationVar(&kp.Conntrack.TCPCloseWaitTimeout.Duration, "conntrack-tcp-timeout-close-wait", kp.Conntrack.TCPCloseWaitTimeout.Duration, "NAT timeout for TCP connections in the CLOSE_WAIT state.")
+	fs.DurationVar(&kp.Conntrack.TCPEstablishedTimeout.Duration, "conntrack-tcp-timeout-established", kp.Conntrack.TCPEstablishedTimeout.Duration, "Idle timeout for established TCP connections (0 to leave as-is).")
+	fs.DurationVar(&kp.Conntrack.UDPTimeout.Duration, "conntrack-udp-timeout", kp.Conntrack.UDPTimeout.Duration, "Idle timeout for UNREPLIED UDP connections (0 to leave as-is).")
+	fs.DurationVar(&kp.Conntrack.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", kp.Conntrack.UDPStreamTimeout.Duration, "Idle timeout for ASSURED UDP connections (0 to leave as-is).")
+	fs.Var(localMode{&kp.DetectLocalMode}, "detect-local-mode", "Mode to use to detect local traffic: ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix.")
+	fs.Var(mapStringBool{&kp.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates.")
+	fs.StringVar(&kp.HealthzBindAddress, "healthz-bind-address", kp.HealthzBindAddress, "The IP address with port for the health check server (empty to disable).")
+	fs.Int32Var(&c.HealthzPort, "healthz-port", c.HealthzPort, "The port of the health check server. Deprecated: use --healthz-bind-address.")
+	fs.StringVar(&kp.HostnameOverride, "hostname-override", kp.HostnameOverride, "If non-empty, this string identifies the node instead of the hostname.")
+	fs.BoolVar(&c.InitOnly, "init-only", c.InitOnly, "If true, perform any initialization steps that must be done with full root privileges, and then exit.")
+	fs.BoolVar(kp.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *kp.IPTables.LocalhostNodePorts, "If false, NodePort services are not reachable on localhost (iptables mode).")
+	fs.Int32Var(kp.IPTables.MasqueradeBit, "iptables-masquerade-bit", *kp.IPTables.MasqueradeBit, "The bit of the fwmark space to mark packets requiring SNAT with. Must be within [0, 31].")
+	fs.DurationVar(&kp.IPTables.MinSyncPeriod.Duration, "iptables-min-sync-period", kp.IPTables.MinSyncPeriod.Duration, "The minimum period between iptables rule resyncs.")
+	fs.DurationVar(&kp.IPTables.SyncPeriod.Duration, "iptables-sync-period", kp.IPTables.SyncPeriod.Duration, "An interval indicating how frequently re-synchronizing operations are performed. Must be greater than 0.")
+	fs.StringSliceVar(&kp.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", kp.IPVS.ExcludeCIDRs, "A comma-separated list of CIDRs which the ipvs proxier should not touch when cleaning up IPVS rules.")
+	fs.DurationVar(&kp.IPVS.MinSyncPeriod.Duration, "ipvs-min-sync-period", kp.IPVS.MinSyncPeriod.Duration, "The minimum period between IPVS rule resyncs.")
+	fs.StringVar(&kp.IPVS.Scheduler, "ipvs-scheduler", kp.IPVS.Scheduler, "The ipvs scheduler type when proxy mode is ipvs.")
+	fs.BoolVar(&kp.IPVS.StrictARP, "ipvs-strict-arp", kp.IPVS.StrictARP, "Enable strict ARP by setting arp_ignore to 1 and arp_announce to 2.")
+	fs.DurationVar(&kp.IPVS.SyncPeriod.Duration, "ipvs-sync-period", kp.IPVS.SyncPeriod.Duration, "How frequently IPVS rules are re-synchronized. Must be greater than 0.")
+	fs.DurationVar(&kp.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", kp.IPVS.TCPTimeout.Duration, "The timeout for idle IPVS TCP connections, 0 to leave as-is.")
+	fs.DurationVar(&kp.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", kp.IPVS.TCPFinTimeout.Duration, "The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave as-is.")
+	fs.DurationVar(&kp.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", kp.IPVS.UDPTimeout.Duration, "The timeout for IPVS UDP packets, 0 to leave as-is.")
+	fs.Int32Var(&kp.ClientConnection.Burst, "kube-api-burst", kp.ClientConnection.Burst, "Burst to use while talking with kubernetes apiserver.")
+	fs.StringVar(&kp.ClientConnection.ContentType, "kube-api-content-type", kp.ClientConnection.ContentType, "Content type of requests sent to apiserver.")
+	fs.Float32Var(&kp.ClientConnection.QPS, "kube-api-qps", kp.ClientConnection.QPS, "QPS to use while talking with kubernetes apiserver.")
+	fs.StringVar(&kp.ClientConnection.Kubeconfig, "kubeconfig", kp.ClientConnection.Kubeconfig, "Path to kubeconfig file with authorization information.")
+	fs.Duration("log-flush-frequency", 5*time.Second, "Maximum number of seconds between log flushes (accepted; logs are unbuffered).")
+	fs.StringVar(&c.LogFormat, "logging-format", c.LogFormat, "Log format: text or json.")
+	fs.BoolVar(&kp.IPTables.MasqueradeAll, "masquerade-all", kp.IPTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs (kernel modes).")
+	fs.StringVar(&c.Master, "master", c.Master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
+	fs.StringVar(&kp.MetricsBindAddress, "metrics-bind-address", kp.MetricsBindAddress, "The IP address with port for the metrics server (empty to disable).")
+	fs.Int32Var(&c.MetricsPort, "metrics-port", c.MetricsPort, "The port of the metrics server. Deprecated: use --metrics-bind-address.")
+	fs.StringSliceVar(&kp.NodePortAddresses, "nodeport-addresses", kp.NodePortAddresses, "A list of CIDR ranges that contain valid node IPs, or \"primary\". Empty means all local addresses.")
+	fs.Int32Var(kp.OOMScoreAdj, "oom-score-adj", *kp.OOMScoreAdj, "The oom-score-adj value for the process. Must be within [-1000, 1000].")
+	fs.StringVar(&kp.DetectLocal.BridgeInterface, "pod-bridge-interface", kp.DetectLocal.BridgeInterface, "A bridge interface name, used with --detect-local-mode=BridgeInterface.")
+	fs.StringVar(&kp.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", kp.DetectLocal.InterfaceNamePrefix, "An interface name prefix, used with --detect-local-mode=InterfaceNamePrefix.")
+	fs.BoolVar(&kp.EnableProfiling, "profiling", kp.EnableProfiling, "If true, serve /debug/pprof on the metrics server.")
+	fs.Var(proxyMode{&kp.Mode}, "proxy-mode", "Which proxy mode to use: userspace (default), iptables, ipvs or nftables.")
+	fs.StringVar(&kp.PortRange, "proxy-port-range", kp.PortRange, "Range of host ports (beginPort-endPort, single port or beginPort+offset, inclusive) for proxy ports. Empty, 0 or 0-0 means random.")
+	fs.StringVar(&kp.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", kp.ShowHiddenMetricsForVersion, "The previous version for which to show hidden metrics.")
+	fs.DurationVar(&c.UDPTimeout, "udp-timeout", c.UDPTimeout, "How long an idle UDP flow is kept (userspace mode). Must be greater than 0.")
+	fs.IntVarP(&c.Verbosity, "v", "v", c.Verbosity, "Log verbosity: 0 info, 1 and more debug.")
+	fs.StringVar(&c.Version, "version", c.Version, "Print version information and exit (--version or --version=raw).")
+	fs.Lookup("version").NoOptDefVal = "true"
+	fs.BoolVar(&kp.WindowsRunAsService, "windows-service", kp.WindowsRunAsService, "Enable Windows Service Control Manager API integration (accepted; not used).")
+	fs.StringVar(&c.WriteConfigTo, "write-config-to", c.WriteConfigTo, "If set, write the effective configuration to this file and exit.")
+
+	// sluice's own flags.
+	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "A file or directory of Service, EndpointSlice and Endpoints manifests (YAML or JSON, as kubectl apply -f takes them), watched for changes.")
+	fs.StringVar(&c.Engine, "engine", c.Engine, "Userspace engine: eventloop (epoll, Linux) or goroutine (standard library, every OS).")
+	fs.Var(durationList{&c.ConnectTimeouts}, "connect-timeouts", "Per-try connect timeouts, comma-separated; the last repeats.")
+	fs.IntVar(&c.ConnectAttempts, "connect-attempts", c.ConnectAttempts, "Most endpoints one connection tries.")
+	fs.DurationVar(&c.ConnectBudget, "connect-budget", c.ConnectBudget, "Total time one connection may spend connecting.")
+	fs.IntVar(&c.EjectAfter, "eject-after", c.EjectAfter, "Consecutive connect failures that eject an endpoint (0 disables passive ejection).")
+	fs.DurationVar(&c.EjectBackoff, "eject-backoff", c.EjectBackoff, "How long an ejected endpoint is skipped before it is probed again; doubles on each failed probe.")
+	fs.DurationVar(&c.EjectMaxBackoff, "eject-max-backoff", c.EjectMaxBackoff, "Upper bound of the ejection back-off.")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "On SIGTERM, how long open connections may drain before they are cut.")
+	return fs
+}
+
+// ErrHelp is returned when -h or --help was asked for.
+var ErrHelp = pflag.ErrHelp
+
+// Parse reads the command line (and the --config file it names) into a
+// validated Config. Flags given explicitly override the file, as kube-proxy
+// does since KEP-2157. usage receives the flag help text.
+func Parse(args []string) (*Config, string, error) {
+	cfg := Defaults()
+	fs := newFlagSet(cfg)
+	usage := fs.FlagUsages()
+	if err := fs.Parse(args); err != nil {
+		return nil, usage, err
+	}
+	if fs.NArg() > 0 {
+		return nil, usage, fmt.Errorf("unexpected argument %q: sluice takes only flags", fs.Arg(0))
+	}
+	if cfg.ConfigFile != "" {
+		base := Defaults()
+		if err := LoadFile(cfg.ConfigFile, base); err != nil {
+			return nil, usage, err
+		}
+		fs = newFlagSet(base)
+		if err := fs.Parse(args); err != nil {
+			return nil, usage, err
+		}
+		cfg = base
+	}
+	fs.Visit(func(f *pflag.Flag) { cfg.Changed = append(cfg.Changed, f.Name) })
+	if fs.Changed("iptables-masquerade-bit") {
+		cfg.KubeProxy.NFTables.MasqueradeBit = i32(*cfg.KubeProxy.IPTables.MasqueradeBit)
+	}
+	if fs.Changed("masquerade-all") {
+		cfg.KubeProxy.NFTables.MasqueradeAll = cfg.KubeProxy.IPTables.MasqueradeAll
+	}
+	return cfg, usage, cfg.Validate()
+}
+
+// UnusedFlags returns the flags set on the command line that the chosen mode
+// does not use, sorted, so they can be reported once at start-up.
+func (c *Config) UnusedFlags() []string {
+	var out []string
+	for _, f := range c.Changed {
+		ms, ok := flagModes[f]
+		if ok && !slices.Contains(ms, c.Mode()) {
+			out = append(out, f)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// IsHelp reports whether err is a request for help.
+func IsHelp(err error) bool { return errors.Is(err, pflag.ErrHelp) }
