@@ -1,0 +1,115 @@
+package admin
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	b, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(b), rec.Header()
+}
+
+func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	h := NewHealth(time.Minute, clk.Now)
+	e := &Endpoints{Health: h, Metrics: NewMetrics(), ProxyMode: "userspace"}
+	hz := e.HealthzHandler()
+	if code, _, _ := get(t, hz, "/healthz"); code != 503 {
+		t.Fatalf("before the first sync: %d, want 503", code)
+	}
+	h.Updated()
+	code, body, hdr := get(t, hz, "/healthz")
+	if code != 200 || hdr.Get("Content-Type") != "application/json" || hdr.Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("after sync: %d %v", code, hdr)
+	}
+	var parsed map[string]any
+	if err := json.Unmarshal([]byte(body), &parsed); err != nil || parsed["nodeEligible"] != true || parsed["lastUpdated"] == nil {
+		t.Fatalf("body %q", body)
+	}
+	if _, body, _ := get(t, hz, "/livez"); strings.Contains(body, "nodeEligible") {
+		t.Fatalf("livez has nodeEligible: %s", body)
+	}
+	h.QueuedUpdate()
+	clk.Step(59 * time.Second)
+	if code, _, _ := get(t, hz, "/healthz"); code != 200 {
+		t.Fatalf("pending update younger than the timeout: %d", code)
+	}
+	clk.Step(time.Second)
+	if code, _, _ := get(t, hz, "/livez"); code != 503 {
+		t.Fatalf("stale state: %d, want 503", code)
+	}
+	h.Updated()
+	if code, _, _ := get(t, hz, "/healthz"); code != 200 {
+		t.Fatalf("after catching up: %d", code)
+	}
+	_, metrics, _ := get(t, e.MetricsHandler(), "/metrics")
+	for _, want := range []string{`kubeproxy_proxy_healthz_total{code="503"} 1`, `kubeproxy_proxy_livez_total{code="503"} 1`, `kubeproxy_proxy_healthz_total{code="200"} 3`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestMetricsEndpointAndPortCounters(t *testing.T) {
+	m := NewMetrics()
+	e := &Endpoints{Health: NewHealth(time.Minute, nil), Metrics: m, ProxyMode: "userspace", Dump: func() any { return map[string]int{"x": 1} }}
+	pc := m.PortCounters(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
+	pc.Opened()
+	pc.ConnectFailed()
+	pc.Connected(3*time.Millisecond, 2)
+	pc.Closed(10, 20)
+	m.Rejected("manifests")
+	h := e.MetricsHandler()
+	_, body, _ := get(t, h, "/metrics")
+	for _, want := range []string{
+		`sluice_connections_total{protocol="TCP",service="demo/web:http"} 1`,
+		`sluice_active_connections{protocol="TCP",service="demo/web:http"} 0`,
+		`sluice_bytes_total{direction="up",protocol="TCP",service="demo/web:http"} 10`,
+		`sluice_bytes_total{direction="down",protocol="TCP",service="demo/web:http"} 20`,
+		`sluice_connect_retries_total{protocol="TCP",service="demo/web:http"} 1`,
+		`sluice_connect_failures_total{protocol="TCP",service="demo/web:http"} 1`,
+		`sluice_connect_latency_seconds_count{protocol="TCP",service="demo/web:http"} 1`,
+		`sluice_rejected_updates_total{source="manifests"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if _, body, _ := get(t, h, "/proxyMode"); body != "userspace" {
+		t.Errorf("/proxyMode = %q", body)
+	}
+	if code, _, _ := get(t, h, "/debug/pprof/"); code != 404 {
+		t.Errorf("pprof served without --profiling: %d", code)
+	}
+	e.Profiling = true
+	if code, _, _ := get(t, e.MetricsHandler(), "/debug/pprof/"); code != 200 {
+		t.Errorf("pprof not served with --profiling: %d", code)
+	}
+	if _, body, _ := get(t, h, "/debug/sluice"); !strings.Contains(body, `"x": 1`) {
+		t.Errorf("dump %q", body)
+	}
+}

@@ -1,0 +1,91 @@
+// Package admin owns the process's operational endpoints: /healthz and
+// /livez with kube-proxy's semantics, Prometheus /metrics with kube-proxy's
+// metric names where they apply plus sluice's per-service data-path
+// counters, /proxyMode, /debug/pprof when profiling is on, and a debug dump
+// of what is being served.
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Health tracks whether applied state is fresh, as kube-proxy's
+// ProxyHealthServer does: unhealthy until the first update has been applied,
+// and unhealthy while a queued update has waited longer than the timeout.
+type Health struct {
+	now     func() time.Time
+	timeout time.Duration
+
+	mu            sync.Mutex
+	lastUpdated   time.Time
+	oldestPending time.Time
+}
+
+// NewHealth returns a tracker; kube-proxy uses twice the sync period as timeout.
+func NewHealth(timeout time.Duration, now func() time.Time) *Health {
+	if now == nil {
+		now = time.Now
+	}
+	return &Health{now: now, timeout: timeout}
+}
+
+// QueuedUpdate records that a change is waiting to be applied.
+func (h *Health) QueuedUpdate() {
+	h.mu.Lock()
+	if h.oldestPending.IsZero() {
+		h.oldestPending = h.now()
+	}
+	h.mu.Unlock()
+}
+
+// Updated records that every queued change has been processed.
+func (h *Health) Updated() {
+	h.mu.Lock()
+	h.lastUpdated = h.now()
+	h.oldestPending = time.Time{}
+	h.mu.Unlock()
+}
+
+// Healthy reports health and the times kube-proxy puts in its body.
+func (h *Health) Healthy() (ok bool, lastUpdated, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now = h.now()
+	switch {
+	case h.lastUpdated.IsZero():
+		return false, h.lastUpdated, now
+	case !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout:
+		return false, h.lastUpdated, now
+	}
+	return true, now, now
+}
+
+type healthBody struct {
+	LastUpdated  string `json:"lastUpdated"`
+	CurrentTime  string `json:"currentTime"`
+	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+}
+
+// handler serves /healthz (with nodeEligible) or /livez (without).
+func (h *Health) handler(withNode bool, count func(code int)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		ok, last, now := h.Healthy()
+		body := healthBody{LastUpdated: last.String(), CurrentTime: now.String()}
+		if withNode {
+			eligible := true // no Node object without the API source
+			body.NodeEligible = &eligible
+		}
+		code := http.StatusOK
+		if !ok {
+			code = http.StatusServiceUnavailable
+		}
+		count(code)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(body)
+	})
+}

@@ -1,0 +1,145 @@
+package admin
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Metrics is sluice's Prometheus registry. It is private to the process
+// object that owns it; nothing is registered globally.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	syncDuration   prometheus.Histogram
+	lastSync       prometheus.Gauge
+	lastQueued     prometheus.Gauge
+	serviceChanges prometheus.Counter
+	healthz        *prometheus.CounterVec
+	livez          *prometheus.CounterVec
+	rejected       *prometheus.CounterVec
+	listenerErrors prometheus.Counter
+
+	connections *prometheus.CounterVec
+	active      *prometheus.GaugeVec
+	bytes       *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	failures    *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+}
+
+// NewMetrics registers every metric on a fresh registry.
+func NewMetrics() *Metrics {
+	svc := []string{"service", "protocol"}
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kubeproxy", Name: "sync_proxy_rules_duration_seconds",
+			Help:    "How long applying a new state to the data plane took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time a state was applied."}),
+		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "The last time a change was queued."}),
+		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_service_changes_total",
+			Help: "Applied changes of the service set."}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_healthz_total",
+			Help: "/healthz responses by code."}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_livez_total",
+			Help: "/livez responses by code."}, []string{"code"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "rejected_updates_total",
+			Help: "Updates refused because they were invalid; the last good state kept serving."}, []string{"source"}),
+		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
+			Help: "Listeners that could not be opened (e.g. port in use)."}),
+		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
+			Help: "TCP connections accepted and UDP flows created, per service port."}, svc),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "active_connections",
+			Help: "Open TCP connections and UDP flows, per service port."}, svc),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "bytes_total",
+			Help: "Bytes forwarded, per service port and direction (up: client to endpoint, down: endpoint to client), counted when a connection ends."}, append(svc, "direction")),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connect_retries_total",
+			Help: "Connections that needed more than one connect attempt."}, svc),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connect_failures_total",
+			Help: "Failed connect attempts (refused, timed out, unreachable)."}, svc),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "refused_total",
+			Help: "Clients refused because no endpoint could be reached."}, svc),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "connect_latency_seconds",
+			Help:    "Time from accepting a connection to reaching an endpoint, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
+	}
+	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
+		m.rejected, m.listenerErrors, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Synced records one applied state and how long applying it took.
+func (m *Metrics) Synced(took time.Duration, at time.Time) {
+	m.syncDuration.Observe(took.Seconds())
+	m.lastSync.Set(float64(at.UnixNano()) / 1e9)
+	m.serviceChanges.Inc()
+}
+
+// Queued records that a change is waiting.
+func (m *Metrics) Queued(at time.Time) { m.lastQueued.Set(float64(at.UnixNano()) / 1e9) }
+
+// Rejected counts an invalid update from source.
+func (m *Metrics) Rejected(source string) { m.rejected.WithLabelValues(source).Inc() }
+
+// ListenerError counts a listener that could not be opened.
+func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
+
+// PortCounters returns the data-path counters of one service port. Its
+// methods match listeners.Counters; the label lookups happen once, here.
+func (m *Metrics) PortCounters(name lb.ServicePortName) *PortCounters {
+	l := []string{name.String(), string(name.Protocol)}
+	return &PortCounters{
+		connections: m.connections.WithLabelValues(l...),
+		active:      m.active.WithLabelValues(l...),
+		up:          m.bytes.WithLabelValues(append(l, "up")...),
+		down:        m.bytes.WithLabelValues(append(l, "down")...),
+		retries:     m.retries.WithLabelValues(l...),
+		failures:    m.failures.WithLabelValues(l...),
+		refused:     m.refused.WithLabelValues(l...),
+		latency:     m.latency.WithLabelValues(l...),
+	}
+}
+
+// PortCounters are one service port's data-path metrics.
+type PortCounters struct {
+	connections, up, down, retries, failures, refused prometheus.Counter
+	active                                            prometheus.Gauge
+	latency                                           prometheus.Observer
+}
+
+// Opened counts a connection or flow.
+func (c *PortCounters) Opened() { c.connections.Inc(); c.active.Inc() }
+
+// Connected records connect latency and whether retries were needed.
+func (c *PortCounters) Connected(latency time.Duration, tries int) {
+	c.latency.Observe(latency.Seconds())
+	if tries > 1 {
+		c.retries.Inc()
+	}
+}
+
+// ConnectFailed counts one failed attempt.
+func (c *PortCounters) ConnectFailed() { c.failures.Inc() }
+
+// Refused counts a refused client.
+func (c *PortCounters) Refused() { c.refused.Inc() }
+
+// Closed adds a finished connection's bytes.
+func (c *PortCounters) Closed(up, down uint64) {
+	c.active.Dec()
+	c.up.Add(float64(up))
+	c.down.Add(float64(down))
+}
+
+func codeLabel(code int) string { return strconv.Itoa(code) }
