@@ -137,8 +137,6 @@ var flagModes = map[string][]string{
 	"ipvs-tcp-timeout":                  {ModeIPVS},
 	"ipvs-tcpfin-timeout":               {ModeIPVS},
 	"ipvs-udp-timeout":                  {ModeIPVS},
-	"bind-address-hard-fail":            {},
-	"oom-score-adj":                     {},
 	"show-hidden-metrics-for-version":   {},
 	"log-flush-frequency":               {},
 	"windows-service":                   {},

@@ -244,3 +244,43 @@ func (s *Server) Close() {
 		delete(s.ports, name)
 	}
 }
+
+// PortView is the debug view of one served service port.
+type PortView struct {
+	Service   string   `json:"service"`
+	Protocol  string   `json:"protocol"`
+	Frontends []string `json:"frontends"`
+	Endpoints []string `json:"endpoints"`
+	Ejected   []string `json:"ejected,omitempty"`
+	Affinity  *string  `json:"affinityTimeout,omitempty"`
+}
+
+// Dump returns what is being served, sorted, for /debug/sluice.
+func (s *Server) Dump() []PortView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []PortView{}
+	for name, p := range s.ports {
+		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{}}
+		for _, fe := range p.frontends {
+			d := string(fe.Role) + " " + fe.Addr.String()
+			if fe.VIP.IsValid() {
+				d += " (for " + fe.VIP.String() + ")"
+			}
+			v.Frontends = append(v.Frontends, d)
+		}
+		for _, ep := range p.target.Picker.Endpoints() {
+			v.Endpoints = append(v.Endpoints, ep.String())
+			if p.target.Picker.Ejected(ep) {
+				v.Ejected = append(v.Ejected, ep.String())
+			}
+		}
+		if p.sp.Affinity.ClientIP {
+			t := p.sp.Affinity.Timeout.String()
+			v.Affinity = &t
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b PortView) int { return compare(a.Service+a.Protocol, b.Service+b.Protocol) })
+	return out
+}

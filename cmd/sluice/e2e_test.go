@@ -1,0 +1,361 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// End-to-end tests: the built binary, driven from outside as a user would.
+
+var sluiceBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sluice-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	sluiceBin = filepath.Join(dir, "sluice")
+	out, err := exec.Command("go", "build", "-o", sluiceBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build sluice: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T, network string) int {
+	t.Helper()
+	if network == "udp" {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		return pc.LocalAddr().(*net.UDPAddr).Port
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// httpBackend serves "name" on addr until the test ends.
+func httpBackend(t *testing.T, addr, name string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+func udpBackend(t *testing.T, addr, name string) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte(name+":"), buf[:n]...), from)
+		}
+	}()
+}
+
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	lines  chan string
+	stdout chan string
+	done   chan error
+}
+
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(sluiceBin, args...)
+	stderr, _ := cmd.StderrPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, lines: make(chan string, 1000), stdout: make(chan string, 100), done: make(chan error, 1)}
+	scan := func(r io.Reader, ch chan string) {
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			ch <- s.Text()
+		}
+		close(ch)
+	}
+	go scan(stderr, p.lines)
+	go scan(stdout, p.stdout)
+	go func() {
+		// Wait only after both pipes are drained.
+		for range p.stdout {
+		}
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// waitLog consumes log lines until one contains all of subs.
+func (p *proc) waitLog(subs ...string) string {
+	p.t.Helper()
+	deadline := time.After(30 * time.Second) // a safety net, never a synchronisation
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				p.t.Fatalf("sluice exited before logging %q", subs)
+			}
+			match := true
+			for _, s := range subs {
+				match = match && strings.Contains(l, s)
+			}
+			if match {
+				return l
+			}
+		case <-deadline:
+			p.t.Fatalf("no log line with %q", subs)
+		}
+	}
+}
+
+func (p *proc) exitCode() int {
+	p.t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		return 0
+	case <-time.After(30 * time.Second):
+		p.t.Fatal("sluice did not exit")
+	}
+	return -1
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func manifest(nodePort, udpNodePort, backendPort, udpBackendPort int, addrs ...string) string {
+	var eps strings.Builder
+	for _, a := range addrs {
+		fmt.Fprintf(&eps, "- addresses: [%q]\n", a)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports:
+  - {name: http, port: 80, nodePort: %d}
+  - {name: dns, port: 53, protocol: UDP, nodePort: %d}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: e2e
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: %d}, {name: dns, port: %d, protocol: UDP}]
+endpoints:
+%s`, nodePort, udpNodePort, backendPort, udpBackendPort, eps.String())
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEndToEndManifestsHotReloadBadReloadAndSIGTERM(t *testing.T) {
+	for _, engine := range []string{"eventloop", "goroutine"} {
+		t.Run(engine, func(t *testing.T) { endToEnd(t, engine) })
+	}
+}
+
+func endToEnd(t *testing.T, engine string) {
+	bport, uport := freePort(t, "tcp"), freePort(t, "udp")
+	for i, a := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
+		httpBackend(t, fmt.Sprintf("%s:%d", a, bport), fmt.Sprintf("b%d", i+1))
+		udpBackend(t, fmt.Sprintf("%s:%d", a, uport), fmt.Sprintf("b%d", i+1))
+	}
+	np, unp, hz, mp := freePort(t, "tcp"), freePort(t, "udp"), freePort(t, "tcp"), freePort(t, "tcp")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "svc.yaml")
+	writeFile(t, file, manifest(np, unp, bport, uport, "127.0.0.1", "127.0.0.2", "127.0.0.3"))
+	p := start(t, "--manifests", dir, "--engine", engine, "--bind-address", "127.0.0.1",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
+	p.waitLog("state applied")
+	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
+
+	url := fmt.Sprintf("http://127.0.0.1:%d/", np)
+	seen := map[string]bool{}
+	for i := 0; i < 6; i++ {
+		seen[get(t, url)] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("6 requests reached %v, want all three backends", seen)
+	}
+	if body := get(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", hz)); !strings.Contains(body, "lastUpdated") {
+		t.Fatalf("healthz: %s", body)
+	}
+	// UDP through the NodePort.
+	uc, err := net.Dial("udp", fmt.Sprintf("127.0.0.1:%d", unp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	uc.SetDeadline(time.Now().Add(10 * time.Second))
+	uc.Write([]byte("ping"))
+	buf := make([]byte, 100)
+	n, err := uc.Read(buf)
+	if err != nil || !strings.HasSuffix(string(buf[:n]), ":ping") {
+		t.Fatalf("UDP reply %q, %v", buf[:n], err)
+	}
+
+	// Hot reload: scale down to one endpoint.
+	writeFile(t, file, manifest(np, unp, bport, uport, "127.0.0.2"))
+	p.waitLog("state applied")
+	for i := 0; i < 4; i++ {
+		if got := get(t, url); got != "b2" {
+			t.Fatalf("after scale-down got %q, want b2", got)
+		}
+	}
+
+	// A bad reload is rejected; the last good state keeps serving.
+	writeFile(t, file, strings.Replace(manifest(np, unp, bport, uport, "127.0.0.2"), "nodePort: "+fmt.Sprint(np), "nodePort: 99999", 1))
+	line := p.waitLog("manifest update rejected")
+	if !strings.Contains(line, "svc.yaml") || !strings.Contains(line, "Service e2e/web") || !strings.Contains(line, "spec.ports[0].nodePort") {
+		t.Fatalf("rejection does not name file, object and field: %s", line)
+	}
+	if got := get(t, url); got != "b2" {
+		t.Fatalf("after bad reload got %q", got)
+	}
+	if m := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); !strings.Contains(m, `sluice_rejected_updates_total{source="manifests"} 1`) {
+		t.Fatal("rejected update not counted")
+	}
+
+	// SIGTERM: stop accepting, drain the open connection, exit 0.
+	open, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", np))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.waitLog("shutting down")
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", np), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+	}
+	open.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(open, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	reply, _ := io.ReadAll(open)
+	if !strings.HasSuffix(string(reply), "b2") {
+		t.Fatalf("draining connection got %q", reply)
+	}
+	open.Close() // the drain waits for the client's side too
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+}
+
+func TestEndToEndBadInputAtStartupExitsNonZero(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.0.0.1\n  ports: [{port: 80, name: a}, {port: 81, name: a}]\n")
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--manifests", bad, "--healthz-bind-address=", "--metrics-bind-address="}, []string{"bad.yaml", "Service default/s", "spec.ports[1].name", "duplicate"}},
+		{[]string{"--proxy-mode=ipvs", "--manifests", bad}, []string{`proxy mode ipvs is not built yet`}},
+		{[]string{"--udp-timeout=fast"}, []string{"--udp-timeout", "fast"}},
+		{[]string{"--bind-address=1.2.3"}, []string{"--bind-address", "1.2.3"}},
+		{[]string{"--healthz-bind-address="}, []string{"--manifests"}},
+	}
+	for _, tc := range cases {
+		p := start(t, tc.args...)
+		var all []string
+		for l := range p.lines {
+			all = append(all, l)
+		}
+		if code := p.exitCode(); code == 0 {
+			t.Errorf("%v exited 0", tc.args)
+		}
+		out := strings.Join(all, "\n")
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%v: output %q lacks %q", tc.args, out, w)
+			}
+		}
+	}
+}
+
+func TestEndToEndVersionAndWriteConfig(t *testing.T) {
+	out, err := exec.Command(sluiceBin, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "sluice ") {
+		t.Fatalf("--version: %q %v", out, err)
+	}
+	file := filepath.Join(t.TempDir(), "kp.yaml")
+	if out, err := exec.Command(sluiceBin, "--write-config-to", file, "--proxy-port-range=30000-30100").CombinedOutput(); err != nil {
+		t.Fatalf("--write-config-to: %v %s", err, out)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil || !strings.Contains(string(data), "kind: KubeProxyConfiguration") || !strings.Contains(string(data), "portRange: 30000-30100") {
+		t.Fatalf("written config:\n%s", data)
+	}
+	if out, err := exec.Command(sluiceBin, "--help").Output(); err != nil || !strings.Contains(string(out), "--proxy-mode") {
+		t.Fatalf("--help: %v", err)
+	}
+}

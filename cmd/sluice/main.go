@@ -1,0 +1,300 @@
+// Command sluice is a drop-in replacement for kube-proxy whose default mode
+// is a userspace L4 load balancer. This package only wires the pieces
+// together: flags and config file into config.Config, then run.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/affinity"
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/controlplane"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "v0.1.0-dev"
+
+// kubeProxyCompat is the kube-proxy release whose flags and config we follow.
+const kubeProxyCompat = "v1.34"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole program; it returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, usage, err := config.Parse(args)
+	if config.IsHelp(err) {
+		fmt.Fprintf(stdout, "Usage of sluice:\n%s", usage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice: %v\n", err)
+		return 1
+	}
+	switch cfg.Version {
+	case "true":
+		fmt.Fprintf(stdout, "sluice %s (kube-proxy %s compatible, %s %s/%s)\n", version, kubeProxyCompat, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return 0
+	case "raw":
+		json.NewEncoder(stdout).Encode(map[string]string{"gitVersion": version, "kubeProxyCompatibility": kubeProxyCompat,
+			"goVersion": runtime.Version(), "platform": runtime.GOOS + "/" + runtime.GOARCH})
+		return 0
+	}
+	if cfg.WriteConfigTo != "" {
+		if err := cfg.WriteFile(cfg.WriteConfigTo); err != nil {
+			fmt.Fprintf(stderr, "sluice: --write-config-to: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "wrote configuration to %s\n", cfg.WriteConfigTo)
+		return 0
+	}
+	log := newLogger(cfg, stderr)
+	if unused := cfg.UnusedFlags(); len(unused) > 0 {
+		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
+	}
+	if cfg.Cleanup {
+		// The userspace mode installs nothing in the kernel; the kernel
+		// modes, which do, each add their leftovers here when they land.
+		log.Info("cleanup: nothing to remove; no sluice mode that programs the kernel is built yet")
+		return 0
+	}
+	if cfg.Mode() != config.ModeUserspace {
+		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace", cfg.Mode()))
+		return 1
+	}
+	if cfg.InitOnly {
+		return 0 // userspace mode needs no privileged initialisation
+	}
+	if err := prepareProcess(cfg, log); err != nil {
+		log.Warn("process setup", "err", err)
+	}
+	if err := serve(ctx, cfg, log, stdout); err != nil {
+		log.Error(err.Error())
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if cfg.Verbosity > 0 {
+		opts.Level = slog.LevelDebug
+	}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func apiConfigured(cfg *config.Config) bool {
+	return cfg.KubeProxy.ClientConnection.Kubeconfig != "" || cfg.Master != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
+}
+
+// serve runs userspace mode until ctx ends, then drains.
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.Writer) error {
+	if cfg.Manifests == "" {
+		if apiConfigured(cfg) {
+			return errors.New("the Kubernetes API source (--kubeconfig, --master, in-cluster) is not built yet; serve manifests with --manifests PATH")
+		}
+		return errors.New("no service source: pass --manifests PATH (a file or directory of Service and EndpointSlice manifests)")
+	}
+	if apiConfigured(cfg) {
+		log.Warn("--kubeconfig/--master given, but the Kubernetes API source is not built yet; serving --manifests only")
+	}
+	metrics := admin.NewMetrics()
+	health := admin.NewHealth(2*cfg.KubeProxy.IPTables.SyncPeriod.Duration, nil)
+
+	engine, err := listeners.New(cfg.Engine, listeners.Options{})
+	if err != nil {
+		return fmt.Errorf("--engine: %w", err)
+	}
+	pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
+	local := &localAddrs{}
+	srv := &listeners.Server{
+		Engine:      engine,
+		BindAddress: netip.MustParseAddr(cfg.KubeProxy.BindAddress),
+		ProxyPorts:  listeners.NewPortAllocator(pr.Base, pr.Size),
+		IsLocal:     local.has,
+		Retry:       lb.RetryPolicy{Attempts: cfg.ConnectAttempts, TryTimeouts: cfg.ConnectTimeouts, Budget: cfg.ConnectBudget},
+		Ejection:    lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
+		UDPTimeout:  cfg.UDPTimeout,
+		Clock:       affinity.SystemClock{},
+		Counters:    func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
+		Log:         log,
+	}
+	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log}
+	src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration}
+
+	drain := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+		defer cancel()
+		if err := engine.Shutdown(dctx); err != nil {
+			log.Warn("drain cut open connections", "after", cfg.DrainTimeout)
+		}
+	}
+	if err := src.Load(); err != nil {
+		drain()
+		return fmt.Errorf("manifests rejected at start-up:\n%w", err)
+	}
+	if err := sink.lastErr(); err != nil && cfg.KubeProxy.BindAddressHardFail {
+		drain()
+		return fmt.Errorf("--bind-address-hard-fail: %w", err)
+	}
+
+	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: cfg.Mode(), Profiling: cfg.KubeProxy.EnableProfiling,
+		Dump: func() any { return srv.Dump() }}
+	hz, err := admin.Serve(cfg.HealthzAddress(), ep.HealthzHandler())
+	if err != nil {
+		drain()
+		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)
+	}
+	defer hz.Close()
+	ms, err := admin.Serve(cfg.MetricsAddress(), ep.MetricsHandler())
+	if err != nil {
+		drain()
+		return fmt.Errorf("--metrics-bind-address %s: %w", cfg.MetricsAddress(), err)
+	}
+	defer ms.Close()
+
+	var wg sync.WaitGroup
+	srcCtx, stopSrc := context.WithCancel(ctx)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := src.Run(srcCtx); err != nil {
+			log.Error("manifest watch stopped; serving the last good state", "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-srcCtx.Done():
+				return
+			case <-t.C:
+				srv.ExpirePins()
+			}
+		}
+	}()
+	fes := srv.Frontends()
+	for _, fe := range fes {
+		log.Info("listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
+	}
+	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s engine, %d listeners, watching %s\n", version, cfg.Mode(), engine.Name(), len(fes), cfg.Manifests)
+
+	<-ctx.Done()
+	log.Info("shutting down: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
+	stopSrc()
+	wg.Wait()
+	drain()
+	srv.Close()
+	log.Info("stopped")
+	return nil
+}
+
+// applier is the control plane's sink: it applies snapshots to the
+// listeners and keeps health and metrics up to date.
+type applier struct {
+	server  *listeners.Server
+	local   *localAddrs
+	health  *admin.Health
+	metrics *admin.Metrics
+	log     *slog.Logger
+
+	mu  sync.Mutex
+	err error
+}
+
+func (a *applier) Publish(snap *lb.Snapshot) {
+	start := time.Now()
+	a.local.refresh()
+	err := a.server.Apply(snap)
+	if err != nil {
+		for _, e := range unjoin(err) {
+			a.metrics.ListenerError()
+			a.log.Error("listener not opened", "err", e)
+		}
+	}
+	a.mu.Lock()
+	a.err = err
+	a.mu.Unlock()
+	took := time.Since(start)
+	a.metrics.Synced(took, time.Now())
+	a.health.Updated()
+	a.log.Info("state applied", "servicePorts", len(snap.Ports), "took", took)
+}
+
+func (a *applier) Reject(error) {
+	a.metrics.Rejected("manifests")
+	// The update was processed (and refused); the data plane is current
+	// with the last good state, so health is not stale.
+	a.health.Updated()
+}
+
+func (a *applier) Queued() {
+	a.health.QueuedUpdate()
+	a.metrics.Queued(time.Now())
+}
+
+func (a *applier) lastErr() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// localAddrs is the set of this host's addresses, refreshed before each
+// apply, so external and load-balancer IPs that are local get listeners.
+type localAddrs struct {
+	mu  sync.Mutex
+	set map[netip.Addr]bool
+}
+
+func (l *localAddrs) refresh() {
+	set := map[netip.Addr]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				set[p.Addr().Unmap()] = true
+			}
+		}
+	}
+	l.mu.Lock()
+	l.set = set
+	l.mu.Unlock()
+}
+
+func (l *localAddrs) has(a netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.set[a.Unmap()]
+}
