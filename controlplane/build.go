@@ -263,6 +263,7 @@ func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, e *obj
 	}
 }
 
+//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
 	if !known[svcKey{ep.Namespace, ep.Name}] {
 		e.add("metadata.name", "Service %s/%s not found", ep.Namespace, ep.Name)

@@ -28,7 +28,8 @@ import (
 type Objects struct {
 	Services       []*corev1.Service
 	EndpointSlices []*discoveryv1.EndpointSlice
-	Endpoints      []*corev1.Endpoints
+	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+	Endpoints []*corev1.Endpoints
 	// origin maps "Kind ns/name" to "file#doc" for error messages.
 	origin map[string]string
 }
@@ -194,6 +195,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
 		svc.Namespace = ns
 		o.Services = append(o.Services, svc)
 	case "v1/Endpoints":
+		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		ep := &corev1.Endpoints{}
 		if err := strict(ep); err != nil {
 			return fail("", err)
