@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -132,7 +133,7 @@ func (e *EventLoop) stopLoops() {
 	}
 	e.stopped.Wait()
 	for _, l := range e.loops {
-		unix.Close(l.epfd)
+		l.epfile.Close() // closes the epoll descriptor and unregisters it from Go's poller
 		unix.Close(l.wakefd)
 	}
 }
@@ -150,6 +151,7 @@ type registration struct {
 type loop struct {
 	e      *EventLoop
 	epfd   int
+	epfile *os.File // epfd, registered with Go's poller so the loop parks instead of blocking a thread
 	wakefd int
 
 	mu    sync.Mutex
@@ -178,11 +180,19 @@ func newLoop(e *EventLoop) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	l := &loop{e: e, epfd: epfd, wakefd: wfd, regs: map[int32]registration{},
+	// The loop waits for its epoll descriptor through Go's own poller: it
+	// parks like any goroutine blocked on a socket, instead of holding an OS
+	// thread in epoll_wait, which costs a scheduler hand-off on every wake-up.
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		unix.Close(wfd)
+		return nil, fmt.Errorf("epoll nonblock: %w", err)
+	}
+	l := &loop{e: e, epfd: epfd, epfile: os.NewFile(uintptr(epfd), "sluice-epoll"), wakefd: wfd, regs: map[int32]registration{},
 		rbuf: make([]byte, maxDatagram+1), oob: make([]byte, 64),
 		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}); err != nil {
-		unix.Close(epfd)
+		l.epfile.Close()
 		unix.Close(wfd)
 		return nil, fmt.Errorf("epoll_ctl eventfd: %w", err)
 	}
@@ -236,17 +246,22 @@ func (l *loop) putBuf(b []byte) {
 
 func (l *loop) run() {
 	defer l.e.stopped.Done()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	rc, err := l.epfile.SyscallConn()
+	if err != nil {
+		panic(fmt.Sprintf("epoll SyscallConn: %v", err)) // cannot happen for an *os.File
+	}
 	events := make([]unix.EpollEvent, 256)
 	for !l.quit {
-		timeout := -1
-		if len(l.later) > 0 {
-			timeout = 0
-		}
-		n, err := unix.EpollWait(l.epfd, events, timeout)
-		if err != nil && err != unix.EINTR {
-			panic(fmt.Sprintf("epoll_wait: %v", err)) // a programming error: the fd is ours
+		var n int
+		var werr error
+		// rc.Read calls the function at once, and parks until the epoll
+		// descriptor is readable only when it returns false.
+		err := rc.Read(func(fd uintptr) bool {
+			n, werr = unix.EpollWait(int(fd), events, 0)
+			return n > 0 || len(l.later) > 0 || (werr != nil && werr != unix.EINTR)
+		})
+		if err != nil || (werr != nil && werr != unix.EINTR) {
+			panic(fmt.Sprintf("epoll_wait: %v %v", err, werr)) // a programming error: the fd is ours
 		}
 		l.now = l.e.opts.Now()
 		for i := 0; i < n; i++ {
