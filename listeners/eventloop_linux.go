@@ -454,7 +454,19 @@ type pipe struct {
 	eof      bool // src sent FIN
 	shut     bool // FIN passed on to dst
 	bytes    uint64
+
+	// Splice-auto, as HAProxy does it: a read that fills the whole buffer
+	// marks the direction as bulk, and once its buffer has drained the bytes
+	// go src -> kernel pipe -> dst with splice(2), never copied through user
+	// space. Small request/response traffic keeps the cheaper plain copy.
+	bulk    bool
+	spliced bool
+	kpipe   [2]int // read end, write end
+	inPipe  int    // bytes waiting in the kernel pipe
 }
+
+// pending reports bytes read from src and not yet written to dst.
+func (p *pipe) pending() bool { return p.r < p.w || p.inPipe > 0 }
 
 type tcpConn struct {
 	l      *loop
@@ -675,6 +687,27 @@ func (c *tcpConn) progress() {
 // step advances one direction. It returns whether anything happened, and
 // false in ok when the connection must be reset.
 func (c *tcpConn) step(p *pipe) (moved, ok bool) {
+	if p.spliced {
+		moved, ok = c.spliceStep(p)
+	} else {
+		moved, ok = c.copyStep(p)
+	}
+	if !ok {
+		return moved, false
+	}
+	// Pass a FIN on once everything before it has been written.
+	if p.eof && !p.pending() && !p.shut {
+		if err := unix.Shutdown(p.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			return moved, false
+		}
+		p.shut = true
+		moved = true
+	}
+	return moved, true
+}
+
+// copyStep moves bytes through a user-space buffer.
+func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 	// Flush what is waiting.
 	if p.r < p.w && p.dst.writable {
 		n, err := unix.Write(p.dst.fd, p.buf[p.r:p.w])
@@ -692,6 +725,9 @@ func (c *tcpConn) step(p *pipe) (moved, ok bool) {
 	if p.buf != nil && p.r == p.w {
 		c.l.putBuf(p.buf)
 		p.buf, p.r, p.w = nil, 0, 0
+		if p.bulk && c.startSplice(p) {
+			return true, true
+		}
 	}
 	// Read only when the buffer is empty: a slow dst pauses src.
 	if p.buf == nil && !p.eof && p.src.readable {
@@ -710,16 +746,58 @@ func (c *tcpConn) step(p *pipe) (moved, ok bool) {
 			moved = true
 		default:
 			p.buf, p.r, p.w = buf, 0, n
+			p.bulk = n == len(buf)
 			moved = true
 		}
 	}
-	// Pass a FIN on once everything before it has been written.
-	if p.eof && p.buf == nil && !p.shut {
-		if err := unix.Shutdown(p.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-			return moved, false
+	return moved, true
+}
+
+// startSplice switches a drained bulk direction to splice(2). If no pipe can
+// be had (descriptor limits), the direction keeps copying.
+func (c *tcpConn) startSplice(p *pipe) bool {
+	if err := unix.Pipe2(p.kpipe[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		p.bulk = false
+		return false
+	}
+	p.spliced = true
+	return true
+}
+
+const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
+
+// spliceStep moves bytes src -> kernel pipe -> dst. As with the buffer, src
+// is read only when the pipe is empty, so a slow dst pauses src and the pipe
+// (64 KiB) bounds what one direction holds.
+func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
+	if p.inPipe > 0 && p.dst.writable {
+		n, err := unix.Splice(p.kpipe[0], nil, p.dst.fd, nil, p.inPipe, spliceFlags)
+		switch {
+		case errAgain(err):
+			p.dst.writable = false
+		case err != nil:
+			return false, false
+		default:
+			p.inPipe -= int(n)
+			p.bytes += uint64(n)
+			moved = true
 		}
-		p.shut = true
-		moved = true
+	}
+	if p.inPipe == 0 && !p.eof && p.src.readable {
+		// The pipe is empty, so EAGAIN can only mean src has nothing.
+		n, err := unix.Splice(p.src.fd, nil, p.kpipe[1], nil, c.l.e.opts.BufferSize, spliceFlags)
+		switch {
+		case errAgain(err):
+			p.src.readable = false
+		case err != nil:
+			return moved, false
+		case n == 0:
+			p.eof = true
+			moved = true
+		default:
+			p.inPipe = int(n)
+			moved = true
+		}
 	}
 	return moved, true
 }
@@ -729,6 +807,11 @@ func (c *tcpConn) release() {
 		if p.buf != nil {
 			c.l.putBuf(p.buf)
 			p.buf = nil
+		}
+		if p.spliced {
+			unix.Close(p.kpipe[0])
+			unix.Close(p.kpipe[1])
+			p.spliced = false
 		}
 	}
 	c.stopTimer()
