@@ -213,3 +213,52 @@ func TestManifestSourceHotReloadAndBadReload(t *testing.T) {
 		t.Fatalf("nodePort after reload = %d", np)
 	}
 }
+
+type countingSink struct {
+	queued    int
+	published chan struct{}
+}
+
+func (c *countingSink) Publish(*lb.Snapshot) { c.published <- struct{}{} }
+func (c *countingSink) Reject(error)         {}
+func (c *countingSink) Queued()              { c.queued++ }
+
+// A burst of change notices becomes one Queued and one reload, driven by an
+// injected timer: no real time passes in this test.
+func TestBurstsOfChangesCoalesceIntoOneReload(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(goodManifest), 0o644)
+	sink := &countingSink{published: make(chan struct{}, 10)}
+	timers := make(chan chan time.Time, 10)
+	after := func(time.Duration) <-chan time.Time {
+		ch := make(chan time.Time, 1)
+		timers <- ch
+		return ch
+	}
+	src := &ManifestSource{Path: dir, Sink: sink}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	<-sink.published
+	changes := make(chan struct{})
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { src.coalesce(ctx, changes, after, time.Second); close(done) }()
+
+	for burst := 0; burst < 2; burst++ {
+		for i := 0; i < 5; i++ {
+			changes <- struct{}{} // unbuffered: each send is received before the next
+		}
+		timer := <-timers
+		if len(timers) != 0 {
+			t.Fatal("a burst armed more than one timer")
+		}
+		timer <- time.Time{}
+		<-sink.published // exactly one reload for the burst
+	}
+	cancel()
+	<-done
+	if sink.queued != 2 || len(sink.published) != 0 {
+		t.Fatalf("queued %d, extra publishes %d; want 2 bursts and no extra reloads", sink.queued, len(sink.published))
+	}
+}

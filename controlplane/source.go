@@ -100,7 +100,6 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", s.Path, err)
 	}
-	defer w.Close()
 	// Watch the directory: editors and kubectl-style tools replace files by
 	// rename, which a watch on the file itself would lose.
 	dir, only := s.Path, ""
@@ -108,8 +107,47 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 		dir, only = filepath.Dir(s.Path), filepath.Clean(s.Path)
 	}
 	if err := w.Add(dir); err != nil {
+		w.Close()
 		return fmt.Errorf("watch %s: %w", dir, err)
 	}
+	changes := make(chan struct{})
+	go func() {
+		defer close(changes)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if (only != "" && filepath.Clean(ev.Name) != only) || ev.Op == fsnotify.Chmod {
+					continue
+				}
+				select {
+				case changes <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				s.logger().Warn("manifest watch error", "path", s.Path, "err", err)
+			}
+		}
+	}()
+	s.coalesce(ctx, changes, after, coalesce)
+	w.Close()
+	for range changes { // wait for the watcher goroutine to end
+	}
+	return nil
+}
+
+// coalesce turns a stream of change notices into reloads: the first notice
+// of a burst is reported as Queued and arms one timer; notices until it
+// fires join the same reload.
+func (s *ManifestSource) coalesce(ctx context.Context, changes <-chan struct{}, after func(time.Duration) <-chan time.Time, wait time.Duration) {
 	var resync <-chan time.Time
 	if s.Resync > 0 {
 		resync = after(s.Resync)
@@ -118,26 +156,15 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
+			return
+		case _, ok := <-changes:
 			if !ok {
-				return nil
-			}
-			if only != "" && filepath.Clean(ev.Name) != only {
-				continue
-			}
-			if ev.Op == fsnotify.Chmod {
-				continue
+				return
 			}
 			if pending == nil {
 				s.Sink.Queued()
-				pending = after(coalesce)
+				pending = after(wait)
 			}
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			s.logger().Warn("manifest watch error", "path", s.Path, "err", err)
 		case <-pending:
 			pending = nil
 			s.Reload()
