@@ -6,24 +6,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/affinity"
 	"github.com/sluice-proxy/sluice/lb"
 )
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Step(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
 	t.Helper()
@@ -34,7 +22,7 @@ func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
 }
 
 func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := affinity.NewManualClock(time.Unix(1e9, 0))
 	h := NewHealth(time.Minute, clk.Now)
 	e := &Endpoints{Health: h, Metrics: NewMetrics(), ProxyMode: "userspace"}
 	hz := e.HealthzHandler()

@@ -2,22 +2,9 @@ package affinity
 
 import (
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 )
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Step(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 var (
 	client1 = netip.MustParseAddr("10.0.0.1")
@@ -27,7 +14,7 @@ var (
 )
 
 func TestPinExpiresAfterTTLOfDisuse(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := NewManualClock(time.Unix(1000, 0))
 	tab := NewTable(10*time.Second, clk)
 	tab.Pin(client1, ep1)
 	clk.Step(9 * time.Second)
@@ -49,7 +36,7 @@ func TestPinExpiresAfterTTLOfDisuse(t *testing.T) {
 }
 
 func TestRetainDropsOnlyPinsToRemovedEndpoints(t *testing.T) {
-	tab := NewTable(time.Hour, &fakeClock{})
+	tab := NewTable(time.Hour, NewManualClock(time.Time{}))
 	tab.Pin(client1, ep1)
 	tab.Pin(client2, ep2)
 	tab.Retain(func(ep netip.AddrPort) bool { return ep == ep2 })
@@ -62,7 +49,7 @@ func TestRetainDropsOnlyPinsToRemovedEndpoints(t *testing.T) {
 }
 
 func TestUnpinOnlyMatchingEndpoint(t *testing.T) {
-	tab := NewTable(time.Hour, &fakeClock{})
+	tab := NewTable(time.Hour, NewManualClock(time.Time{}))
 	tab.Pin(client1, ep1)
 	tab.Unpin(client1, ep2)
 	if _, ok := tab.Lookup(client1); !ok {
@@ -75,7 +62,7 @@ func TestUnpinOnlyMatchingEndpoint(t *testing.T) {
 }
 
 func TestExpireSweepsAndSetTTLApplies(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := NewManualClock(time.Unix(0, 0))
 	tab := NewTable(time.Hour, clk)
 	tab.Pin(client1, ep1)
 	clk.Step(time.Minute)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -320,15 +321,6 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 		seen[ep.Addr] = len(out)
 		out = append(out, ep)
 	}
-	slices.SortFunc(out, func(a, b lb.Endpoint) int {
-		as, bs := a.Addr.String(), b.Addr.String()
-		switch {
-		case as < bs:
-			return -1
-		case as > bs:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
 	return out
 }

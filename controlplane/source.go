@@ -110,6 +110,9 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 		w.Close()
 		return fmt.Errorf("watch %s: %w", dir, err)
 	}
+	// An edit between Load and the watch being set up raised no event:
+	// read once more now that every later edit will.
+	s.Reload()
 	changes := make(chan struct{})
 	go func() {
 		defer close(changes)

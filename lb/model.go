@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -110,22 +111,12 @@ func (s *Snapshot) Sorted() []*ServicePort {
 		out = append(out, sp)
 	}
 	slices.SortFunc(out, func(a, b *ServicePort) int {
-		if c := compareStrings(a.Name.String(), b.Name.String()); c != 0 {
+		if c := strings.Compare(a.Name.String(), b.Name.String()); c != 0 {
 			return c
 		}
-		return compareStrings(string(a.Name.Protocol), string(b.Name.Protocol))
+		return strings.Compare(string(a.Name.Protocol), string(b.Name.Protocol))
 	})
 	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Validate checks the invariants every consumer relies on.

@@ -1,23 +1,13 @@
 package lb
 
 import (
+	"github.com/sluice-proxy/sluice/affinity"
+
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 )
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Step(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func eps(ss ...string) []netip.AddrPort {
 	out := make([]netip.AddrPort, len(ss))
@@ -43,14 +33,14 @@ func first(t *testing.T, p *Picker, client netip.Addr) netip.AddrPort {
 }
 
 func TestNoEndpoints(t *testing.T) {
-	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p := NewPicker(affinity.NewManualClock(time.Time{}), DefaultEjectionPolicy())
 	if _, err := p.Order(cli1); err != ErrNoEndpoints {
 		t.Fatalf("err = %v, want ErrNoEndpoints", err)
 	}
 }
 
 func TestRoundRobinIsAStrictCycleAndOrderCoversAll(t *testing.T) {
-	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p := NewPicker(affinity.NewManualClock(time.Time{}), DefaultEjectionPolicy())
 	p.SetEndpoints([]netip.AddrPort{a, b, c})
 	var got []netip.AddrPort
 	for i := 0; i < 6; i++ {
@@ -69,7 +59,7 @@ func TestRoundRobinIsAStrictCycleAndOrderCoversAll(t *testing.T) {
 }
 
 func TestConcurrentRoundRobinIsFair(t *testing.T) {
-	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p := NewPicker(affinity.NewManualClock(time.Time{}), DefaultEjectionPolicy())
 	p.SetEndpoints([]netip.AddrPort{a, b, c})
 	var mu sync.Mutex
 	counts := map[netip.AddrPort]int{}
@@ -95,7 +85,7 @@ func TestConcurrentRoundRobinIsFair(t *testing.T) {
 }
 
 func TestAffinityPinsAndSurvivesUnrelatedUpdate(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := affinity.NewManualClock(time.Unix(0, 0))
 	p := NewPicker(clk, DefaultEjectionPolicy())
 	p.SetEndpoints([]netip.AddrPort{a, b, c})
 	p.SetAffinity(Affinity{ClientIP: true, Timeout: time.Minute})
@@ -140,7 +130,7 @@ func TestAffinityPinsAndSurvivesUnrelatedUpdate(t *testing.T) {
 }
 
 func TestFailedPinIsRepinnedToTheAnsweringEndpoint(t *testing.T) {
-	p := NewPicker(&fakeClock{}, DefaultEjectionPolicy())
+	p := NewPicker(affinity.NewManualClock(time.Time{}), DefaultEjectionPolicy())
 	p.SetEndpoints([]netip.AddrPort{a, b, c})
 	p.SetAffinity(Affinity{ClientIP: true, Timeout: time.Minute})
 	p.Connected(cli1, a)
@@ -156,7 +146,7 @@ func TestFailedPinIsRepinnedToTheAnsweringEndpoint(t *testing.T) {
 }
 
 func TestEjectionSkipsThenProbesWithBackoff(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(0, 0)}
+	clk := affinity.NewManualClock(time.Unix(0, 0))
 	p := NewPicker(clk, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: 4 * time.Second})
 	p.SetEndpoints([]netip.AddrPort{a, b})
 	if p.Failed(cli1, a) {

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-proxy/sluice/affinity"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -45,18 +46,6 @@ func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
 	}
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Step(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 type counters struct {
 	opened, connected, failed, refused atomic.Int64
 	closed                             chan [2]uint64
@@ -72,7 +61,7 @@ func (c *counters) Closed(up, down uint64)       { c.closed <- [2]uint64{up, dow
 type fixture struct {
 	t      *testing.T
 	e      Engine
-	clock  *fakeClock
+	clock  *affinity.ManualClock
 	ctr    *counters
 	target *Target
 	ln     Listener
@@ -80,7 +69,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, e Engine, proto lb.Protocol, backends ...netip.AddrPort) *fixture {
 	t.Helper()
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := affinity.NewManualClock(time.Unix(1e9, 0))
 	f := &fixture{t: t, e: e, clock: clk, ctr: newCounters()}
 	f.target = &Target{
 		Picker:     lb.NewPicker(clk, lb.EjectionPolicy{Failures: 2, Backoff: time.Minute, MaxBackoff: time.Hour}),

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -207,22 +208,12 @@ func (s *Server) Frontends() []Frontend {
 		out = append(out, p.frontends...)
 	}
 	slices.SortFunc(out, func(a, b Frontend) int {
-		if c := compare(a.Service.String()+string(a.Service.Protocol), b.Service.String()+string(b.Service.Protocol)); c != 0 {
+		if c := strings.Compare(a.Service.String()+string(a.Service.Protocol), b.Service.String()+string(b.Service.Protocol)); c != 0 {
 			return c
 		}
-		return compare(a.Addr.String(), b.Addr.String())
+		return strings.Compare(a.Addr.String(), b.Addr.String())
 	})
 	return out
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ExpirePins drops affinity pins that outlived their timeout, so one-off
@@ -281,6 +272,6 @@ func (s *Server) Dump() []PortView {
 		}
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b PortView) int { return compare(a.Service+a.Protocol, b.Service+b.Protocol) })
+	slices.SortFunc(out, func(a, b PortView) int { return strings.Compare(a.Service+a.Protocol, b.Service+b.Protocol) })
 	return out
 }
