@@ -15,11 +15,13 @@ import (
 )
 
 // Sink receives what a source decides. Publish gets each new snapshot (never
-// a no-op one); Reject gets each update that was refused, while the last good
-// snapshot keeps serving; Queued is called when a change is noticed, before
-// it is processed (healthz uses it to detect staleness).
+// a no-op one); Unchanged is called when a re-read changed nothing; Reject
+// gets each update that was refused, while the last good snapshot keeps
+// serving; Queued is called when a change is noticed, before it is processed
+// (healthz uses it to detect staleness).
 type Sink interface {
 	Publish(*lb.Snapshot)
+	Unchanged()
 	Reject(error)
 	Queued()
 }
@@ -72,7 +74,7 @@ func (s *ManifestSource) Reload() {
 		return
 	}
 	if s.last != nil && reflect.DeepEqual(s.last, snap) {
-		s.Sink.Publish(s.last) // processed; nothing changed, but healthz learns the queue is empty
+		s.Sink.Unchanged()
 		return
 	}
 	s.last = snap

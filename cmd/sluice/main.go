@@ -247,6 +247,9 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	a.log.Info("state applied", "servicePorts", len(snap.Ports), "took", took)
 }
 
+// Unchanged: a re-read found nothing new; what is applied is current.
+func (a *applier) Unchanged() { a.health.Updated() }
+
 func (a *applier) Reject(error) {
 	a.metrics.Rejected("manifests")
 	// The update was processed (and refused); the data plane is current
