@@ -572,3 +572,21 @@ func TestConformanceUDPReplyComesFromTheAddressTheClientUsed(t *testing.T) {
 		}
 	})
 }
+
+func TestConformanceUDPFlowToRemovedEndpointRepicks(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		a, b := serveUDP(t, udpName("a")), serveUDP(t, udpName("b"))
+		f := newFixture(t, e, lb.UDP, a, b)
+		c := udpClient(t)
+		first, _ := udpAsk(t, c, f.ln.Addr(), []byte("x"))
+		keep := b
+		if string(first) == "b" {
+			keep = a
+		}
+		f.target.Picker.SetEndpoints([]netip.AddrPort{keep})
+		got, _ := udpAsk(t, c, f.ln.Addr(), []byte("x"))
+		if bytes.Equal(got, first) {
+			t.Fatalf("flow stayed on removed endpoint %s", first)
+		}
+	})
+}

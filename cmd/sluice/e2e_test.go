@@ -232,7 +232,9 @@ func endToEnd(t *testing.T, engine string) {
 	file := filepath.Join(dir, "svc.yaml")
 	writeFile(t, file, manifest(np, unp, bport, uport, "127.0.0.1", "127.0.0.2", "127.0.0.3"))
 	p := start(t, "--manifests", dir, "--engine", engine, "--bind-address", "127.0.0.1",
-		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp),
+		"--ipvs-scheduler=lc")
+	p.waitLog("not used in this mode", "mode=userspace", "flags=ipvs-scheduler")
 	p.waitLog("state applied")
 	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
 
@@ -371,5 +373,10 @@ func TestEndToEndVersionAndWriteConfig(t *testing.T) {
 	}
 	if out, err := exec.Command(sluiceBin, "--help").Output(); err != nil || !strings.Contains(string(out), "--proxy-mode") {
 		t.Fatalf("--help: %v", err)
+	}
+	for _, flag := range []string{"--cleanup", "--init-only"} {
+		if out, err := exec.Command(sluiceBin, flag).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v %s", flag, err, out)
+		}
 	}
 }
