@@ -5,6 +5,7 @@ package listeners
 import (
 	"context"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -15,8 +16,7 @@ import (
 // copy buffers and kernel pipes they hold.
 func (e *EventLoop) loopState() (conns, buffers, pipes int) {
 	for _, l := range e.loops {
-		done := make(chan struct{})
-		l.post(func() {
+		l.do(func() {
 			for c := range l.conns {
 				conns++
 				for _, p := range [2]*pipe{&c.up, &c.down} {
@@ -28,9 +28,7 @@ func (e *EventLoop) loopState() (conns, buffers, pipes int) {
 					}
 				}
 			}
-			close(done)
 		})
-		<-done
 	}
 	return conns, buffers, pipes
 }
@@ -66,5 +64,25 @@ func TestEventLoopIdleConnectionsHoldNoBuffers(t *testing.T) {
 	}
 	for _, c := range open {
 		c.Close()
+	}
+}
+
+// Closing or opening a listener after Shutdown neither hangs nor leaks.
+func TestEventLoopListenerAfterShutdown(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy()}
+	ln, err := e.Listen(lb.TCP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	if _, err := e.Listen(lb.TCP, netip.MustParseAddrPort("127.0.0.1:0"), tg); err == nil {
+		t.Fatal("Listen succeeded on a stopped engine")
 	}
 }

@@ -168,6 +168,8 @@ type loop struct {
 	quit  bool
 	conns map[*tcpConn]struct{}
 	udp   map[*elUDPListener]struct{}
+
+	exited chan struct{} // closed when run returns; later tasks never run
 }
 
 func newLoop(e *EventLoop) (*loop, error) {
@@ -190,7 +192,7 @@ func newLoop(e *EventLoop) (*loop, error) {
 	}
 	l := &loop{e: e, epfd: epfd, epfile: os.NewFile(uintptr(epfd), "sluice-epoll"), wakefd: wfd, regs: map[int32]registration{},
 		rbuf: make([]byte, maxDatagram+1), oob: make([]byte, 64),
-		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}}
+		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}, exited: make(chan struct{})}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}); err != nil {
 		l.epfile.Close()
 		unix.Close(wfd)
@@ -209,6 +211,24 @@ func (l *loop) post(fn func()) {
 	if first {
 		var one = [8]byte{1}
 		unix.Write(l.wakefd, one[:])
+	}
+}
+
+// do runs fn on the loop and waits for it. It reports false, without
+// running fn, when the loop has already stopped.
+func (l *loop) do(fn func()) bool {
+	done := make(chan struct{})
+	l.post(func() { fn(); close(done) })
+	select {
+	case <-done:
+		return true
+	case <-l.exited:
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
 	}
 }
 
@@ -246,6 +266,7 @@ func (l *loop) putBuf(b []byte) {
 
 func (l *loop) run() {
 	defer l.e.stopped.Done()
+	defer close(l.exited)
 	rc, err := l.epfile.SyscallConn()
 	if err != nil {
 		panic(fmt.Sprintf("epoll SyscallConn: %v", err)) // cannot happen for an *os.File
@@ -359,6 +380,8 @@ func localAddr(fd int) netip.AddrPort {
 	return fromSockaddr(sa)
 }
 
+var errStopped = errors.New("event loop stopped")
+
 // errAgain reports a would-block result.
 func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDBLOCK }
 
@@ -383,9 +406,9 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	ln := &elTCPListener{e: e, l: e.pick(), fd: fd, addr: localAddr(fd), t: t}
-	errc := make(chan error, 1)
-	ln.l.post(func() { errc <- ln.l.register(fd, ln) })
-	if err := <-errc; err != nil {
+	err = errStopped
+	ln.l.do(func() { err = ln.l.register(fd, ln) })
+	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -397,9 +420,9 @@ func (ln *elTCPListener) Addr() netip.AddrPort { return ln.addr }
 func (ln *elTCPListener) Close() error {
 	ln.once.Do(func() {
 		ln.e.forget(ln)
-		done := make(chan struct{})
-		ln.l.post(func() { ln.l.closeFD(ln.fd); close(done) })
-		<-done
+		if !ln.l.do(func() { ln.l.closeFD(ln.fd) }) {
+			unix.Close(ln.fd)
+		}
 	})
 	return nil
 }

@@ -51,15 +51,13 @@ func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 		}
 	}
 	ln := &elUDPListener{e: e, l: e.pick(), fd: fd, addr: localAddr(fd), t: t, wildcard: wildcard, flows: map[netip.AddrPort]*udpFlow{}}
-	errc := make(chan error, 1)
-	ln.l.post(func() {
-		err := ln.l.register(fd, ln)
-		if err == nil {
+	err = errStopped
+	ln.l.do(func() {
+		if err = ln.l.register(fd, ln); err == nil {
 			ln.l.udp[ln] = struct{}{}
 		}
-		errc <- err
 	})
-	if err := <-errc; err != nil {
+	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -72,15 +70,15 @@ func (ln *elUDPListener) Addr() netip.AddrPort { return ln.addr }
 func (ln *elUDPListener) Close() error {
 	ln.once.Do(func() {
 		ln.e.forget(ln)
-		done := make(chan struct{})
-		ln.l.post(func() {
+		closed := ln.l.do(func() {
 			ln.closed = true
 			ln.closeFlows()
 			ln.l.closeFD(ln.fd)
 			delete(ln.l.udp, ln)
-			close(done)
 		})
-		<-done
+		if !closed {
+			unix.Close(ln.fd)
+		}
 	})
 	return nil
 }
