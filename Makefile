@@ -31,6 +31,8 @@ test-race: ## every test with the race detector
 
 fuzz: ## short runs of each fuzz target
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePortRange$$' -fuzztime $(FUZZTIME) ./config
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFlags$$' -fuzztime $(FUZZTIME) ./config
+	$(GO) test -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $(FUZZTIME) ./config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseManifest$$' -fuzztime $(FUZZTIME) ./controlplane
 
 verify: fmt-check vet staticcheck windows ## gofmt, go vet, staticcheck, Windows build
