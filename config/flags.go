@@ -121,7 +121,6 @@ var flagModes = map[string][]string{
 	"detect-local-mode":                 kernelModes,
 	"pod-bridge-interface":              kernelModes,
 	"pod-interface-name-prefix":         kernelModes,
-	"nodeport-addresses":                kernelModes,
 	"conntrack-max-per-core":            kernelModes,
 	"conntrack-min":                     kernelModes,
 	"conntrack-tcp-timeout-established": kernelModes,

@@ -45,11 +45,16 @@ type Server struct {
 	ProxyPorts  *PortAllocator
 	// IsLocal reports whether an external or load-balancer IP is an address
 	// of this host, so it can be listened on directly. Nil means none is.
-	IsLocal    func(netip.Addr) bool
-	Retry      lb.RetryPolicy
-	Ejection   lb.EjectionPolicy
-	UDPTimeout time.Duration
-	Clock      affinity.Clock
+	IsLocal func(netip.Addr) bool
+	// NodePortAddrs lists the addresses NodePorts listen on
+	// (--nodeport-addresses). A nil result (or a nil func) means BindAddress;
+	// an empty non-nil one means none. It is asked once per Apply; a change
+	// reopens NodePort listeners.
+	NodePortAddrs func() []netip.Addr
+	Retry         lb.RetryPolicy
+	Ejection      lb.EjectionPolicy
+	UDPTimeout    time.Duration
+	Clock         affinity.Clock
 	// Counters returns the counters of a service port; nil means none.
 	Counters func(lb.ServicePortName) Counters
 	Log      *slog.Logger
@@ -63,7 +68,8 @@ type servedPort struct {
 	target    *Target
 	frontends []Frontend
 	listeners []Listener
-	proxyPort int // allocated from ProxyPorts; 0 when random
+	proxyPort int          // allocated from ProxyPorts; 0 when random
+	nodeAddrs []netip.Addr // where its NodePort listens
 }
 
 func (s *Server) log() *slog.Logger {
@@ -83,6 +89,12 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		s.ports = map[lb.ServicePortName]*servedPort{}
 	}
 	var errs []error
+	nodeAddrs := []netip.Addr{s.bindAddress()}
+	if s.NodePortAddrs != nil {
+		if addrs := s.NodePortAddrs(); addrs != nil {
+			nodeAddrs = addrs
+		}
+	}
 	for name, p := range s.ports {
 		if _, ok := snap.Ports[name]; !ok {
 			s.closePort(p)
@@ -92,7 +104,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	}
 	for _, sp := range snap.Sorted() {
 		p := s.ports[sp.Name]
-		if p != nil && p.sp.SameFrontend(sp) {
+		if p != nil && p.sp.SameFrontend(sp) && (sp.NodePort == 0 || slices.Equal(p.nodeAddrs, nodeAddrs)) {
 			p.sp = sp
 			p.target.Picker.SetEndpoints(sp.Usable())
 			p.target.Picker.SetAffinity(sp.Affinity)
@@ -117,7 +129,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
-		np := &servedPort{sp: sp, target: &Target{Picker: picker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}}
+		np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: picker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}}
 		errs = append(errs, s.openPort(np)...)
 		s.ports[sp.Name] = np
 		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
@@ -148,7 +160,9 @@ func (s *Server) openPort(p *servedPort) []error {
 	}
 	bind := s.bindAddress()
 	if sp.NodePort != 0 {
-		open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(bind, sp.NodePort)})
+		for _, a := range p.nodeAddrs {
+			open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(a, sp.NodePort)})
+		}
 	}
 	for _, set := range []struct {
 		role Role

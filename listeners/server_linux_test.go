@@ -140,3 +140,32 @@ func TestServerReportsListenConflictsAndKeepsTheRest(t *testing.T) {
 		}
 	})
 }
+
+func TestServerNodePortAddresses(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		addrs := []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")}
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+			NodePortAddrs: func() []netip.Addr { return addrs }}
+		defer srv.Close()
+		np := freePort(t)
+		if err := srv.Apply(snapshotOf(webPort(np, serveTCP(t, nameHandler("ok"))))); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if got, err := dialName(t, netip.AddrPortFrom(a, np)); err != nil || got != "ok" {
+				t.Fatalf("nodePort on %s: %q %v", a, got, err)
+			}
+		}
+		if _, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), np)); err == nil {
+			t.Fatal("nodePort listens outside --nodeport-addresses")
+		}
+		// The address set changes: NodePort listeners follow on the next apply.
+		addrs = addrs[:1]
+		if err := srv.Apply(snapshotOf(webPort(np, serveTCP(t, nameHandler("ok"))))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), np)); err == nil {
+			t.Fatal("nodePort still on an address no longer selected")
+		}
+	})
+}

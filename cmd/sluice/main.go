@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,12 +137,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		BindAddress: netip.MustParseAddr(cfg.KubeProxy.BindAddress),
 		ProxyPorts:  listeners.NewPortAllocator(pr.Base, pr.Size),
 		IsLocal:     local.has,
-		Retry:       lb.RetryPolicy{Attempts: cfg.ConnectAttempts, TryTimeouts: cfg.ConnectTimeouts, Budget: cfg.ConnectBudget},
-		Ejection:    lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
-		UDPTimeout:  cfg.UDPTimeout,
-		Clock:       affinity.SystemClock{},
-		Counters:    func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
-		Log:         log,
+		NodePortAddrs: func() []netip.Addr {
+			return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list())
+		},
+		Retry:      lb.RetryPolicy{Attempts: cfg.ConnectAttempts, TryTimeouts: cfg.ConnectTimeouts, Budget: cfg.ConnectBudget},
+		Ejection:   lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
+		UDPTimeout: cfg.UDPTimeout,
+		Clock:      affinity.SystemClock{},
+		Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
+		Log:        log,
 	}
 	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log}
 	src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration}
@@ -294,6 +298,60 @@ func (l *localAddrs) refresh() {
 	l.mu.Lock()
 	l.set = set
 	l.mu.Unlock()
+}
+
+func (l *localAddrs) list() []netip.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]netip.Addr, 0, len(l.set))
+	for a := range l.set {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// selectNodePortAddrs applies --nodeport-addresses: the local addresses
+// inside any of the CIDRs, plus for "primary" the first global unicast
+// address of each family. Empty means "not restricted" (nil).
+func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
+	if len(spec) == 0 {
+		return nil
+	}
+	picked := map[netip.Addr]bool{}
+	for _, s := range spec {
+		if s == "primary" {
+			var have4, have6 bool
+			for _, a := range local {
+				if !a.IsGlobalUnicast() {
+					continue
+				}
+				if a.Is4() && !have4 || a.Is6() && !have6 {
+					picked[a] = true
+					have4, have6 = have4 || a.Is4(), have6 || a.Is6()
+				}
+			}
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			continue // validated at start-up
+		}
+		for _, a := range local {
+			if p.Contains(a) {
+				picked[a] = true
+			}
+		}
+	}
+	out := make([]netip.Addr, 0, len(picked))
+	for a := range picked {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	if len(out) == 0 {
+		return []netip.Addr{} // restricted, and nothing matches: no NodePort listeners
+	}
+	return out
 }
 
 func (l *localAddrs) has(a netip.Addr) bool {
