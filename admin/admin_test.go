@@ -87,6 +87,10 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+	pc.Forget()
+	if _, body, _ := get(t, h, "/metrics"); strings.Contains(body, "demo/web:http") {
+		t.Error("series of a forgotten service port remain")
+	}
 	if _, body, _ := get(t, h, "/proxyMode"); body != "userspace" {
 		t.Errorf("/proxyMode = %q", body)
 	}

@@ -100,6 +100,8 @@ func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
 func (m *Metrics) PortCounters(name lb.ServicePortName) *PortCounters {
 	l := []string{name.String(), string(name.Protocol)}
 	return &PortCounters{
+		m:           m,
+		labels:      l,
 		connections: m.connections.WithLabelValues(l...),
 		active:      m.active.WithLabelValues(l...),
 		up:          m.bytes.WithLabelValues(append(l, "up")...),
@@ -113,6 +115,8 @@ func (m *Metrics) PortCounters(name lb.ServicePortName) *PortCounters {
 
 // PortCounters are one service port's data-path metrics.
 type PortCounters struct {
+	m                                                 *Metrics
+	labels                                            []string
 	connections, up, down, retries, failures, refused prometheus.Counter
 	active                                            prometheus.Gauge
 	latency                                           prometheus.Observer
@@ -143,3 +147,14 @@ func (c *PortCounters) Closed(up, down uint64) {
 }
 
 func codeLabel(code int) string { return strconv.Itoa(code) }
+
+// Forget deletes the port's series, once the service port is gone, so that
+// churn does not grow the metrics without bound.
+func (c *PortCounters) Forget() {
+	m, l := c.m, c.labels
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.connections, m.active, m.retries, m.failures, m.refused, m.latency} {
+		v.DeleteLabelValues(l...)
+	}
+	m.bytes.DeleteLabelValues(append(l, "up")...)
+	m.bytes.DeleteLabelValues(append(l, "down")...)
+}

@@ -99,6 +99,9 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if _, ok := snap.Ports[name]; !ok {
 			s.closePort(p)
 			delete(s.ports, name)
+			if f, ok := p.target.Counters.(interface{ Forget() }); ok {
+				f.Forget() // its metric series go with it
+			}
 			s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
 		}
 	}
