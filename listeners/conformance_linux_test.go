@@ -286,6 +286,23 @@ func TestConformanceHalfClose(t *testing.T) {
 	})
 }
 
+// pushUntilStalled writes up to offered bytes and returns how many went out
+// before a write made no progress for a second, i.e. the pipeline was full.
+// The deadline measures that moment; nothing waits on it.
+func pushUntilStalled(c *net.TCPConn, offered int64) int64 {
+	chunk := make([]byte, 64<<10)
+	var n int64
+	for n < offered {
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		m, err := c.Write(chunk)
+		n += int64(m)
+		if err != nil {
+			break
+		}
+	}
+	return n
+}
+
 func TestConformanceSlowReaderKeepsMemoryBounded(t *testing.T) {
 	const offered = 256 << 20
 	const bound = 32 << 20 // kernel socket buffers on both hops plus the proxy's own
@@ -293,18 +310,7 @@ func TestConformanceSlowReaderKeepsMemoryBounded(t *testing.T) {
 		written := make(chan int64, 1)
 		backend := serveTCP(t, func(c *net.TCPConn) {
 			c.SetWriteBuffer(64 << 10)
-			chunk := make([]byte, 64<<10)
-			var n int64
-			for n < offered {
-				// The deadline measures when the pipeline is full; nothing waits on it.
-				c.SetWriteDeadline(time.Now().Add(time.Second))
-				m, err := c.Write(chunk)
-				n += int64(m)
-				if err != nil {
-					break
-				}
-			}
-			written <- n
+			written <- pushUntilStalled(c, offered)
 			c.SetWriteDeadline(time.Time{})
 			c.CloseWrite()
 			io.Copy(io.Discard, c)

@@ -206,17 +206,7 @@ func TestGnetCandidateMissesTheConformanceBar(t *testing.T) {
 		const offered = 256 << 20
 		written := make(chan int64, 1)
 		g := startGnetCandidate(t, newTarget(serveTCP(t, func(c *net.TCPConn) {
-			chunk := make([]byte, 64<<10)
-			var n int64
-			for n < offered {
-				c.SetWriteDeadline(time.Now().Add(time.Second))
-				m, err := c.Write(chunk)
-				n += int64(m)
-				if err != nil {
-					break
-				}
-			}
-			written <- n
+			written <- pushUntilStalled(c, offered)
 		})))
 		c, err := net.Dial("tcp", g.Addr().String())
 		if err != nil {
