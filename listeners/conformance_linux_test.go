@@ -596,3 +596,71 @@ func TestConformanceUDPFlowToRemovedEndpointRepicks(t *testing.T) {
 		}
 	})
 }
+
+// IPv6: a listener and endpoints on ::1, TCP and UDP, for dual-stack services.
+func TestConformanceIPv6(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		ln6, err := net.ListenTCP("tcp6", &net.TCPAddr{IP: net.IPv6loopback})
+		if err != nil {
+			t.Fatalf("no IPv6 loopback: %v", err)
+		}
+		go func() {
+			for {
+				c, err := ln6.AcceptTCP()
+				if err != nil {
+					return
+				}
+				go func() { defer c.Close(); echoHandler(c) }()
+			}
+		}()
+		defer ln6.Close()
+		pc6, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc6.Close()
+		go func() {
+			buf := make([]byte, 65536)
+			for {
+				n, from, err := pc6.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				pc6.WriteToUDPAddrPort(buf[:n], from)
+			}
+		}()
+		tg := func(ep netip.AddrPort) *Target {
+			t := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Second}
+			t.Picker.SetEndpoints([]netip.AddrPort{ep})
+			return t
+		}
+		tl, err := e.Listen(lb.TCP, netip.MustParseAddrPort("[::1]:0"), tg(ln6.Addr().(*net.TCPAddr).AddrPort()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tl.Close()
+		c, err := net.DialTCP("tcp6", nil, net.TCPAddrFromAddrPort(tl.Addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		echoOnce(t, c, randomBytes(256<<10))
+
+		ul, err := e.Listen(lb.UDP, netip.MustParseAddrPort("[::]:0"), tg(pc6.LocalAddr().(*net.UDPAddr).AddrPort()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ul.Close()
+		uc, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer uc.Close()
+		to := netip.AddrPortFrom(netip.IPv6Loopback(), ul.Addr().Port())
+		got, from := udpAsk(t, uc, to, []byte("v6"))
+		if string(got) != "v6" || from != to {
+			t.Fatalf("UDP over IPv6: %q from %s", got, from)
+		}
+	})
+}
