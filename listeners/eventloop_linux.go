@@ -432,17 +432,16 @@ func (ln *elTCPListener) event(uint32) {
 	// come back for the rest, so re-post ourselves when the batch is full.
 	for i := 0; i < 64; i++ {
 		nfd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-		if err != nil {
-			if errAgain(err) || err == unix.EINTR || err == unix.ECONNABORTED {
-				if err != unix.ECONNABORTED {
-					return
-				}
-				continue
-			}
-			if err == unix.EMFILE || err == unix.ENFILE {
-				// Out of descriptors: try again shortly rather than spin.
-				time.AfterFunc(10*time.Millisecond, func() { ln.l.post(func() { ln.retryAccept() }) })
-			}
+		switch {
+		case err == nil:
+		case errAgain(err):
+			return
+		case err == unix.EINTR || err == unix.ECONNABORTED:
+			continue
+		default:
+			// Out of descriptors (EMFILE, ENFILE) or memory: the edge is
+			// spent, so come back shortly rather than spin or stall.
+			time.AfterFunc(10*time.Millisecond, func() { ln.l.post(ln.retryAccept) })
 			return
 		}
 		client := fromSockaddr(sa)
