@@ -70,7 +70,8 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 	pc.ConnectFailed()
 	pc.Connected(3*time.Millisecond, 2)
 	pc.Closed(10, 20)
-	m.Rejected("manifests")
+	m.Rejected("manifests", []string{"Service demo/web"})
+	m.Rejected("manifests", nil)
 	h := e.MetricsHandler()
 	_, body, _ := get(t, h, "/metrics")
 	for _, want := range []string{
@@ -81,7 +82,8 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 		`sluice_connect_retries_total{protocol="TCP",service="demo/web:http"} 1`,
 		`sluice_connect_failures_total{protocol="TCP",service="demo/web:http"} 1`,
 		`sluice_connect_latency_seconds_count{protocol="TCP",service="demo/web:http"} 1`,
-		`sluice_rejected_updates_total{source="manifests"} 1`,
+		`sluice_rejected_updates_total{object="Service demo/web",source="manifests"} 1`,
+		`sluice_rejected_updates_total{object="",source="manifests"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)

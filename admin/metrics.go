@@ -54,7 +54,7 @@ func NewMetrics() *Metrics {
 		livez: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_livez_total",
 			Help: "/livez responses by code."}, []string{"code"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "rejected_updates_total",
-			Help: "Updates refused because they were invalid; the last good state kept serving."}, []string{"source"}),
+			Help: "Updates refused because they were invalid, per offending object (\"Kind ns/name\"; empty when a file could not be decoded); the last good state kept serving."}, []string{"source", "object"}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
 			Help: "Listeners that could not be opened (e.g. port in use)."}),
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
@@ -89,8 +89,16 @@ func (m *Metrics) Synced(took time.Duration, at time.Time) {
 // Queued records that a change is waiting.
 func (m *Metrics) Queued(at time.Time) { m.lastQueued.Set(float64(at.UnixNano()) / 1e9) }
 
-// Rejected counts an invalid update from source.
-func (m *Metrics) Rejected(source string) { m.rejected.WithLabelValues(source).Inc() }
+// Rejected counts an invalid update from source, once for each object
+// named in its errors (or once with an empty object when none is named).
+func (m *Metrics) Rejected(source string, objects []string) {
+	if len(objects) == 0 {
+		objects = []string{""}
+	}
+	for _, o := range objects {
+		m.rejected.WithLabelValues(source, o).Inc()
+	}
+}
 
 // ListenerError counts a listener that could not be opened.
 func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }

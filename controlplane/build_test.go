@@ -145,6 +145,14 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "test.yaml") {
 				t.Fatalf("error %q does not contain %q and the file name", err, tc.want)
 			}
+			culprits := Culprits(err)
+			if tc.name == "bad yaml" {
+				if len(culprits) != 0 {
+					t.Fatalf("a file-level error named objects %v", culprits)
+				}
+			} else if len(culprits) != 1 || !strings.Contains(err.Error(), ": "+culprits[0]+":") {
+				t.Fatalf("culprits %v for %q", culprits, err)
+			}
 		})
 	}
 }

@@ -57,6 +57,39 @@ func (e *ManifestError) Error() string {
 
 func (e *ManifestError) Unwrap() error { return e.Err }
 
+// Culprits lists, sorted and once each, the objects ("Kind ns/name") that
+// the errors in err name. Errors about a whole file name none.
+func Culprits(err error) []string {
+	seen := map[string]bool{}
+	var walk func(error)
+	walk = func(err error) {
+		if err == nil {
+			return
+		}
+		if me, ok := err.(*ManifestError); ok {
+			if me.Object != "" {
+				seen[me.Object] = true
+			}
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	out := make([]string, 0, len(seen))
+	for o := range seen {
+		out = append(out, o)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // manifestExtensions are the file name endings read from a directory, as kubectl does.
 var manifestExtensions = []string{".yaml", ".yml", ".json"}
 

@@ -169,3 +169,31 @@ func TestServerNodePortAddresses(t *testing.T) {
 		}
 	})
 }
+
+func TestServerListensOnLocalExternalAndLoadBalancerIPs(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		local := map[netip.Addr]bool{netip.MustParseAddr("127.0.0.5"): true, netip.MustParseAddr("127.0.0.6"): true}
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+			IsLocal: func(a netip.Addr) bool { return local[a] }}
+		defer srv.Close()
+		sp := webPort(0, serveTCP(t, nameHandler("ext")))
+		sp.Port = freePort(t)
+		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.5"), netip.MustParseAddr("203.0.113.9")} // the second is not local
+		sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("127.0.0.6")}
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		roles := map[Role]int{}
+		for _, fe := range srv.Frontends() {
+			roles[fe.Role]++
+		}
+		if roles[RoleExternalIP] != 1 || roles[RoleLoadBalancer] != 1 || roles[RoleProxyPort] != 1 || roles[RoleNodePort] != 0 {
+			t.Fatalf("frontends %v", srv.Frontends())
+		}
+		for _, ip := range []string{"127.0.0.5", "127.0.0.6"} {
+			if got, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr(ip), sp.Port)); err != nil || got != "ext" {
+				t.Fatalf("%s:%d: %q %v", ip, sp.Port, got, err)
+			}
+		}
+	})
+}

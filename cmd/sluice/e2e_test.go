@@ -281,7 +281,7 @@ func endToEnd(t *testing.T, engine string) {
 	if got := get(t, url); got != "b2" {
 		t.Fatalf("after bad reload got %q", got)
 	}
-	if m := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); !strings.Contains(m, `sluice_rejected_updates_total{source="manifests"} 1`) {
+	if m := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); !strings.Contains(m, `sluice_rejected_updates_total{object="Service e2e/web",source="manifests"} 1`) {
 		t.Fatal("rejected update not counted")
 	}
 

@@ -254,8 +254,8 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 // Unchanged: a re-read found nothing new; what is applied is current.
 func (a *applier) Unchanged() { a.health.Updated() }
 
-func (a *applier) Reject(error) {
-	a.metrics.Rejected("manifests")
+func (a *applier) Reject(err error) {
+	a.metrics.Rejected("manifests", controlplane.Culprits(err))
 	// The update was processed (and refused); the data plane is current
 	// with the last good state, so health is not stale.
 	a.health.Updated()
