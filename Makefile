@@ -12,14 +12,15 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-unit test-race fuzz verify vet fmt-check staticcheck windows bench clean
+.PHONY: help build run test test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/sluice and bin/sluice-demo-backend
+build: ## build bin/sluice, bin/sluice-demo-backend and bin/sluice-bench
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
 	$(GO) build -o bin/sluice-demo-backend ./bench/backends
+	$(GO) build -o bin/sluice-bench ./bench/cmd/sluice-bench
 
 run: build ## run the demo: three loopback backends and sluice on examples/ (Ctrl-C stops all)
 	./scripts/demo.sh
@@ -58,7 +59,23 @@ staticcheck: $(STATICCHECK)
 windows: ## the userspace mode must build for Windows nodes
 	GOOS=windows $(GO) build ./...
 
-bench: ## engine micro-benchmarks (the full peer harness is bench/ issue #5)
+BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk
+
+bench-deps: ## install the peers and load generators the bench harness runs (Debian packages)
+	@missing=""; for t in haproxy nginx wrk; do command -v $$t >/dev/null || missing=1; done; \
+	[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || missing=1; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "bench-deps: need root to apt-get install $(BENCH_PACKAGES)"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_PACKAGES) >/dev/null; \
+	fi
+
+bench: build bench-deps ## the benchmark, short mode (< 10 min): sluice vs naive Go, HAProxy, nginx; results in bench/results/
+	bin/sluice-bench --mode short
+
+bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; asserts no numbers
+	bin/sluice-bench --mode smoke
+
+bench-engines: ## Go micro-benchmarks of the engines and the gnet candidate
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./listeners
 
 clean:

@@ -1,0 +1,188 @@
+// Command sluice-bench runs sluice's benchmark: backends, sluice in each
+// engine, a naive Go proxy, HAProxy and nginx side by side, in interleaved
+// rounds, with results written to bench/results/<timestamp>/. It is also
+// the naive proxy itself (`sluice-bench naive-proxy LISTEN=B1,B2 ...`).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluice-proxy/sluice/bench/harness"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "naive-proxy" {
+		if err := naiveProxy(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "naive-proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(run())
+}
+
+func run() int {
+	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (< 10 min)")
+	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
+	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
+	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
+	pin := flag.Bool("pin", true, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
+	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
+	flag.Parse()
+
+	if *rounds == 0 {
+		*rounds = map[string]int{"smoke": 1}[*mode]
+		if *rounds == 0 {
+			*rounds = 3
+		}
+	}
+	lbCPU := -1
+	if os.Getenv("SLUICE_BENCH_PINNED") != "" {
+		lbCPU = 0 // we are the re-run harness, on the other CPUs
+	} else if *pin && runtime.NumCPU() >= 2 {
+		lbCPU = 0
+		{
+			// Re-run the harness itself on the other CPUs.
+			if _, err := exec.LookPath("taskset"); err == nil {
+				cmd := exec.Command("taskset", append([]string{"-c", fmt.Sprintf("1-%d", runtime.NumCPU()-1), os.Args[0]}, os.Args[1:]...)...)
+				cmd.Env = append(os.Environ(), "SLUICE_BENCH_PINNED=1")
+				cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+				if err := cmd.Run(); err != nil {
+					var ee *exec.ExitError
+					if errors.As(err, &ee) {
+						return ee.ExitCode()
+					}
+					fmt.Fprintln(os.Stderr, err)
+					return 1
+				}
+				return 0
+			}
+			lbCPU = -1
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sl, err := filepath.Abs(*sluiceBin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := os.Stat(sl); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice binary %s: %v (run make build)\n", sl, err)
+		return 1
+	}
+	dir, err := filepath.Abs(filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-"+*mode))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	opts := harness.Options{Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
+		Config: harness.Config{Sluice: sl, Self: self}, Log: os.Stdout}
+	if *only != "" {
+		opts.Only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			opts.Only[strings.TrimSpace(s)] = true
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	runs, systems, err := harness.Execute(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+		return 1
+	}
+	md, err := harness.Write(dir, opts, runs, systems, harness.Machine())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench: writing results:", err)
+		return 1
+	}
+	fmt.Printf("\n%s\nresults in %s (%s)\n", md, dir, time.Since(start).Round(time.Second))
+	// The harness worked if every system started (checked above) and
+	// sluice completed every workload; a peer failing a workload is a
+	// result (a loss for it), not a harness failure. No number is asserted.
+	failed := 0
+	for _, r := range runs {
+		if r.Err != "" && strings.HasPrefix(r.System, "sluice") {
+			failed++
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(os.Stderr, "sluice-bench: sluice failed %d runs (see Errors in results.md)\n", failed)
+		return 1
+	}
+	return 0
+}
+
+// naiveProxy is the baseline: a goroutine pair with io.Copy per
+// connection, round robin, no retry, and the first direction to finish
+// closes both (legacy kube-proxy userspace, tcpproxy-class proxies).
+func naiveProxy(args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: naive-proxy LISTEN=BACKEND[,BACKEND...] ...")
+	}
+	var wg sync.WaitGroup
+	var lns []net.Listener
+	for _, a := range args {
+		listen, backends, ok := strings.Cut(a, "=")
+		if !ok {
+			return fmt.Errorf("bad mapping %q", a)
+		}
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return err
+		}
+		lns = append(lns, ln)
+		bs := strings.Split(backends, ",")
+		var next atomic.Uint64
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				b := bs[(next.Add(1)-1)%uint64(len(bs))]
+				go func() {
+					defer c.Close()
+					s, err := net.DialTimeout("tcp", b, 250*time.Millisecond)
+					if err != nil {
+						return
+					}
+					defer s.Close()
+					done := make(chan struct{}, 2)
+					go func() { io.Copy(s, c); done <- struct{}{} }()
+					go func() { io.Copy(c, s); done <- struct{}{} }()
+					<-done
+				}()
+			}
+		}()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	for _, ln := range lns {
+		ln.Close()
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,237 @@
+package harness
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Backends are the servers every system forwards to, run in the harness
+// process on loopback. Each kind has three instances.
+type Backends struct {
+	Echo      []netip.AddrPort // TCP echo
+	HTTP      []netip.AddrPort // HTTP 204 with X-Backend: <index>
+	UDP       []netip.AddrPort // UDP echo
+	Push      []netip.AddrPort // TCP: writes without end (slow-reader source)
+	HalfClose []netip.AddrPort // TCP: reads to EOF, then replies with the byte count
+	Sink      []netip.AddrPort // TCP: reads an 8-byte length, then that many bytes, then replies "ok"
+	Refusing  netip.AddrPort   // nothing listens
+	Blackhole netip.AddrPort   // full accept queue: SYNs are dropped
+
+	closers []func()
+	wg      sync.WaitGroup
+}
+
+// StartBackends starts every backend.
+func StartBackends() (*Backends, error) {
+	b := &Backends{}
+	for i := 0; i < 3; i++ {
+		steps := []func(int) error{b.echo, b.http, b.udp, b.push, b.halfClose, b.sink}
+		for _, f := range steps {
+			if err := f(i); err != nil {
+				b.Close()
+				return nil, err
+			}
+		}
+	}
+	var err error
+	if b.Refusing, err = refusingAddr(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if b.Blackhole, err = b.blackhole(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close stops every backend and waits for their goroutines.
+func (b *Backends) Close() {
+	for _, c := range b.closers {
+		c()
+	}
+	b.closers = nil
+	b.wg.Wait()
+}
+
+func (b *Backends) serveTCP(handle func(*net.TCPConn)) (netip.AddrPort, error) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var conns sync.Map
+	b.closers = append(b.closers, func() {
+		ln.Close()
+		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
+	})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			conns.Store(c, true)
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer conns.Delete(c)
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort(), nil
+}
+
+func (b *Backends) echo(int) error {
+	a, err := b.serveTCP(func(c *net.TCPConn) {
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+	b.Echo = append(b.Echo, a)
+	return err
+}
+
+func (b *Backends) push(int) error {
+	a, err := b.serveTCP(func(c *net.TCPConn) {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	b.Push = append(b.Push, a)
+	return err
+}
+
+func (b *Backends) halfClose(int) error {
+	a, err := b.serveTCP(func(c *net.TCPConn) {
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d", n)
+		c.CloseWrite()
+	})
+	b.HalfClose = append(b.HalfClose, a)
+	return err
+}
+
+func (b *Backends) sink(int) error {
+	a, err := b.serveTCP(func(c *net.TCPConn) {
+		var hdr [8]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint64(hdr[:]))); err != nil {
+			return
+		}
+		c.Write([]byte("ok"))
+	})
+	b.Sink = append(b.Sink, a)
+	return err
+}
+
+func (b *Backends) http(i int) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	id := fmt.Sprint(i)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Backend", id)
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	b.closers = append(b.closers, func() { srv.Close() })
+	b.wg.Add(1)
+	go func() { defer b.wg.Done(); srv.Serve(ln) }()
+	b.HTTP = append(b.HTTP, ln.Addr().(*net.TCPAddr).AddrPort())
+	return nil
+}
+
+func (b *Backends) udp(int) error {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return err
+	}
+	pc.SetReadBuffer(4 << 20)
+	b.closers = append(b.closers, func() { pc.Close() })
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue
+			}
+			pc.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	b.UDP = append(b.UDP, pc.LocalAddr().(*net.UDPAddr).AddrPort())
+	return nil
+}
+
+func refusingAddr() (netip.AddrPort, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	a := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return a, nil
+}
+
+// blackhole is a loopback listener with backlog 0 whose queue is filled, so
+// the kernel drops further SYNs: a dead pod behind a firewall, without
+// touching any firewall.
+func (b *Backends) blackhole() (netip.AddrPort, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	b.closers = append(b.closers, func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		return netip.AddrPort{}, err
+	}
+	sa, _ := unix.Getsockname(fd)
+	a := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+	for i := 0; i < 2; i++ {
+		if c, err := net.DialTimeout("tcp", a.String(), 200*1e6); err == nil {
+			b.closers = append(b.closers, func() { c.Close() })
+		}
+	}
+	return a, nil
+}
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(network string) (uint16, error) {
+	if network == "udp" {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer pc.Close()
+		return uint16(pc.LocalAddr().(*net.UDPAddr).Port), nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port), nil
+}

@@ -1,0 +1,100 @@
+package harness
+
+import (
+	"math"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	var lat []time.Duration
+	for i := 1; i <= 1000; i++ {
+		lat = append(lat, time.Duration(i)*time.Microsecond)
+	}
+	m := Metrics{}
+	latencyMetrics(lat, m)
+	if m["p50_us"] != 500 || m["p99_us"] != 990 || m["p99.9_us"] != 999 {
+		t.Fatalf("percentiles %v", m)
+	}
+	if percentile(nil, 50) != 0 {
+		t.Fatal("empty percentile")
+	}
+}
+
+func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
+	runs := []Run{
+		{Round: 0, Warmup: true, System: "a", Workload: "w", Metrics: Metrics{"x": 1000}},
+		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 3}, CPUSeconds: 1},
+		{Round: 2, System: "a", Workload: "w", Metrics: Metrics{"x": 1}, CPUSeconds: 2},
+		{Round: 3, System: "a", Workload: "w", Metrics: Metrics{"x": 2}, CPUSeconds: 3},
+		{Round: 1, System: "b", Workload: "w", Err: "boom"},
+		{Round: 1, System: "c", Workload: "w", NA: true},
+	}
+	s := Summarize(runs)
+	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 {
+		t.Fatalf("medians %v", got)
+	}
+	if m, ok := s["w"]["b"]; !ok || m != nil {
+		t.Fatalf("an erroring system must be present with no metrics: %v %v", m, ok)
+	}
+	if m, ok := s["w"]["c"]; !ok || m != nil {
+		t.Fatalf("an n/a system must be present with no metrics: %v %v", m, ok)
+	}
+}
+
+func TestBestPeerAndTargets(t *testing.T) {
+	systems := []System{direct{}, sluice{engine: "eventloop"}, haproxy{}, haproxy{splice: true}, nginx{}}
+	sum := Summary{
+		"tcp-rr": {"direct": {"p50_us": 10, "p99_us": 20}, "sluice-eventloop": {"p50_us": 25, "p99_us": 60},
+			"haproxy": {"p50_us": 30, "p99_us": 50}, "nginx": {"p50_us": 28, "p99_us": 70}},
+		"conn-per-request": {"sluice-eventloop": {"conn_per_s": 1300}, "haproxy": {"conn_per_s": 1000}},
+		"connect-retry":    {"sluice-eventloop": {"error_pct": 0}},
+	}
+	v, who := best(sum["tcp-rr"], systems, "p50_us", true)
+	if v != 28 || who != "nginx" {
+		t.Fatalf("best peer %v %s; direct and sluice are not peers", v, who)
+	}
+	out := Targets(sum, systems)
+	for _, want := range []string{
+		"TCP RR p50 at or below the best peer | 25.0 µs vs 28.0 µs (nginx) | met",
+		"TCP RR p99 at or below the best peer | 60.0 µs vs 50.0 µs (haproxy) | **missed**",
+		"1300 vs 1000 (1.30×) | met",
+		"zero client errors with a refusing and a black-holed endpoint | 0.0 % | met",
+		"UDP pps at least 1.5× nginx, no drops | NaN vs NaN pps (—), NaN drops | not measured",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("targets lack %q:\n%s", want, out)
+		}
+	}
+	if r := ratio(1, 0); r != "—" || ratio(math.NaN(), 1) != "—" || ratio(3, 2) != "1.50×" {
+		t.Fatal("ratio")
+	}
+}
+
+func TestPeerConfigsAreFair(t *testing.T) {
+	b := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1001"), netip.MustParseAddrPort("127.0.0.1:1002")}
+	svcs := []Service{{Name: "echo", Port: 2001, Backends: b}, {Name: "udp", UDP: true, Port: 2002, Backends: b},
+		{Name: "affinity", Affinity: true, Port: 2003, Backends: b}}
+	h := haproxy{splice: true}.config(svcs)
+	for _, want := range []string{"nbthread 2", "timeout connect 250ms", "retries 3", "option redispatch 1", "option splice-auto",
+		"listen echo\n  bind 127.0.0.1:2001\n  balance roundrobin\n  server s0 127.0.0.1:1001\n  server s1 127.0.0.1:1002", "balance source"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("haproxy config lacks %q:\n%s", want, h)
+		}
+	}
+	if strings.Contains(h, "2002") || strings.Contains(haproxy{}.config(svcs), "splice") {
+		t.Errorf("haproxy config serves UDP or splices without being asked:\n%s", h)
+	}
+	n := nginx{}.config("/tmp/x", svcs)
+	for _, want := range []string{"worker_processes 2", "proxy_connect_timeout 250ms", "proxy_next_upstream_tries 3", "proxy_half_close on",
+		"listen 127.0.0.1:2002 udp reuseport", "hash $remote_addr consistent", "load_module " + nginxStreamModule} {
+		if !strings.Contains(n, want) {
+			t.Errorf("nginx config lacks %q:\n%s", want, n)
+		}
+	}
+	if (naive{}).Supports(Service{UDP: true}) || (naive{}).Supports(Service{Affinity: true}) {
+		t.Fatal("the naive proxy does neither UDP nor affinity")
+	}
+}

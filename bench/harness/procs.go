@@ -1,0 +1,149 @@
+// Package harness is sluice's benchmark harness: it starts backends, sluice
+// in each engine, a naive Go proxy and the peers (HAProxy, nginx), runs the
+// workloads against all of them in interleaved rounds, and writes the
+// results. Nothing outside bench/ imports it.
+package harness
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Proc is one process the harness started; it is stopped by PID.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+	done chan error
+}
+
+// StartProc starts argv, pinned to cpu when cpu >= 0 (via taskset).
+func StartProc(name string, cpu int, argv ...string) (*Proc, error) {
+	if cpu >= 0 {
+		if _, err := exec.LookPath("taskset"); err == nil {
+			argv = append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	p := &Proc{Name: name, cmd: cmd, out: out, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
+	return p, nil
+}
+
+// PID is the process's PID (taskset execs the real program in place).
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Output is what the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Exited reports whether the process has ended, and its error.
+func (p *Proc) Exited() (bool, error) {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM to the process group, then SIGKILL after grace.
+func (p *Proc) Stop(grace time.Duration) {
+	if ok, _ := p.Exited(); ok {
+		return
+	}
+	syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		syscall.Kill(-p.PID(), syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Usage is a process's CPU time and memory, from /proc.
+type Usage struct {
+	CPUSeconds float64
+	RSSBytes   int64
+	PeakRSS    int64
+}
+
+// ReadUsage reads /proc/<pid>/stat and /proc/<pid>/status, summed over the
+// process and its children in the same group are not included (HAProxy and
+// nginx workers are accounted by their own PIDs; see GroupUsage).
+func ReadUsage(pid int) (Usage, error) {
+	var u Usage
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return u, err
+	}
+	// Fields after the ")" of comm: state is field 3; utime 14, stime 15.
+	s := string(stat)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(fields) > 13 {
+		ut, _ := strconv.ParseFloat(fields[11], 64)
+		st, _ := strconv.ParseFloat(fields[12], 64)
+		u.CPUSeconds = (ut + st) / 100 // USER_HZ is 100 on Linux
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return u, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			u.RSSBytes = kb << 10
+		case "VmHWM:":
+			u.PeakRSS = kb << 10
+		}
+	}
+	return u, nil
+}
+
+// GroupUsage sums ReadUsage over every process in pid's process group, so
+// multi-process peers (nginx master + workers) are measured whole.
+func GroupUsage(pgid int) Usage {
+	var total Usage
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		if len(fields) < 3 {
+			continue
+		}
+		if g, _ := strconv.Atoi(fields[2]); g != pgid {
+			continue
+		}
+		if u, err := ReadUsage(pid); err == nil {
+			total.CPUSeconds += u.CPUSeconds
+			total.RSSBytes += u.RSSBytes
+			total.PeakRSS += u.PeakRSS
+		}
+	}
+	return total
+}

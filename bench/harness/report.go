@@ -1,0 +1,304 @@
+package harness
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+)
+
+// Summary is the median of each metric per workload and system, over the
+// measured (non-warm-up) rounds.
+type Summary map[string]map[string]Metrics // workload -> system -> metric -> median
+
+// Summarize computes medians; a system with only errors or n/a gets a nil entry.
+func Summarize(runs []Run) Summary {
+	vals := map[string]map[string]map[string][]float64{}
+	s := Summary{}
+	for _, r := range runs {
+		if r.Warmup {
+			continue
+		}
+		if s[r.Workload] == nil {
+			s[r.Workload] = map[string]Metrics{}
+			vals[r.Workload] = map[string]map[string][]float64{}
+		}
+		if _, ok := s[r.Workload][r.System]; !ok {
+			s[r.Workload][r.System] = nil
+			vals[r.Workload][r.System] = map[string][]float64{}
+		}
+		if r.NA || r.Err != "" {
+			continue
+		}
+		for k, v := range r.Metrics {
+			vals[r.Workload][r.System][k] = append(vals[r.Workload][r.System][k], v)
+		}
+		vals[r.Workload][r.System]["lb_cpu_s"] = append(vals[r.Workload][r.System]["lb_cpu_s"], r.CPUSeconds)
+	}
+	for w, bySys := range vals {
+		for sys, byMetric := range bySys {
+			if len(byMetric) == 0 {
+				continue
+			}
+			m := Metrics{}
+			for k, vs := range byMetric {
+				sort.Float64s(vs)
+				m[k] = vs[len(vs)/2]
+			}
+			s[w][sys] = m
+		}
+	}
+	return s
+}
+
+// best returns the best value of metric among peer systems, and which.
+func best(bySys map[string]Metrics, systems []System, metric string, lower bool) (float64, string) {
+	v, who := math.NaN(), ""
+	for _, sys := range systems {
+		m := bySys[sys.Name()]
+		if !sys.Peer() || m == nil {
+			continue
+		}
+		x, ok := m[metric]
+		if !ok {
+			continue
+		}
+		if math.IsNaN(v) || (lower && x < v) || (!lower && x > v) {
+			v, who = x, sys.Name()
+		}
+	}
+	return v, who
+}
+
+func ratio(a, b float64) string {
+	if math.IsNaN(a) || math.IsNaN(b) || b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// Write writes results.md, results.json, results.csv, plots and machine.txt.
+func Write(dir string, o Options, runs []Run, systems []System, machine string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	sum := Summarize(runs)
+	var md strings.Builder
+	fmt.Fprintf(&md, "# sluice benchmark: %s mode\n\n", o.Mode)
+	fmt.Fprintf(&md, "Medians of %d interleaved, shuffled rounds", o.Rounds)
+	if !o.NoWarmup {
+		md.WriteString(" after one warm-up round")
+	}
+	md.WriteString(". Every system forwards to the same in-process loopback backends; LB CPU-seconds and RSS are of the load balancer's process group. ")
+	if o.LBCPU >= 0 {
+		fmt.Fprintf(&md, "Load balancers were pinned to CPU %d and the harness (clients and backends) to the other CPU.\n\n", o.LBCPU)
+	} else {
+		md.WriteString("Nothing was pinned.\n\n")
+	}
+	md.WriteString("Ratios compare each system's primary metric with direct (no proxy) and with the best third-party peer (naive-go, haproxy, haproxy-splice, nginx); above 1× is better for higher-is-better metrics, below 1× for lower-is-better ones.\n\n")
+	for _, w := range Workloads() {
+		bySys := sum[w.Name]
+		fmt.Fprintf(&md, "## %s\n\n%s. Primary metric: `%s` (%s is better).\n\n", w.Name, w.Desc, w.Primary, map[bool]string{true: "lower", false: "higher"}[w.Lower])
+		metrics := map[string]bool{}
+		for _, m := range bySys {
+			for k := range m {
+				if k != "lb_cpu_s" {
+					metrics[k] = true
+				}
+			}
+		}
+		cols := sortedKeys(metrics)
+		fmt.Fprintf(&md, "| system | %s | LB CPU s | vs direct | vs best peer |\n|---|%s---|---|---|\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
+		peer, peerName := best(bySys, systems, w.Primary, w.Lower)
+		for _, sys := range systems {
+			m, ran := bySys[sys.Name()]
+			fmt.Fprintf(&md, "| %s |", sys.Name())
+			if !ran || m == nil {
+				status := "n/a"
+				for _, r := range runs {
+					if r.System == sys.Name() && r.Workload == w.Name && r.Err != "" {
+						status = "error"
+					}
+				}
+				fmt.Fprintf(&md, "%s — | — | — |\n", strings.Repeat(" "+status+" |", len(cols)))
+				continue
+			}
+			for _, c := range cols {
+				if v, ok := m[c]; ok {
+					fmt.Fprintf(&md, " %.4g |", v)
+				} else {
+					md.WriteString(" — |")
+				}
+			}
+			d := math.NaN()
+			if dm := bySys["direct"]; dm != nil {
+				if x, ok := dm[w.Primary]; ok {
+					d = x
+				}
+			}
+			x, ok := m[w.Primary]
+			if !ok {
+				x = math.NaN()
+			}
+			fmt.Fprintf(&md, " %.3g | %s | %s |\n", m["lb_cpu_s"], ratio(x, d), ratio(x, peer))
+		}
+		if peerName != "" {
+			fmt.Fprintf(&md, "\nBest peer: %s.\n", peerName)
+		}
+		md.WriteString("\n")
+	}
+	md.WriteString(Targets(sum, systems))
+	var errs []string
+	for _, r := range runs {
+		if r.Err != "" {
+			errs = append(errs, fmt.Sprintf("- round %d %s %s: %s", r.Round, r.System, r.Workload, r.Err))
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(&md, "\n## Errors\n\n%s\n", strings.Join(errs, "\n"))
+	}
+	fmt.Fprintf(&md, "\n## Machine\n\n```\n%s```\n", machine)
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
+		return "", err
+	}
+	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
+		return "", err
+	}
+	if err := writeCSV(filepath.Join(dir, "results.csv"), runs); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "machine.txt"), []byte(machine), 0o644); err != nil {
+		return "", err
+	}
+	if err := writePlots(dir, sum, systems); err != nil {
+		return "", err
+	}
+	return md.String(), nil
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func writeCSV(path string, runs []Run) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := csv.NewWriter(f)
+	w.Write([]string{"round", "warmup", "system", "workload", "metric", "value", "lb_cpu_seconds", "lb_peak_rss_bytes", "error", "not_applicable"})
+	for _, r := range runs {
+		base := []string{fmt.Sprint(r.Round), fmt.Sprint(r.Warmup), r.System, r.Workload}
+		tail := []string{fmt.Sprint(r.CPUSeconds), fmt.Sprint(r.PeakRSS), r.Err, fmt.Sprint(r.NA)}
+		if len(r.Metrics) == 0 {
+			w.Write(append(append(base, "", ""), tail...))
+		}
+		for _, k := range sortedKeysM(r.Metrics) {
+			w.Write(append(append(append([]string{}, base...), k, fmt.Sprint(r.Metrics[k])), tail...))
+		}
+	}
+	w.Flush()
+	return w.Error()
+}
+
+func sortedKeysM(m Metrics) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Targets reports the issue's targets for sluice's default engine, met or
+// missed, from the summary.
+func Targets(sum Summary, systems []System) string {
+	const u = "sluice-eventloop"
+	get := func(w, sys, m string) float64 {
+		if x, ok := sum[w][sys][m]; ok {
+			return x
+		}
+		return math.NaN()
+	}
+	check := func(ok bool, measured bool) string {
+		switch {
+		case !measured:
+			return "not measured"
+		case ok:
+			return "met"
+		}
+		return "**missed**"
+	}
+	var b strings.Builder
+	b.WriteString("## Targets (sluice-eventloop)\n\n| target | measured | status |\n|---|---|---|\n")
+	for _, q := range []struct{ metric, name string }{{"p50_us", "p50"}, {"p99_us", "p99"}} {
+		v := get("tcp-rr", u, q.metric)
+		p, who := best(sum["tcp-rr"], systems, q.metric, true)
+		fmt.Fprintf(&b, "| TCP RR %s at or below the best peer | %.1f µs vs %.1f µs (%s) | %s |\n", q.name, v, p, who, check(v <= p, !math.IsNaN(v) && !math.IsNaN(p)))
+	}
+	c, h := get("conn-per-request", u, "conn_per_s"), get("conn-per-request", "haproxy", "conn_per_s")
+	fmt.Fprintf(&b, "| new connections/s at least 1.2× HAProxy | %.0f vs %.0f (%s) | %s |\n", c, h, ratio(c, h), check(c >= 1.2*h, !math.IsNaN(c) && !math.IsNaN(h)))
+	for _, w := range []string{"bulk-upload", "bulk-download"} {
+		v, s := get(w, u, "MB_per_s"), get(w, "haproxy-splice", "MB_per_s")
+		cpuU, cpuS := get(w, u, "lb_cpu_s"), get(w, "haproxy-splice", "lb_cpu_s")
+		fmt.Fprintf(&b, "| %s throughput at least HAProxy+splice, at no more CPU | %.0f vs %.0f MB/s; %.2f vs %.2f CPU s | %s |\n", w, v, s, cpuU, cpuS,
+			check(v >= s && cpuU <= cpuS*1.0001, !math.IsNaN(v) && !math.IsNaN(s)))
+	}
+	up, np := get("udp-rr", u, "pps"), get("udp-rr", "nginx", "pps")
+	drops := get("udp-rr", u, "drops")
+	fmt.Fprintf(&b, "| UDP pps at least 1.5× nginx, no drops | %.0f vs %.0f pps (%s), %.0f drops | %s |\n", up, np, ratio(up, np), drops, check(up >= 1.5*np && drops == 0, !math.IsNaN(up) && !math.IsNaN(np)))
+	rss := get("idle-conns", u, "rss_bytes_per_conn")
+	fmt.Fprintf(&b, "| at most 2 KiB RSS per idle connection | %.0f B | %s |\n", rss, check(rss <= 2048, !math.IsNaN(rss)))
+	g := get("slow-reader", u, "rss_growth_MB")
+	fmt.Fprintf(&b, "| bounded RSS with a slow reader | +%.1f MB | %s |\n", g, check(g < 16, !math.IsNaN(g)))
+	e := get("connect-retry", u, "error_pct")
+	fmt.Fprintf(&b, "| zero client errors with a refusing and a black-holed endpoint | %.1f %% | %s |\n", e, check(e == 0, !math.IsNaN(e)))
+	b.WriteString("| p99 from an endpoint update to its effect ≤ 5 ms at 10k services | — | not measured (churn workload not built yet) |\n")
+	return b.String()
+}
+
+// Machine describes the box and the tools, for machine.txt.
+func Machine() string {
+	var b strings.Builder
+	run := func(name string, args ...string) {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(&b, "%s: not available\n", name)
+			return
+		}
+		fmt.Fprintf(&b, "%s\n", strings.TrimSpace(string(out)))
+	}
+	fmt.Fprintf(&b, "go: %s %s/%s, NumCPU %d\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	run("uname", "-srm")
+	if cpu, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(cpu), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				fmt.Fprintf(&b, "cpu: %s\n", strings.TrimSpace(strings.SplitN(l, ":", 2)[1]))
+				break
+			}
+		}
+	}
+	if mem, err := os.ReadFile("/proc/meminfo"); err == nil {
+		fmt.Fprintf(&b, "%s\n", strings.SplitN(string(mem), "\n", 2)[0])
+	}
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Fprintf(&b, "loadavg at end: %s", la)
+	}
+	run("haproxy", "-v")
+	run("nginx", "-v")
+	run("wrk", "-v")
+	return b.String()
+}

@@ -1,0 +1,160 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// Options configure one harness run.
+type Options struct {
+	Mode   string
+	Dir    string // results directory for this run
+	Rounds int    // measured rounds; one warm-up round comes first unless NoWarmup
+	// NoWarmup skips the warm-up round (smoke mode).
+	NoWarmup bool
+	// LBCPU pins every load balancer to this CPU (-1: no pinning).
+	LBCPU  int
+	Config Config
+	Log    io.Writer
+	// Only, when non-empty, restricts the systems by name.
+	Only map[string]bool
+}
+
+// Run is one workload on one system in one round.
+type Run struct {
+	Round      int     `json:"round"`
+	Warmup     bool    `json:"warmup"`
+	System     string  `json:"system"`
+	Workload   string  `json:"workload"`
+	Metrics    Metrics `json:"metrics,omitempty"`
+	CPUSeconds float64 `json:"lb_cpu_seconds"`
+	PeakRSS    int64   `json:"lb_peak_rss_bytes"`
+	Err        string  `json:"error,omitempty"`
+	NA         bool    `json:"not_applicable,omitempty"`
+}
+
+// Execute runs every workload on every system, in shuffled interleaved
+// rounds, and returns all runs. Systems that fail to start are errors.
+func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
+	size, ok := Modes[o.Mode]
+	if !ok {
+		return nil, nil, fmt.Errorf("unknown mode %q", o.Mode)
+	}
+	b, err := StartBackends()
+	if err != nil {
+		return nil, nil, fmt.Errorf("backends: %w", err)
+	}
+	defer b.Close()
+	services := []Service{
+		{Name: "echo", Backends: b.Echo},
+		{Name: "http", Backends: b.HTTP},
+		{Name: "udp", UDP: true, Backends: b.UDP},
+		{Name: "push", Backends: b.Push},
+		{Name: "halfclose", Backends: b.HalfClose},
+		{Name: "sink", Backends: b.Sink},
+		{Name: "affinity", Affinity: true, Backends: b.HTTP},
+		{Name: "retry", Backends: []netip.AddrPort{b.Refusing, b.Blackhole, b.Echo[0]}},
+	}
+	var systems []System
+	var instances []*Instance
+	defer func() {
+		for _, in := range instances {
+			in.Stop()
+		}
+	}()
+	for _, sys := range Systems(o.Config) {
+		if len(o.Only) > 0 && !o.Only[sys.Name()] {
+			continue
+		}
+		in, err := Launch(sys, filepath.Join(o.Dir, "systems", sys.Name()), services, o.LBCPU)
+		if err != nil {
+			return nil, nil, fmt.Errorf("start %s: %w", sys.Name(), err)
+		}
+		systems = append(systems, sys)
+		instances = append(instances, in)
+	}
+	workloads := Workloads()
+	type pair struct {
+		in *Instance
+		w  Workload
+	}
+	var runs []Run
+	first := 1
+	if o.NoWarmup {
+		first = 0
+	}
+	for round := 1 - first; round <= o.Rounds; round++ {
+		var pairs []pair
+		for _, in := range instances {
+			for _, w := range workloads {
+				pairs = append(pairs, pair{in, w})
+			}
+		}
+		rand.Shuffle(len(pairs), func(i, j int) { pairs[i], pairs[j] = pairs[j], pairs[i] })
+		for _, p := range pairs {
+			if ctx.Err() != nil {
+				return runs, systems, ctx.Err()
+			}
+			r := Run{Round: round, Warmup: round == 0, System: p.in.System.Name(), Workload: p.w.Name}
+			if _, ok := p.in.Services[p.w.Needs]; !ok {
+				r.NA = true
+				runs = append(runs, r)
+				continue
+			}
+			u0 := p.in.Usage()
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			m, err := p.w.Run(wctx, p.in, size)
+			cancel()
+			u1 := p.in.Usage()
+			r.Metrics, r.CPUSeconds, r.PeakRSS = m, u1.CPUSeconds-u0.CPUSeconds, u1.PeakRSS
+			switch {
+			case errors.Is(err, errNotApplicable):
+				r.NA, r.Metrics = true, nil
+			case err != nil:
+				r.Err = err.Error()
+			}
+			if exited, perr := p.in.Proc.ExitedOrNil(); exited {
+				return runs, systems, fmt.Errorf("%s exited during %s: %v\n%s", r.System, r.Workload, perr, p.in.Proc.Output())
+			}
+			if o.Log != nil {
+				fmt.Fprintf(o.Log, "round %d  %-15s %-17s %s\n", round, r.System, r.Workload, r.short())
+			}
+			runs = append(runs, r)
+		}
+	}
+	return runs, systems, nil
+}
+
+func (r Run) short() string {
+	switch {
+	case r.NA:
+		return "n/a"
+	case r.Err != "":
+		return "error: " + r.Err
+	}
+	keys := make([]string, 0, len(r.Metrics))
+	for k := range r.Metrics {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	s := ""
+	for _, k := range keys {
+		s += fmt.Sprintf("%s=%.4g ", k, r.Metrics[k])
+	}
+	return s + fmt.Sprintf("cpu=%.2fs", r.CPUSeconds)
+}
+
+// ExitedOrNil is Exited for a possibly nil Proc (direct has none).
+func (p *Proc) ExitedOrNil() (bool, error) {
+	if p == nil {
+		return false, nil
+	}
+	return p.Exited()
+}

@@ -1,0 +1,289 @@
+package harness
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Service is one frontend every system serves, on 127.0.0.1:Port.
+type Service struct {
+	Name     string
+	UDP      bool
+	Affinity bool // ClientIP affinity (or the peer's nearest: balance source, hash $remote_addr)
+	Backends []netip.AddrPort
+	Port     uint16
+}
+
+// System is one load balancer (or none) under test.
+type System interface {
+	Name() string
+	// Peer reports whether it is a third-party peer (for "best peer" ratios).
+	Peer() bool
+	// Supports reports whether it can serve s at all; "n/a" otherwise.
+	Supports(s Service) bool
+	// Start serves svcs; dir is its private scratch directory. A nil Proc
+	// means nothing runs (direct).
+	Start(dir string, svcs []Service, cpu int) (*Proc, error)
+}
+
+// Config names the binaries the systems need.
+type Config struct {
+	Sluice string // path to bin/sluice
+	Self   string // path to this harness binary (for the naive proxy)
+}
+
+// Systems returns every system, in report order.
+func Systems(c Config) []System {
+	return []System{
+		direct{},
+		sluice{bin: c.Sluice, engine: "eventloop"},
+		sluice{bin: c.Sluice, engine: "goroutine"},
+		naive{self: c.Self},
+		haproxy{},
+		haproxy{splice: true},
+		nginx{},
+	}
+}
+
+type direct struct{}
+
+func (direct) Name() string                                { return "direct" }
+func (direct) Peer() bool                                  { return false }
+func (direct) Supports(s Service) bool                     { return !s.Affinity }
+func (direct) Start(string, []Service, int) (*Proc, error) { return nil, nil }
+
+type sluice struct{ bin, engine string }
+
+func (s sluice) Name() string        { return "sluice-" + s.engine }
+func (sluice) Peer() bool            { return false }
+func (sluice) Supports(Service) bool { return true }
+func (s sluice) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+	var m strings.Builder
+	for i, svc := range svcs {
+		proto := "TCP"
+		if svc.UDP {
+			proto = "UDP"
+		}
+		aff := ""
+		if svc.Affinity {
+			aff = "\n  sessionAffinity: ClientIP"
+		}
+		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 10.96.%d.%d%s\n  ports: [{name: p, port: 80, protocol: %s, nodePort: %d}]\n---\n",
+			svc.Name, i/250, i%250+1, aff, proto, svc.Port)
+		for j, b := range svc.Backends {
+			fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-%d, namespace: bench, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d, protocol: %s}]\nendpoints: [{addresses: [%q]}]\n---\n",
+				svc.Name, j, svc.Name, b.Port(), proto, b.Addr())
+		}
+	}
+	file := filepath.Join(dir, "services.yaml")
+	if err := os.WriteFile(file, []byte(m.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return StartProc(s.Name(), cpu, s.bin, "--manifests", file, "--engine", s.engine,
+		"--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=",
+		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")
+}
+
+// naive is the baseline: a goroutine pair and io.Copy per connection, as
+// legacy kube-proxy and most Go L4 proxies do (run by this harness binary).
+type naive struct{ self string }
+
+func (naive) Name() string            { return "naive-go" }
+func (naive) Peer() bool              { return true }
+func (naive) Supports(s Service) bool { return !s.UDP && !s.Affinity }
+func (n naive) Start(_ string, svcs []Service, cpu int) (*Proc, error) {
+	args := []string{n.self, "naive-proxy"}
+	for _, s := range svcs {
+		if !n.Supports(s) {
+			continue
+		}
+		var bs []string
+		for _, b := range s.Backends {
+			bs = append(bs, b.String())
+		}
+		args = append(args, fmt.Sprintf("127.0.0.1:%d=%s", s.Port, strings.Join(bs, ",")))
+	}
+	return StartProc(n.Name(), cpu, args...)
+}
+
+type haproxy struct{ splice bool }
+
+func (h haproxy) Name() string {
+	if h.splice {
+		return "haproxy-splice"
+	}
+	return "haproxy"
+}
+func (haproxy) Peer() bool              { return true }
+func (haproxy) Supports(s Service) bool { return !s.UDP } // no UDP in HAProxy OSS
+func (h haproxy) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		return nil, fmt.Errorf("haproxy not installed (apt-get install haproxy)")
+	}
+	cfg := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(h.config(svcs)), 0o644); err != nil {
+		return nil, err
+	}
+	return StartProc(h.Name(), cpu, "haproxy", "-f", cfg, "-db")
+}
+
+// config is the HAProxy configuration: the same threads as sluice's loops
+// (2), the same connect timeout (250ms), retries on another server, no
+// active health checks.
+func (h haproxy) config(svcs []Service) string {
+	var c strings.Builder
+	c.WriteString("global\n  nbthread 2\n  maxconn 7000\ndefaults\n  mode tcp\n  timeout connect 250ms\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n")
+	if h.splice {
+		c.WriteString("  option splice-auto\n")
+	}
+	for _, s := range svcs {
+		if !h.Supports(s) {
+			continue
+		}
+		balance := "roundrobin"
+		if s.Affinity {
+			balance = "source"
+		}
+		fmt.Fprintf(&c, "listen %s\n  bind 127.0.0.1:%d\n  balance %s\n", s.Name, s.Port, balance)
+		for i, b := range s.Backends {
+			fmt.Fprintf(&c, "  server s%d %s\n", i, b)
+		}
+	}
+	return c.String()
+}
+
+type nginx struct{}
+
+func (nginx) Name() string          { return "nginx" }
+func (nginx) Peer() bool            { return true }
+func (nginx) Supports(Service) bool { return true }
+
+// nginxStreamModule is where Debian's libnginx-mod-stream puts the module.
+const nginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
+
+func (n nginx) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+	if _, err := exec.LookPath("nginx"); err != nil {
+		return nil, fmt.Errorf("nginx not installed (apt-get install nginx-light libnginx-mod-stream)")
+	}
+	if _, err := os.Stat(nginxStreamModule); err != nil {
+		return nil, fmt.Errorf("nginx stream module missing (apt-get install libnginx-mod-stream)")
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(n.config(dir, svcs)), 0o644); err != nil {
+		return nil, err
+	}
+	return StartProc(n.Name(), cpu, "nginx", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")
+}
+
+// config is the nginx stream configuration: 2 workers (sluice's 2 loops),
+// the same connect timeout, up to 3 tries, half-close forwarded.
+func (nginx) config(dir string, svcs []Service) string {
+	var c strings.Builder
+	fmt.Fprintf(&c, "load_module %s;\nworker_processes 2;\nworker_rlimit_nofile 19000;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\nevents { worker_connections 9000; }\nstream {\n",
+		nginxStreamModule, dir, dir)
+	for _, s := range svcs {
+		up := "u_" + strings.ReplaceAll(s.Name, "-", "_")
+		fmt.Fprintf(&c, "  upstream %s {\n", up)
+		if s.Affinity {
+			c.WriteString("    hash $remote_addr consistent;\n")
+		}
+		for _, b := range s.Backends {
+			fmt.Fprintf(&c, "    server %s;\n", b)
+		}
+		c.WriteString("  }\n  server {\n")
+		if s.UDP {
+			fmt.Fprintf(&c, "    listen 127.0.0.1:%d udp reuseport;\n    proxy_timeout 1s;\n", s.Port)
+		} else {
+			fmt.Fprintf(&c, "    listen 127.0.0.1:%d reuseport;\n    proxy_timeout 120s;\n    proxy_half_close on;\n", s.Port)
+		}
+		fmt.Fprintf(&c, "    proxy_pass %s;\n    proxy_connect_timeout 250ms;\n    proxy_next_upstream on;\n    proxy_next_upstream_tries 3;\n  }\n", up)
+	}
+	c.WriteString("}\n")
+	return c.String()
+}
+
+// Instance is a started system with its services.
+type Instance struct {
+	System   System
+	Proc     *Proc
+	Services map[string]Service
+}
+
+// Addr is where a client reaches service name through this system.
+func (in *Instance) Addr(name string) netip.AddrPort {
+	s := in.Services[name]
+	if in.Proc == nil {
+		return s.Backends[len(s.Backends)-1] // direct: the last backend is always a good one
+	}
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), s.Port)
+}
+
+// Usage is the system's CPU time and memory now (its whole process group).
+func (in *Instance) Usage() Usage {
+	if in.Proc == nil {
+		return Usage{}
+	}
+	return GroupUsage(in.Proc.PID())
+}
+
+// Launch starts sys on fresh ports for svcs and waits until every TCP
+// frontend accepts connections.
+func Launch(sys System, dir string, svcs []Service, cpu int) (*Instance, error) {
+	in := &Instance{System: sys, Services: map[string]Service{}}
+	var served []Service
+	for _, s := range svcs {
+		if !sys.Supports(s) {
+			continue
+		}
+		p, err := FreePort(map[bool]string{true: "udp", false: "tcp"}[s.UDP])
+		if err != nil {
+			return nil, err
+		}
+		s.Port = p
+		in.Services[s.Name] = s
+		served = append(served, s)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	proc, err := sys.Start(dir, served, cpu)
+	if err != nil {
+		return nil, err
+	}
+	in.Proc = proc
+	if proc == nil {
+		return in, nil
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, s := range served {
+		if s.UDP {
+			continue
+		}
+		for {
+			c, err := net.DialTimeout("tcp", in.Addr(s.Name).String(), time.Second)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
+				proc.Stop(time.Second)
+				return nil, fmt.Errorf("%s did not come up on %s: %v\n%s", sys.Name(), in.Addr(s.Name), err, proc.Output())
+			}
+			time.Sleep(20 * time.Millisecond) // polling a process we do not control; not a test
+		}
+	}
+	return in, nil
+}
+
+// Stop stops the system's process.
+func (in *Instance) Stop() {
+	if in.Proc != nil {
+		in.Proc.Stop(5 * time.Second)
+	}
+}

@@ -1,0 +1,403 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Size scales every workload; see Modes.
+type Size struct {
+	RRMessages     int
+	CRRDuration    time.Duration
+	CRRConcurrency int
+	BulkBytes      int64
+	UDPMessages    int
+	RetryConns     int
+	IdleConns      int
+	SlowSeconds    time.Duration
+	WrkDuration    time.Duration
+	AffinityIPs    int
+	AffinityReqs   int
+}
+
+// Modes are the run sizes: smoke proves the harness works (under 2
+// minutes), short gives numbers (under 10 minutes on 2 cores).
+var Modes = map[string]Size{
+	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 32 << 20, UDPMessages: 1000,
+		RetryConns: 30, IdleConns: 300, SlowSeconds: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5},
+	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 256 << 20, UDPMessages: 5000,
+		RetryConns: 30, IdleConns: 2000, SlowSeconds: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10},
+}
+
+// Metrics of one run of one workload on one system.
+type Metrics map[string]float64
+
+// Workload is one measurement.
+type Workload struct {
+	Name    string
+	Desc    string
+	Primary string // the metric that ranks systems
+	Lower   bool   // lower Primary is better
+	Needs   string // the service it needs
+	Run     func(ctx context.Context, in *Instance, sz Size) (Metrics, error)
+}
+
+// Workloads returns every workload, in report order.
+func Workloads() []Workload {
+	return []Workload{
+		{"tcp-rr", "TCP request/response, 1 connection, 64 B", "p50_us", true, "echo", tcpRR},
+		{"http-keepalive", "HTTP keep-alive, wrk -t2 -c64, 204 backend", "req_per_s", false, "http", wrkRun},
+		{"conn-per-request", "a new TCP connection per 64 B request, 4 clients", "conn_per_s", false, "echo", crr},
+		{"bulk-upload", "one stream client -> backend", "MB_per_s", false, "sink", bulkUp},
+		{"bulk-download", "one stream backend -> client", "MB_per_s", false, "push", bulkDown},
+		{"udp-rr", "UDP request/response, 64 B, sequential", "pps", false, "udp", udpRR},
+		{"connect-retry", "endpoints: refusing, black-holed, good; a new connection per request", "error_pct", true, "retry", retry},
+		{"affinity", "ClientIP affinity from many loopback source IPs", "sticky_pct", false, "affinity", affinity},
+		{"idle-conns", "idle connections held open", "rss_bytes_per_conn", true, "echo", idle},
+		{"slow-reader", "a client that reads 1 MB/s from a backend that writes without end", "rss_growth_MB", true, "push", slowReader},
+		{"half-close", "client shutdown(SHUT_WR), then reads the reply", "pass", false, "halfclose", halfClose},
+	}
+}
+
+func percentile(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p / 100 * float64(len(sorted)-1))
+	return float64(sorted[i].Nanoseconds()) / 1e3
+}
+
+func latencyMetrics(lat []time.Duration, m Metrics) {
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	m["p50_us"] = percentile(lat, 50)
+	m["p99_us"] = percentile(lat, 99)
+	m["p99.9_us"] = percentile(lat, 99.9)
+}
+
+func tcpRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.DialTimeout("tcp", in.Addr("echo").String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	lat := make([]time.Duration, 0, sz.RRMessages)
+	for i := 0; i < sz.RRMessages && ctx.Err() == nil; i++ {
+		t := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	m := Metrics{}
+	latencyMetrics(lat, m)
+	return m, nil
+}
+
+func crr(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("echo").String()
+	var n, errs atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	end := time.Now().Add(sz.CRRDuration)
+	var wg sync.WaitGroup
+	for g := 0; g < sz.CRRConcurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg, buf := make([]byte, 64), make([]byte, 64)
+			var mine []time.Duration
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t := time.Now()
+				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				_, err = c.Write(msg)
+				if err == nil {
+					_, err = io.ReadFull(c, buf)
+				}
+				// Close with RST-free FIN from the client, as real clients do.
+				c.Close()
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(t))
+				n.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	m := Metrics{"conn_per_s": float64(n.Load()) / sz.CRRDuration.Seconds(), "errors": float64(errs.Load())}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	m["p99_us"] = percentile(lat, 99)
+	return m, nil
+}
+
+func bulkUp(_ context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.DialTimeout("tcp", in.Addr("sink").String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	var hdr [8]byte
+	binary.BigEndian.PutUint64(hdr[:], uint64(sz.BulkBytes))
+	chunk := make([]byte, 256<<10)
+	t := time.Now()
+	if _, err := c.Write(hdr[:]); err != nil {
+		return nil, err
+	}
+	for sent := int64(0); sent < sz.BulkBytes; {
+		n, err := c.Write(chunk[:min(int64(len(chunk)), sz.BulkBytes-sent)])
+		sent += int64(n)
+		if err != nil {
+			return nil, err
+		}
+	}
+	reply := make([]byte, 2)
+	if _, err := io.ReadFull(c, reply); err != nil || string(reply) != "ok" {
+		return nil, fmt.Errorf("backend did not confirm the upload: %q %v", reply, err)
+	}
+	return Metrics{"MB_per_s": float64(sz.BulkBytes) / 1e6 / time.Since(t).Seconds()}, nil
+}
+
+func bulkDown(_ context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.DialTimeout("tcp", in.Addr("push").String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	buf := make([]byte, 256<<10)
+	t := time.Now()
+	var got int64
+	for got < sz.BulkBytes {
+		n, err := c.Read(buf)
+		got += int64(n)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return Metrics{"MB_per_s": float64(got) / 1e6 / time.Since(t).Seconds()}, nil
+}
+
+func udpRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.Dial("udp", in.Addr("udp").String())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	msg, buf := make([]byte, 64), make([]byte, 2048)
+	var lat []time.Duration
+	drops := 0
+	t0 := time.Now()
+	for i := 0; i < sz.UDPMessages && ctx.Err() == nil; i++ {
+		t := time.Now()
+		c.Write(msg)
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Read(buf); err != nil {
+			drops++
+			continue
+		}
+		lat = append(lat, time.Since(t))
+	}
+	m := Metrics{"pps": float64(len(lat)) / time.Since(t0).Seconds(), "drops": float64(drops)}
+	latencyMetrics(lat, m)
+	return m, nil
+}
+
+func retry(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("retry").String()
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	var lat []time.Duration
+	errs := 0
+	for i := 0; i < sz.RetryConns && ctx.Err() == nil; i++ {
+		t := time.Now()
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Write(msg)
+			if err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			c.Close()
+		}
+		if err != nil {
+			errs++
+			continue
+		}
+		lat = append(lat, time.Since(t))
+	}
+	m := Metrics{"error_pct": 100 * float64(errs) / float64(sz.RetryConns)}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	m["p99_us"] = percentile(lat, 99)
+	return m, nil
+}
+
+func affinity(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("affinity").String()
+	sticky := 0
+	used := map[string]bool{}
+	for ip := 0; ip < sz.AffinityIPs && ctx.Err() == nil; ip++ {
+		src := fmt.Sprintf("127.0.%d.%d", 1+ip/250, 2+ip%250)
+		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext,
+		}}
+		seen := map[string]bool{}
+		for r := 0; r < sz.AffinityReqs; r++ {
+			resp, err := client.Get("http://" + addr + "/")
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			seen[resp.Header.Get("X-Backend")] = true
+			used[resp.Header.Get("X-Backend")] = true
+		}
+		if len(seen) == 1 {
+			sticky++
+		}
+	}
+	return Metrics{"sticky_pct": 100 * float64(sticky) / float64(sz.AffinityIPs), "backends_used": float64(len(used))}, nil
+}
+
+func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	if in.Proc == nil {
+		return nil, errNotApplicable
+	}
+	addr := in.Addr("echo").String()
+	before := in.Usage().RSSBytes
+	conns := make([]net.Conn, 0, sz.IdleConns)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	buf := []byte{1}
+	for i := 0; i < sz.IdleConns && ctx.Err() == nil; i++ {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return nil, fmt.Errorf("after %d connections: %w", i, err)
+		}
+		conns = append(conns, c)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return nil, fmt.Errorf("after %d connections: %w", i, err)
+		}
+	}
+	after := in.Usage().RSSBytes
+	return Metrics{"rss_bytes_per_conn": float64(after-before) / float64(len(conns)), "conns": float64(len(conns))}, nil
+}
+
+func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	if in.Proc == nil {
+		return nil, errNotApplicable
+	}
+	c, err := net.DialTimeout("tcp", in.Addr("push").String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	before := in.Usage().RSSBytes
+	peak := before
+	buf := make([]byte, 100<<10)
+	end := time.Now().Add(sz.SlowSeconds)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond) // the slow reader: 1 MB/s
+		if r := in.Usage().RSSBytes; r > peak {
+			peak = r
+		}
+	}
+	return Metrics{"rss_growth_MB": float64(peak-before) / 1e6}, nil
+}
+
+func halfClose(_ context.Context, in *Instance, _ Size) (Metrics, error) {
+	c, err := net.DialTimeout("tcp", in.Addr("halfclose").String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	req := make([]byte, 100<<10)
+	if _, err := c.Write(req); err != nil {
+		return nil, err
+	}
+	c.(*net.TCPConn).CloseWrite()
+	reply, _ := io.ReadAll(c)
+	if string(reply) == fmt.Sprint(len(req)) {
+		return Metrics{"pass": 1}, nil
+	}
+	return Metrics{"pass": 0}, nil
+}
+
+var wrkRPS = regexp.MustCompile(`Requests/sec:\s+([\d.]+)`)
+var wrkP99 = regexp.MustCompile(`\s99%\s+([\d.]+)(us|ms|s)`)
+
+func wrkRun(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return nil, errors.New("wrk not installed (apt-get install wrk)")
+	}
+	cmd := exec.CommandContext(ctx, "wrk", "-t2", "-c64", fmt.Sprintf("-d%ds", max(1, int(sz.WrkDuration.Seconds()))), "--latency", "http://"+in.Addr("http").String()+"/")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("wrk: %v: %s", err, out)
+	}
+	m := Metrics{}
+	if r := wrkRPS.FindSubmatch(out); r != nil {
+		m["req_per_s"], _ = strconv.ParseFloat(string(r[1]), 64)
+	} else {
+		return nil, fmt.Errorf("wrk output not understood: %s", out)
+	}
+	if r := wrkP99.FindSubmatch(out); r != nil {
+		v, _ := strconv.ParseFloat(string(r[1]), 64)
+		switch string(r[2]) {
+		case "ms":
+			v *= 1e3
+		case "s":
+			v *= 1e6
+		}
+		m["p99_us"] = v
+	}
+	if s := bufio.NewScanner(strings.NewReader(string(out))); s != nil {
+		for s.Scan() {
+			if strings.Contains(s.Text(), "Non-2xx") || strings.Contains(s.Text(), "Socket errors") {
+				m["errors"]++
+			}
+		}
+	}
+	return m, nil
+}
+
+var errNotApplicable = errors.New("n/a")
