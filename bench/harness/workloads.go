@@ -28,7 +28,7 @@ type Size struct {
 	UDPMessages    int
 	RetryConns     int
 	IdleConns      int
-	SlowSeconds    time.Duration
+	SlowFor        time.Duration
 	WrkDuration    time.Duration
 	AffinityIPs    int
 	AffinityReqs   int
@@ -38,9 +38,9 @@ type Size struct {
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 32 << 20, UDPMessages: 1000,
-		RetryConns: 30, IdleConns: 300, SlowSeconds: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5},
+		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 256 << 20, UDPMessages: 5000,
-		RetryConns: 30, IdleConns: 2000, SlowSeconds: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10},
+		RetryConns: 30, IdleConns: 2000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10},
 }
 
 // Metrics of one run of one workload on one system.
@@ -329,7 +329,7 @@ func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	before := in.Usage().RSSBytes
 	peak := before
 	buf := make([]byte, 100<<10)
-	end := time.Now().Add(sz.SlowSeconds)
+	end := time.Now().Add(sz.SlowFor)
 	for time.Now().Before(end) && ctx.Err() == nil {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := io.ReadFull(c, buf); err != nil {

@@ -137,7 +137,7 @@ func run() int {
 // closes both (legacy kube-proxy userspace, tcpproxy-class proxies).
 func naiveProxy(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: naive-proxy LISTEN=BACKEND[,BACKEND...] ...")
+		return errors.New("usage: naive-proxy LISTEN=BACKEND[,BACKEND]... [LISTEN=BACKEND...]")
 	}
 	var wg sync.WaitGroup
 	var lns []net.Listener
