@@ -60,8 +60,11 @@ type Config struct {
 	EjectBackoff    time.Duration
 	EjectMaxBackoff time.Duration
 	DrainTimeout    time.Duration
-	LogFormat       string
-	Verbosity       int
+	// ManifestCoalesce is how long a burst of manifest edits is gathered
+	// into one reload.
+	ManifestCoalesce time.Duration
+	LogFormat        string
+	Verbosity        int
 
 	// Changed lists the flags set on the command line, for the start-up
 	// report of flags the chosen mode ignores.
@@ -110,17 +113,18 @@ func Defaults() *Config {
 	kp.ClientConnection.QPS = 5
 	kp.ClientConnection.Burst = 10
 	return &Config{
-		KubeProxy:       kp,
-		UDPTimeout:      250 * time.Millisecond,
-		Engine:          defaultEngine(),
-		ConnectTimeouts: []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
-		ConnectAttempts: 4,
-		ConnectBudget:   3750 * time.Millisecond,
-		EjectAfter:      2,
-		EjectBackoff:    5 * time.Second,
-		EjectMaxBackoff: time.Minute,
-		DrainTimeout:    30 * time.Second,
-		LogFormat:       "text",
+		KubeProxy:        kp,
+		UDPTimeout:       250 * time.Millisecond,
+		Engine:           defaultEngine(),
+		ConnectTimeouts:  []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
+		ConnectAttempts:  4,
+		ConnectBudget:    3750 * time.Millisecond,
+		EjectAfter:       2,
+		EjectBackoff:     5 * time.Second,
+		EjectMaxBackoff:  time.Minute,
+		DrainTimeout:     30 * time.Second,
+		ManifestCoalesce: 100 * time.Millisecond,
+		LogFormat:        "text",
 	}
 }
 
@@ -244,6 +248,7 @@ func (c *Config) Validate() error {
 		{"eject-backoff", "", c.EjectBackoff, true},
 		{"eject-max-backoff", "", c.EjectMaxBackoff, true},
 		{"drain-timeout", "", c.DrainTimeout, true},
+		{"manifest-coalesce", "", c.ManifestCoalesce, false},
 	} {
 		if d.v < 0 || (d.v == 0 && !d.zeroOK) {
 			want := "must be greater than 0"

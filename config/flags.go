@@ -237,6 +237,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.EjectBackoff, "eject-backoff", c.EjectBackoff, "How long an ejected endpoint is skipped before it is probed again; doubles on each failed probe.")
 	fs.DurationVar(&c.EjectMaxBackoff, "eject-max-backoff", c.EjectMaxBackoff, "Upper bound of the ejection back-off.")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "On SIGTERM, how long open connections may drain before they are cut.")
+	fs.DurationVar(&c.ManifestCoalesce, "manifest-coalesce", c.ManifestCoalesce, "How long a burst of --manifests edits is gathered into one reload.")
 	return fs
 }
 

@@ -32,15 +32,16 @@ type Size struct {
 	WrkDuration    time.Duration
 	AffinityIPs    int
 	AffinityReqs   int
+	MaxChurn       int // largest service count the churn workloads load
 }
 
 // Modes are the run sizes: smoke proves the harness works (under 2
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 32 << 20, UDPMessages: 1000,
-		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5},
+		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 256 << 20, UDPMessages: 5000,
-		RetryConns: 30, IdleConns: 2000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10},
+		RetryConns: 30, IdleConns: 2000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -70,6 +71,9 @@ func Workloads() []Workload {
 		{"idle-conns", "idle connections held open", "rss_bytes_per_conn", true, "echo", idle},
 		{"slow-reader", "a client that reads 1 MB/s from a backend that writes without end", "rss_growth_MB", true, "push", slowReader},
 		{"half-close", "client shutdown(SHUT_WR), then reads the reply", "pass", false, "halfclose", halfClose},
+		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
+		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
+		{"churn-10k", "the same with 10,000 services", "update_p50_ms", true, "http", churn(10000)},
 	}
 }
 

@@ -148,7 +148,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		Log:        log,
 	}
 	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log}
-	src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration}
+	src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
+		Coalesce: cfg.ManifestCoalesce}
 
 	drain := func() {
 		dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)

@@ -41,7 +41,7 @@ func run() int {
 	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
 	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
-	pin := flag.Bool("pin", true, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
+	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
 	flag.Parse()
 
