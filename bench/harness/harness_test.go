@@ -33,7 +33,7 @@ func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
 		{Round: 1, System: "c", Workload: "w", NA: true},
 	}
 	s := Summarize(runs)
-	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 {
+	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 || len(got) != 2 {
 		t.Fatalf("medians %v", got)
 	}
 	if m, ok := s["w"]["b"]; !ok || m != nil {
@@ -96,5 +96,22 @@ func TestPeerConfigsAreFair(t *testing.T) {
 	}
 	if (naive{}).Supports(Service{UDP: true}) || (naive{}).Supports(Service{Affinity: true}) {
 		t.Fatal("the naive proxy does neither UDP nor affinity")
+	}
+}
+
+func TestSummarizeKeepsTheBestRoundOfThePrimaryMetric(t *testing.T) {
+	runs := []Run{
+		{Round: 1, System: "a", Workload: "tcp-rr", Metrics: Metrics{"p50_us": 30, "p99_us": 90}},
+		{Round: 2, System: "a", Workload: "tcp-rr", Metrics: Metrics{"p50_us": 10, "p99_us": 80}},
+		{Round: 3, System: "a", Workload: "tcp-rr", Metrics: Metrics{"p50_us": 20, "p99_us": 70}},
+		{Round: 1, System: "a", Workload: "udp-rr", Metrics: Metrics{"pps": 5}},
+		{Round: 2, System: "a", Workload: "udp-rr", Metrics: Metrics{"pps": 9}},
+	}
+	s := Summarize(runs)
+	if m := s["tcp-rr"]["a"]; m["p50_us"] != 20 || m["p50_us (best)"] != 10 || m["p99_us (best)"] != 0 {
+		t.Fatalf("tcp-rr %v: want median 20, best 10, and no best for a secondary metric", m)
+	}
+	if m := s["udp-rr"]["a"]; m["pps (best)"] != 9 {
+		t.Fatalf("udp-rr %v: higher is better, best is 9", m)
 	}
 }

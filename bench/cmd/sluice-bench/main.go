@@ -43,7 +43,15 @@ func run() int {
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
+	rerender := flag.String("rerender", "", "re-write the reports of an earlier run from its results.json, then exit")
 	flag.Parse()
+	if *rerender != "" {
+		if err := harness.Rerender(*rerender); err != nil {
+			fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+			return 1
+		}
+		return 0
+	}
 
 	if *rounds == 0 {
 		*rounds = map[string]int{"smoke": 1}[*mode]
