@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package harness is sluice's benchmark harness: it starts backends, sluice
 // in each engine, a naive Go proxy and the peers (HAProxy, nginx), runs the
 // workloads against all of them in interleaved rounds, and writes the

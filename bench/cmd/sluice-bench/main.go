@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command sluice-bench runs sluice's benchmark: backends, sluice in each
 // engine, a naive Go proxy, HAProxy and nginx side by side, in interleaved
 // rounds, with results written to bench/results/<timestamp>/. It is also
