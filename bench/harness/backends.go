@@ -3,14 +3,15 @@
 package harness
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os/exec"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,7 +24,7 @@ type Backends struct {
 	UDP       []netip.AddrPort // UDP echo
 	Push      []netip.AddrPort // TCP: writes without end (slow-reader source)
 	HalfClose []netip.AddrPort // TCP: reads to EOF, then replies with the byte count
-	Sink      []netip.AddrPort // TCP: reads an 8-byte length, then that many bytes, then replies "ok"
+	Iperf     []netip.AddrPort // one iperf3 -s (its control and data connections must meet)
 	Refusing  netip.AddrPort   // nothing listens
 	Blackhole netip.AddrPort   // full accept queue: SYNs are dropped
 
@@ -35,7 +36,7 @@ type Backends struct {
 func StartBackends() (*Backends, error) {
 	b := &Backends{}
 	for i := 0; i < 3; i++ {
-		steps := []func(int) error{b.echo, b.http, b.udp, b.push, b.halfClose, b.sink}
+		steps := []func(int) error{b.echo, b.http, b.udp, b.push, b.halfClose}
 		for _, f := range steps {
 			if err := f(i); err != nil {
 				b.Close()
@@ -44,6 +45,10 @@ func StartBackends() (*Backends, error) {
 		}
 	}
 	var err error
+	if err := b.iperf(); err != nil {
+		b.Close()
+		return nil, err
+	}
 	if b.Refusing, err = refusingAddr(); err != nil {
 		b.Close()
 		return nil, err
@@ -127,21 +132,6 @@ func (b *Backends) halfClose(int) error {
 	return err
 }
 
-func (b *Backends) sink(int) error {
-	a, err := b.serveTCP(func(c *net.TCPConn) {
-		var hdr [8]byte
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			return
-		}
-		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint64(hdr[:]))); err != nil {
-			return
-		}
-		c.Write([]byte("ok"))
-	})
-	b.Sink = append(b.Sink, a)
-	return err
-}
-
 func (b *Backends) http(i int) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -182,6 +172,35 @@ func (b *Backends) udp(int) error {
 		}
 	}()
 	b.UDP = append(b.UDP, pc.LocalAddr().(*net.UDPAddr).AddrPort())
+	return nil
+}
+
+// iperf starts `iperf3 -s` on a free loopback port, stopped with the rest.
+func (b *Backends) iperf() error {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return fmt.Errorf("iperf3 not installed (apt-get install iperf3)")
+	}
+	port, err := FreePort("tcp")
+	if err != nil {
+		return err
+	}
+	p, err := StartProc("iperf3", -1, "iperf3", "-s", "-B", "127.0.0.1", "-p", fmt.Sprint(port))
+	if err != nil {
+		return err
+	}
+	b.closers = append(b.closers, func() { p.Stop(2 * time.Second) })
+	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
+			c.Close()
+			break
+		}
+		if exited, _ := p.Exited(); exited || time.Now().After(deadline) {
+			return fmt.Errorf("iperf3 -s did not come up: %s", p.Output())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process we do not control
+	}
+	b.Iperf = []netip.AddrPort{addr}
 	return nil
 }
 

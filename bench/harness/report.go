@@ -268,14 +268,14 @@ func Targets(sum Summary, systems []System) string {
 	}
 	c, h := get("conn-per-request", u, "conn_per_s"), get("conn-per-request", "haproxy", "conn_per_s")
 	fmt.Fprintf(&b, "| new connections/s at least 1.2× HAProxy | %.0f vs %.0f (%s) | %s |\n", c, h, ratio(c, h), check(c >= 1.2*h, !math.IsNaN(c) && !math.IsNaN(h)))
-	for _, w := range []string{"bulk-upload", "bulk-download"} {
-		v, s := get(w, u, "MB_per_s"), get(w, "haproxy-splice", "MB_per_s")
+	for _, w := range []string{"iperf3-up", "iperf3-down"} {
+		v, s := get(w, u, "Gbit_per_s"), get(w, "haproxy-splice", "Gbit_per_s")
 		cpuU, cpuS := get(w, u, "lb_cpu_s"), get(w, "haproxy-splice", "lb_cpu_s")
-		fmt.Fprintf(&b, "| %s throughput at least HAProxy+splice, at no more CPU | %.0f vs %.0f MB/s; %.2f vs %.2f CPU s | %s |\n", w, v, s, cpuU, cpuS,
+		fmt.Fprintf(&b, "| %s throughput at least HAProxy+splice, at no more CPU | %.2f vs %.2f Gbit/s; %.2f vs %.2f CPU s | %s |\n", w, v, s, cpuU, cpuS,
 			check(v >= s && cpuU <= cpuS*1.0001, !math.IsNaN(v) && !math.IsNaN(s)))
 	}
 	up, np := get("udp-rr", u, "pps"), get("udp-rr", "nginx", "pps")
-	drops := get("udp-rr", u, "drops")
+	drops := get("udp-rr", u, "drops") + get("udp-flows", u, "lost")
 	fmt.Fprintf(&b, "| UDP pps at least 1.5× nginx, no drops | %.0f vs %.0f pps (%s), %.0f drops | %s |\n", up, np, ratio(up, np), drops, check(up >= 1.5*np && drops == 0, !math.IsNaN(up) && !math.IsNaN(np)))
 	rss := get("idle-conns", u, "rss_bytes_per_conn")
 	fmt.Fprintf(&b, "| at most 2 KiB RSS per idle connection | %.0f B | %s |\n", rss, check(rss <= 2048, !math.IsNaN(rss)))

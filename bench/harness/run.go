@@ -60,7 +60,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		{Name: "udp", UDP: true, Backends: b.UDP},
 		{Name: "push", Backends: b.Push},
 		{Name: "halfclose", Backends: b.HalfClose},
-		{Name: "sink", Backends: b.Sink},
+		{Name: "iperf", Backends: b.Iperf},
 		{Name: "affinity", Affinity: true, Backends: b.HTTP},
 		{Name: "retry", Backends: []netip.AddrPort{b.Refusing, b.Blackhole, b.Echo[0]}},
 	}

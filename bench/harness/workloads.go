@@ -5,7 +5,7 @@ package harness
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,8 +26,9 @@ type Size struct {
 	RRMessages     int
 	CRRDuration    time.Duration
 	CRRConcurrency int
-	BulkBytes      int64
 	UDPMessages    int
+	UDPClients     int
+	IperfSeconds   int
 	RetryConns     int
 	IdleConns      int
 	SlowFor        time.Duration
@@ -40,9 +41,9 @@ type Size struct {
 // Modes are the run sizes: smoke proves the harness works (under 2
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
-	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 32 << 20, UDPMessages: 1000,
+	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
 		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000},
-	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, BulkBytes: 256 << 20, UDPMessages: 5000,
+	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
 		RetryConns: 30, IdleConns: 2000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000},
 }
 
@@ -65,9 +66,10 @@ func Workloads() []Workload {
 		{"tcp-rr", "TCP request/response, 1 connection, 64 B", "p50_us", true, "echo", tcpRR},
 		{"http-keepalive", "HTTP keep-alive, wrk -t2 -c64, 204 backend", "req_per_s", false, "http", wrkRun},
 		{"conn-per-request", "a new TCP connection per 64 B request, 4 clients", "conn_per_s", false, "echo", crr},
-		{"bulk-upload", "one stream client -> backend", "MB_per_s", false, "sink", bulkUp},
-		{"bulk-download", "one stream backend -> client", "MB_per_s", false, "push", bulkDown},
+		{"iperf3-up", "iperf3 -P1, client to server", "Gbit_per_s", false, "iperf", iperf(false)},
+		{"iperf3-down", "iperf3 -P1 -R, server to client", "Gbit_per_s", false, "iperf", iperf(true)},
 		{"udp-rr", "UDP request/response, 64 B, sequential", "pps", false, "udp", udpRR},
+		{"udp-flows", "UDP: many client tuples at once, one request each (flow set-up)", "flows_per_s", false, "udp", udpFlows},
 		{"connect-retry", "endpoints: refusing, black-holed, good; a new connection per request", "error_pct", true, "retry", retry},
 		{"affinity", "ClientIP affinity from many loopback source IPs", "sticky_pct", false, "affinity", affinity},
 		{"idle-conns", "idle connections held open", "rss_bytes_per_conn", true, "echo", idle},
@@ -162,54 +164,6 @@ func crr(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	m["p99_us"] = percentile(lat, 99)
 	return m, nil
-}
-
-func bulkUp(_ context.Context, in *Instance, sz Size) (Metrics, error) {
-	c, err := net.DialTimeout("tcp", in.Addr("sink").String(), 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Minute))
-	var hdr [8]byte
-	binary.BigEndian.PutUint64(hdr[:], uint64(sz.BulkBytes))
-	chunk := make([]byte, 256<<10)
-	t := time.Now()
-	if _, err := c.Write(hdr[:]); err != nil {
-		return nil, err
-	}
-	for sent := int64(0); sent < sz.BulkBytes; {
-		n, err := c.Write(chunk[:min(int64(len(chunk)), sz.BulkBytes-sent)])
-		sent += int64(n)
-		if err != nil {
-			return nil, err
-		}
-	}
-	reply := make([]byte, 2)
-	if _, err := io.ReadFull(c, reply); err != nil || string(reply) != "ok" {
-		return nil, fmt.Errorf("backend did not confirm the upload: %q %v", reply, err)
-	}
-	return Metrics{"MB_per_s": float64(sz.BulkBytes) / 1e6 / time.Since(t).Seconds()}, nil
-}
-
-func bulkDown(_ context.Context, in *Instance, sz Size) (Metrics, error) {
-	c, err := net.DialTimeout("tcp", in.Addr("push").String(), 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Minute))
-	buf := make([]byte, 256<<10)
-	t := time.Now()
-	var got int64
-	for got < sz.BulkBytes {
-		n, err := c.Read(buf)
-		got += int64(n)
-		if err != nil {
-			return nil, err
-		}
-	}
-	return Metrics{"MB_per_s": float64(got) / 1e6 / time.Since(t).Seconds()}, nil
 }
 
 func udpRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
@@ -407,3 +361,68 @@ func wrkRun(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 }
 
 var errNotApplicable = errors.New("n/a")
+
+// iperf runs iperf3 through the system, one stream, either direction, and
+// reports the receiver's rate.
+func iperf(reverse bool) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+		a := in.Addr("iperf")
+		args := []string{"-c", a.Addr().String(), "-p", fmt.Sprint(a.Port()), "-t", fmt.Sprint(sz.IperfSeconds), "-J"}
+		if reverse {
+			args = append(args, "-R")
+		}
+		out, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+		if err != nil {
+			return nil, fmt.Errorf("iperf3 %v: %v: %s", args, err, out)
+		}
+		var res struct {
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			return nil, fmt.Errorf("iperf3 output: %v", err)
+		}
+		if res.Error != "" {
+			return nil, fmt.Errorf("iperf3: %s", res.Error)
+		}
+		return Metrics{"Gbit_per_s": res.End.SumReceived.BitsPerSecond / 1e9}, nil
+	}
+}
+
+// udpFlows opens many client sockets at once; each sends one datagram and
+// waits for its reply: the cost of creating flows, and whether any is lost.
+func udpFlows(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("udp").String()
+	var ok, lost atomic.Int64
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	t := time.Now()
+	for i := 0; i < sz.UDPClients && ctx.Err() == nil; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := net.Dial("udp", addr)
+			if err != nil {
+				lost.Add(1)
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 128)
+			c.Write(buf[:64])
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(buf); err != nil {
+				lost.Add(1)
+				return
+			}
+			ok.Add(1)
+		}()
+	}
+	wg.Wait()
+	return Metrics{"flows_per_s": float64(ok.Load()) / time.Since(t).Seconds(), "lost": float64(lost.Load())}, nil
+}
