@@ -5,7 +5,6 @@ package harness
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -111,16 +110,7 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 				default:
 				}
 				t := time.Now()
-				c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", loadPort), 2*time.Second)
-				if err == nil {
-					c.SetDeadline(time.Now().Add(2 * time.Second))
-					_, err = c.Write(buf)
-					if err == nil {
-						_, err = c.Read(buf)
-					}
-					c.Close()
-				}
-				if err != nil {
+				if err := oneShot(fmt.Sprintf("127.0.0.1:%d", loadPort), buf, buf); err != nil {
 					loadErrs.Add(1)
 					continue
 				}

@@ -120,6 +120,22 @@ func tcpRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	return m, nil
 }
 
+// oneShot is one request on a new connection: dial, write msg, read
+// len(buf) bytes back, close.
+func oneShot(addr string, msg, buf []byte) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	_, err = io.ReadFull(c, buf)
+	return err
+}
+
 func crr(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	addr := in.Addr("echo").String()
 	var n, errs atomic.Int64
@@ -135,19 +151,7 @@ func crr(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 			var mine []time.Duration
 			for time.Now().Before(end) && ctx.Err() == nil {
 				t := time.Now()
-				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				_, err = c.Write(msg)
-				if err == nil {
-					_, err = io.ReadFull(c, buf)
-				}
-				// Close with RST-free FIN from the client, as real clients do.
-				c.Close()
-				if err != nil {
+				if err := oneShot(addr, msg, buf); err != nil {
 					errs.Add(1)
 					continue
 				}
@@ -198,16 +202,7 @@ func retry(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	errs := 0
 	for i := 0; i < sz.RetryConns && ctx.Err() == nil; i++ {
 		t := time.Now()
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err == nil {
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, err = c.Write(msg)
-			if err == nil {
-				_, err = io.ReadFull(c, buf)
-			}
-			c.Close()
-		}
-		if err != nil {
+		if err := oneShot(addr, msg, buf); err != nil {
 			errs++
 			continue
 		}
