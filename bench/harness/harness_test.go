@@ -28,14 +28,14 @@ func TestPercentile(t *testing.T) {
 func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
 	runs := []Run{
 		{Round: 0, Warmup: true, System: "a", Workload: "w", Metrics: Metrics{"x": 1000}},
-		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 3}, CPUSeconds: 1},
+		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 3}, CPUSeconds: 1, PeakRSS: 5e6},
 		{Round: 2, System: "a", Workload: "w", Metrics: Metrics{"x": 1}, CPUSeconds: 2},
 		{Round: 3, System: "a", Workload: "w", Metrics: Metrics{"x": 2}, CPUSeconds: 3},
 		{Round: 1, System: "b", Workload: "w", Err: "boom"},
 		{Round: 1, System: "c", Workload: "w", NA: true},
 	}
 	s := Summarize(runs)
-	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 || len(got) != 2 {
+	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 || got["lb_peak_rss_MB"] != 5 || len(got) != 3 {
 		t.Fatalf("medians %v", got)
 	}
 	if m, ok := s["w"]["b"]; !ok || m != nil {

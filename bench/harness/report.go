@@ -42,6 +42,9 @@ func Summarize(runs []Run) Summary {
 			vals[r.Workload][r.System][k] = append(vals[r.Workload][r.System][k], v)
 		}
 		vals[r.Workload][r.System]["lb_cpu_s"] = append(vals[r.Workload][r.System]["lb_cpu_s"], r.CPUSeconds)
+		if r.PeakRSS > 0 {
+			vals[r.Workload][r.System]["lb_peak_rss_MB"] = append(vals[r.Workload][r.System]["lb_peak_rss_MB"], float64(r.PeakRSS)/1e6)
+		}
 	}
 	lower := map[string]bool{}
 	for _, w := range Workloads() {
@@ -125,13 +128,13 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 		metrics := map[string]bool{}
 		for _, m := range bySys {
 			for k := range m {
-				if k != "lb_cpu_s" {
+				if k != "lb_cpu_s" && k != "lb_peak_rss_MB" {
 					metrics[k] = true
 				}
 			}
 		}
 		cols := sortedKeys(metrics)
-		fmt.Fprintf(&md, "| system | %s | LB CPU s | vs direct | vs best peer |\n|---|%s---|---|---|\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
+		fmt.Fprintf(&md, "| system | %s | LB CPU s | LB peak RSS MB | vs direct | vs best peer |\n|---|%s---|---|---|---|\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
 		peer, peerName := best(bySys, systems, w.Primary, w.Lower)
 		for _, sys := range systems {
 			m, ran := bySys[sys.Name()]
@@ -143,7 +146,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 						status = "error"
 					}
 				}
-				fmt.Fprintf(&md, "%s — | — | — |\n", strings.Repeat(" "+status+" |", len(cols)))
+				fmt.Fprintf(&md, "%s — | — | — | — |\n", strings.Repeat(" "+status+" |", len(cols)))
 				continue
 			}
 			for _, c := range cols {
@@ -163,7 +166,11 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 			if !ok {
 				x = math.NaN()
 			}
-			fmt.Fprintf(&md, " %.3g | %s | %s |\n", m["lb_cpu_s"], ratio(x, d), ratio(x, peer))
+			rss := "—"
+			if v, ok := m["lb_peak_rss_MB"]; ok {
+				rss = fmt.Sprintf("%.1f", v)
+			}
+			fmt.Fprintf(&md, " %.3g | %s | %s | %s |\n", m["lb_cpu_s"], rss, ratio(x, d), ratio(x, peer))
 		}
 		if peerName != "" {
 			fmt.Fprintf(&md, "\nBest peer: %s.\n", peerName)
