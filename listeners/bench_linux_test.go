@@ -143,3 +143,58 @@ func BenchmarkBulk(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUDPRequestResponse: one client tuple, 64-byte datagram ping-pong.
+func BenchmarkUDPRequestResponse(b *testing.B) {
+	backend := func(b *testing.B) netip.AddrPort {
+		pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				n, from, err := pc.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteToUDPAddrPort(buf[:n], from)
+			}
+		}()
+		return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	}
+	for _, name := range []string{"direct", EngineEventLoop, EngineGoroutine} {
+		b.Run(name, func(b *testing.B) {
+			addr := backend(b)
+			if name != "direct" {
+				e, err := New(name, Options{Loops: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { e.Shutdown(context.Background()) })
+				tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Minute}
+				tg.Picker.SetEndpoints([]netip.AddrPort{addr})
+				ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				addr = ln.Addr()
+			}
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(addr))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			msg, buf := make([]byte, 64), make([]byte, 2048)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				c.Write(msg)
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := c.Read(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
