@@ -69,8 +69,8 @@ func (s *ManifestSource) read() (*lb.Snapshot, error) {
 func (s *ManifestSource) Reload() {
 	snap, err := s.read()
 	if err != nil {
+		s.Sink.Reject(err) // counted before it is logged, so a reader of the log finds it counted
 		s.logger().Error("manifest update rejected; still serving the last good state", "path", s.Path, "err", err)
-		s.Sink.Reject(err)
 		return
 	}
 	if s.last != nil && reflect.DeepEqual(s.last, snap) {
