@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -268,5 +269,56 @@ func TestBurstsOfChangesCoalesceIntoOneReload(t *testing.T) {
 	<-done
 	if sink.queued != 2 || len(sink.published) != 0 {
 		t.Fatalf("queued %d, extra publishes %d; want 2 bursts and no extra reloads", sink.queued, len(sink.published))
+	}
+}
+
+// The document cache changes nothing but speed: a reload through it equals
+// a cold load, sees an edited document, still finds duplicates among cached
+// documents, and names the right document in errors.
+func TestDocumentCacheIsTransparent(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.yaml")
+	os.WriteFile(file, []byte(goodManifest), 0o644)
+	var cache DocCache
+	cold, err := LoadManifests(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadManifests(dir, &cache); err != nil {
+		t.Fatal(err)
+	}
+	warm, err := loadManifests(dir, &cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cache.prev) != 6 {
+		t.Fatalf("cache holds %d documents, want the 6 objects", len(cache.prev))
+	}
+	a, _ := Build(cold)
+	b, _ := Build(warm)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("a load through the cache differs from a cold load")
+	}
+	// Edit one document: the change is seen.
+	os.WriteFile(file, []byte(strings.Replace(goodManifest, "nodePort: 30080", "nodePort: 30090", 1)), 0o644)
+	edited, err := loadManifests(dir, &cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := Build(edited)
+	if np := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}].NodePort; np != 30090 {
+		t.Fatalf("edit not seen through the cache: nodePort %d", np)
+	}
+	// A cached document repeated is a duplicate, reported at its own place.
+	os.WriteFile(file, []byte(goodManifest+"---\n"+strings.SplitN(goodManifest, "---\n", 2)[0]), 0o644)
+	_, err = loadManifests(dir, &cache)
+	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: Service demo/web: metadata.name: duplicate object, first defined in") {
+		t.Fatalf("duplicate through the cache: %v", err)
+	}
+	// A broken document after cached ones names its own position.
+	os.WriteFile(file, []byte(goodManifest+"---\napiVersion: v1\nkind: [\n"), 0o644)
+	_, err = loadManifests(dir, &cache)
+	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: malformed") {
+		t.Fatalf("bad document through the cache: %v", err)
 	}
 }

@@ -6,7 +6,9 @@
 package controlplane
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,7 +98,9 @@ var manifestExtensions = []string{".yaml", ".yml", ".json"}
 // LoadManifests reads a file, or every .yaml/.yml/.json file of a directory
 // (not recursive, sorted by name), and returns the objects or every problem
 // found, joined. Validation happens in Build.
-func LoadManifests(path string) (*Objects, error) {
+func LoadManifests(path string) (*Objects, error) { return loadManifests(path, nil) }
+
+func loadManifests(path string, cache *DocCache) (*Objects, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("manifests: %w", err)
@@ -119,6 +123,7 @@ func LoadManifests(path string) (*Objects, error) {
 		sort.Strings(files)
 	}
 	objs := &Objects{origin: map[string]string{}}
+	cache.begin()
 	var errs []error
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -126,8 +131,9 @@ func LoadManifests(path string) (*Objects, error) {
 			errs = append(errs, fmt.Errorf("manifests: %w", err))
 			continue
 		}
-		errs = append(errs, objs.decode(f, data)...)
+		errs = append(errs, objs.decode(f, data, cache)...)
 	}
+	cache.end()
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -137,7 +143,7 @@ func LoadManifests(path string) (*Objects, error) {
 // ParseManifest decodes one file's content; name is used in errors only.
 func ParseManifest(name string, data []byte) (*Objects, error) {
 	objs := &Objects{origin: map[string]string{}}
-	if errs := objs.decode(name, data); len(errs) > 0 {
+	if errs := objs.decode(name, data, nil); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return objs, nil
@@ -153,7 +159,74 @@ type typeMeta struct {
 	} `json:"metadata"`
 }
 
-func (o *Objects) decode(file string, data []byte) []error {
+// DocCache remembers decoded documents by content, so that a reload
+// re-decodes only the documents that changed: decoding YAML is what makes
+// a reload of thousands of services slow. Only documents that decoded
+// cleanly into one object are kept; it holds what the last load saw.
+type DocCache struct {
+	prev, next map[[32]byte]cachedDoc
+}
+
+type cachedDoc struct {
+	id  string
+	obj any // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+}
+
+func (c *DocCache) begin() {
+	if c != nil {
+		c.next = map[[32]byte]cachedDoc{}
+	}
+}
+
+func (c *DocCache) end() {
+	if c != nil {
+		c.prev, c.next = c.next, nil
+	}
+}
+
+func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if cache == nil || len(trimmed) == 0 || trimmed[0] == '{' || trimmed[0] == '[' {
+		return o.decodeStream(file, data)
+	}
+	// YAML: split into documents, and decode only the ones not seen before.
+	var errs []error
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for doc := 1; ; doc++ {
+		raw, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		where := fmt.Sprintf("%s#%d", file, doc)
+		if err != nil {
+			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
+			break
+		}
+		key := sha256.Sum256(raw)
+		if c, ok := cache.prev[key]; ok {
+			cache.next[key] = c
+			errs = append(errs, o.add(where, c)...)
+			continue
+		}
+		js, err := yaml.YAMLToJSON(raw)
+		if err != nil {
+			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
+			continue // the reader split the documents, so the next one is still readable
+		}
+		if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
+			continue
+		}
+		derrs, c := o.decodeObject(where, js)
+		if c != nil {
+			cache.next[key] = *c
+		}
+		errs = append(errs, derrs...)
+	}
+	return errs
+}
+
+// decodeStream decodes YAML or a JSON stream without the cache.
+func (o *Objects) decodeStream(file string, data []byte) []error {
 	var errs []error
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for doc := 1; ; doc++ {
@@ -170,23 +243,45 @@ func (o *Objects) decode(file string, data []byte) []error {
 		if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 			continue // an empty document, e.g. a trailing ---
 		}
-		errs = append(errs, o.decodeObject(where, raw)...)
+		derrs, _ := o.decodeObject(where, raw)
+		errs = append(errs, derrs...)
 	}
 	return errs
 }
 
-func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
+// add records one decoded object, refusing a second object of the same
+// kind, namespace and name.
+func (o *Objects) add(where string, c cachedDoc) []error {
+	if prev, dup := o.origin[c.id]; dup {
+		return []error{&ManifestError{File: where, Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", prev)}}
+	}
+	o.origin[c.id] = where
+	switch obj := c.obj.(type) {
+	case *corev1.Service:
+		o.Services = append(o.Services, obj)
+	case *discoveryv1.EndpointSlice:
+		o.EndpointSlices = append(o.EndpointSlices, obj)
+	default:
+		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+		o.Endpoints = append(o.Endpoints, obj.(*corev1.Endpoints))
+	}
+	return nil
+}
+
+// decodeObject decodes one document. It returns the object as a cacheable
+// entry when the document held exactly one valid object.
+func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cachedDoc) {
 	var tm typeMeta
 	if err := json.Unmarshal(raw, &tm); err != nil {
-		return []error{&ManifestError{File: where, Err: fmt.Errorf("not a Kubernetes object: %w", err)}}
+		return []error{&ManifestError{File: where, Err: fmt.Errorf("not a Kubernetes object: %w", err)}}, nil
 	}
 	ns := tm.Metadata.Namespace
 	if ns == "" {
 		ns = corev1.NamespaceDefault
 	}
 	id := fmt.Sprintf("%s %s/%s", tm.Kind, ns, tm.Metadata.Name)
-	fail := func(field string, err error) []error {
-		return []error{&ManifestError{File: where, Object: id, Field: field, Err: err}}
+	fail := func(field string, err error) ([]error, *cachedDoc) {
+		return []error{&ManifestError{File: where, Object: id, Field: field, Err: err}}, nil
 	}
 	strict := func(into any) error {
 		if err := yaml.UnmarshalStrict(raw, into); err != nil {
@@ -199,9 +294,10 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
 	case "v1/List":
 		var errs []error
 		for i, item := range tm.Items {
-			errs = append(errs, o.decodeObject(fmt.Sprintf("%s items[%d]", where, i), item)...)
+			ierrs, _ := o.decodeObject(fmt.Sprintf("%s items[%d]", where, i), item)
+			errs = append(errs, ierrs...)
 		}
-		return errs
+		return errs, nil
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
 	default:
 		if tm.Kind == "" {
@@ -218,7 +314,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
 	if prev, dup := o.origin[id]; dup {
 		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", prev))
 	}
-	o.origin[id] = where
+	var obj any
 	switch gv {
 	case "v1/Service":
 		svc := &corev1.Service{}
@@ -226,7 +322,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
 			return fail("", err)
 		}
 		svc.Namespace = ns
-		o.Services = append(o.Services, svc)
+		obj = svc
 	case "v1/Endpoints":
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		ep := &corev1.Endpoints{}
@@ -234,16 +330,17 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) []error {
 			return fail("", err)
 		}
 		ep.Namespace = ns
-		o.Endpoints = append(o.Endpoints, ep)
+		obj = ep
 	default:
 		sl := &discoveryv1.EndpointSlice{}
 		if err := strict(sl); err != nil {
 			return fail("", err)
 		}
 		sl.Namespace = ns
-		o.EndpointSlices = append(o.EndpointSlices, sl)
+		obj = sl
 	}
-	return nil
+	c := cachedDoc{id: id, obj: obj}
+	return o.add(where, c), &c
 }
 
 // Origin returns where an object ("Kind ns/name") was read from, or "".

@@ -41,7 +41,8 @@ type ManifestSource struct {
 	// After is the timer, injectable for tests; default time.After.
 	After func(time.Duration) <-chan time.Time
 
-	last *lb.Snapshot
+	last  *lb.Snapshot
+	cache DocCache
 }
 
 // Load reads and validates the manifests once and publishes the result. It
@@ -57,7 +58,7 @@ func (s *ManifestSource) Load() error {
 }
 
 func (s *ManifestSource) read() (*lb.Snapshot, error) {
-	objs, err := LoadManifests(s.Path)
+	objs, err := loadManifests(s.Path, &s.cache)
 	if err != nil {
 		return nil, err
 	}
