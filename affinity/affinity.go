@@ -52,13 +52,6 @@ func (t *Table) SetTTL(ttl time.Duration) {
 	t.mu.Unlock()
 }
 
-// TTL returns the current TTL.
-func (t *Table) TTL() time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.ttl
-}
-
 // Lookup returns the live pin for client and refreshes its last use. An
 // expired pin is removed and reported as absent.
 func (t *Table) Lookup(client netip.Addr) (netip.AddrPort, bool) {

@@ -241,9 +241,6 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	return fs
 }
 
-// ErrHelp is returned when -h or --help was asked for.
-var ErrHelp = pflag.ErrHelp
-
 // Parse reads the command line (and the --config file it names) into a
 // validated Config. Flags given explicitly override the file, as kube-proxy
 // does since KEP-2157. usage receives the flag help text.

@@ -100,7 +100,13 @@ func (f *fixture) dial() *net.TCPConn {
 // serveTCP runs handle for every connection to a fresh loopback listener.
 func serveTCP(t *testing.T, handle func(*net.TCPConn)) netip.AddrPort {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return serveTCPAt(t, net.IPv4(127, 0, 0, 1), handle)
+}
+
+// serveTCPAt is serveTCP on a chosen loopback address (IPv4 or IPv6).
+func serveTCPAt(t *testing.T, ip net.IP, handle func(*net.TCPConn)) netip.AddrPort {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: ip})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +470,13 @@ func TestConformanceGracefulShutdownDrains(t *testing.T) {
 
 func serveUDP(t *testing.T, reply func(req []byte) []byte) netip.AddrPort {
 	t.Helper()
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return serveUDPAt(t, net.IPv4(127, 0, 0, 1), reply)
+}
+
+// serveUDPAt is serveUDP on a chosen loopback address (IPv4 or IPv6).
+func serveUDPAt(t *testing.T, ip net.IP, reply func(req []byte) []byte) netip.AddrPort {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,41 +612,14 @@ func TestConformanceUDPFlowToRemovedEndpointRepicks(t *testing.T) {
 // IPv6: a listener and endpoints on ::1, TCP and UDP, for dual-stack services.
 func TestConformanceIPv6(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, e Engine) {
-		ln6, err := net.ListenTCP("tcp6", &net.TCPAddr{IP: net.IPv6loopback})
-		if err != nil {
-			t.Fatalf("no IPv6 loopback: %v", err)
-		}
-		go func() {
-			for {
-				c, err := ln6.AcceptTCP()
-				if err != nil {
-					return
-				}
-				go func() { defer c.Close(); echoHandler(c) }()
-			}
-		}()
-		defer ln6.Close()
-		pc6, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pc6.Close()
-		go func() {
-			buf := make([]byte, 65536)
-			for {
-				n, from, err := pc6.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				pc6.WriteToUDPAddrPort(buf[:n], from)
-			}
-		}()
+		tcp6 := serveTCPAt(t, net.IPv6loopback, echoHandler)
+		udp6 := serveUDPAt(t, net.IPv6loopback, udpEcho)
 		tg := func(ep netip.AddrPort) *Target {
 			t := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Second}
 			t.Picker.SetEndpoints([]netip.AddrPort{ep})
 			return t
 		}
-		tl, err := e.Listen(lb.TCP, netip.MustParseAddrPort("[::1]:0"), tg(ln6.Addr().(*net.TCPAddr).AddrPort()))
+		tl, err := e.Listen(lb.TCP, netip.MustParseAddrPort("[::1]:0"), tg(tcp6))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -647,7 +632,7 @@ func TestConformanceIPv6(t *testing.T) {
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		echoOnce(t, c, randomBytes(256<<10))
 
-		ul, err := e.Listen(lb.UDP, netip.MustParseAddrPort("[::]:0"), tg(pc6.LocalAddr().(*net.UDPAddr).AddrPort()))
+		ul, err := e.Listen(lb.UDP, netip.MustParseAddrPort("[::]:0"), tg(udp6))
 		if err != nil {
 			t.Fatal(err)
 		}

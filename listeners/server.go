@@ -117,6 +117,8 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			if p == nil {
 				s.log().Warn("SCTP service port not served: the userspace SCTP listener is not built yet", "service", sp.Name.String())
 			}
+			// Kept without listeners, so later updates neither warn again nor reopen anything.
+			s.ports[sp.Name] = &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.Ejection)}}
 			continue
 		}
 		var picker *lb.Picker

@@ -4,6 +4,7 @@ package listeners
 
 import (
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -196,4 +197,24 @@ func TestServerListensOnLocalExternalAndLoadBalancerIPs(t *testing.T) {
 			}
 		}
 	})
+}
+
+// An SCTP port is skipped with one warning, not one per update.
+func TestServerWarnsOnceForSCTP(t *testing.T) {
+	var logs strings.Builder
+	srv := &Server{Engine: NewGoroutine(Options{}), Retry: lb.DefaultRetryPolicy(), Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	defer srv.Close()
+	sp := webPort(0, netip.MustParseAddrPort("127.0.0.1:9"))
+	sp.Name.Protocol = lb.SCTP
+	for i := 0; i < 3; i++ {
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), "SCTP service port not served"); n != 1 {
+		t.Fatalf("warned %d times, want once:\n%s", n, logs.String())
+	}
+	if len(srv.Frontends()) != 0 {
+		t.Fatalf("SCTP port got listeners: %v", srv.Frontends())
+	}
 }
