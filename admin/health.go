@@ -19,9 +19,19 @@ type Health struct {
 	now     func() time.Time
 	timeout time.Duration
 
-	mu            sync.Mutex
-	lastUpdated   time.Time
-	oldestPending time.Time
+	mu             sync.Mutex
+	lastUpdated    time.Time
+	oldestPending  time.Time
+	nodeIneligible bool
+}
+
+// SetNodeEligible records whether this node may take traffic: false once
+// its Node object is being deleted or is tainted for deletion by the
+// cluster autoscaler. /healthz then answers 503 (kube-proxy's nodeEligible).
+func (h *Health) SetNodeEligible(ok bool) {
+	h.mu.Lock()
+	h.nodeIneligible = !ok
+	h.mu.Unlock()
 }
 
 // NewHealth returns a tracker; kube-proxy uses twice the sync period as timeout.
@@ -75,8 +85,11 @@ func (h *Health) handler(withNode bool, count func(code int)) http.Handler {
 		ok, last, now := h.Healthy()
 		body := healthBody{LastUpdated: last.String(), CurrentTime: now.String()}
 		if withNode {
-			eligible := true // no Node object without the API source
+			h.mu.Lock()
+			eligible := !h.nodeIneligible
+			h.mu.Unlock()
 			body.NodeEligible = &eligible
+			ok = ok && eligible
 		}
 		code := http.StatusOK
 		if !ok {

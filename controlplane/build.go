@@ -21,13 +21,13 @@ const ServiceNameLabel = discoveryv1.LabelServiceName
 const maxAffinitySeconds = 86400
 
 type objErr struct {
-	objs   *Objects
+	origin string // the file it came from; empty for API objects
 	id     string
 	errors []error
 }
 
 func (e *objErr) add(field string, format string, a ...any) {
-	e.errors = append(e.errors, &ManifestError{File: e.objs.Origin(e.id), Object: e.id, Field: field, Err: fmt.Errorf(format, a...)})
+	e.errors = append(e.errors, &ManifestError{File: e.origin, Object: e.id, Field: field, Err: fmt.Errorf(format, a...)})
 }
 
 type svcKey struct{ ns, name string }
@@ -40,12 +40,18 @@ type svcKey struct{ ns, name string }
 // kube-proxy skips them. Unlike in a cluster, a manifest Service may omit its
 // clusterIP (there is no allocator); its NodePorts and external IPs are still
 // served.
-func Build(objs *Objects) (*lb.Snapshot, error) {
+func Build(objs *Objects) (*lb.Snapshot, error) { return BuildFor(objs, "") }
+
+// BuildFor is Build for the node named nodeName: endpoints on that node are
+// marked local, which internalTrafficPolicy and externalTrafficPolicy Local
+// select. An empty nodeName marks none local.
+func BuildFor(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 	snap := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
 	var errs []error
 	known := map[svcKey]bool{}
 	for _, svc := range objs.Services {
-		e := &objErr{objs: objs, id: "Service " + svc.Namespace + "/" + svc.Name}
+		id := "Service " + svc.Namespace + "/" + svc.Name
+		e := &objErr{origin: objs.Origin(id), id: id}
 		ports := buildService(svc, e)
 		errs = append(errs, e.errors...)
 		known[svcKey{svc.Namespace, svc.Name}] = true
@@ -58,13 +64,15 @@ func Build(objs *Objects) (*lb.Snapshot, error) {
 	}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
 	for _, sl := range objs.EndpointSlices {
-		e := &objErr{objs: objs, id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
-		sliceEndpoints(sl, known, e, collected)
+		id := "EndpointSlice " + sl.Namespace + "/" + sl.Name
+		e := &objErr{origin: objs.Origin(id), id: id}
+		sliceEndpoints(sl, known, nodeName, e, collected)
 		errs = append(errs, e.errors...)
 	}
 	for _, ep := range objs.Endpoints {
-		e := &objErr{objs: objs, id: "Endpoints " + ep.Namespace + "/" + ep.Name}
-		legacyEndpoints(ep, known, e, collected)
+		id := "Endpoints " + ep.Namespace + "/" + ep.Name
+		e := &objErr{origin: objs.Origin(id), id: id}
+		legacyEndpoints(ep, known, nodeName, e, collected)
 		errs = append(errs, e.errors...)
 	}
 	if len(errs) > 0 {
@@ -137,6 +145,18 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 	if len(svc.Spec.Ports) == 0 {
 		e.add("spec.ports", "at least one port is required")
 	}
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	externalLocal := false
+	switch svc.Spec.ExternalTrafficPolicy {
+	case "", corev1.ServiceExternalTrafficPolicyCluster:
+	case corev1.ServiceExternalTrafficPolicyLocal:
+		externalLocal = true
+	default:
+		e.add("spec.externalTrafficPolicy", "unsupported value %q: want Cluster or Local", svc.Spec.ExternalTrafficPolicy)
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p != corev1.ServiceInternalTrafficPolicyLocal && *p != corev1.ServiceInternalTrafficPolicyCluster {
+		e.add("spec.internalTrafficPolicy", "unsupported value %q: want Cluster or Local", *p)
+	}
 	names := map[string]int{}
 	portProtos := map[string]int{}
 	var out []*lb.ServicePort
@@ -175,12 +195,19 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 			ExternalIPs:     eips,
 			LoadBalancerIPs: lbips,
 			Affinity:        aff,
+			InternalLocal:   internalLocal,
+			// kube-proxy applies the external policy only to ports that
+			// are reachable from outside.
+			ExternalLocal: externalLocal && (p.NodePort != 0 || len(eips) > 0 || len(lbips) > 0),
 		})
 	}
 	return out
 }
 
-func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+// sliceEndpoints adds a slice's endpoints to out, per service port. A slice
+// with any error adds nothing.
+func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+	before := len(e.errors)
 	svcName := sl.Labels[ServiceNameLabel]
 	if svcName == "" {
 		e.add("metadata.labels["+ServiceNameLabel+"]", "required: it names the Service this slice belongs to")
@@ -252,8 +279,12 @@ func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, e *obj
 		}
 		if ep.NodeName != nil {
 			le.NodeName = *ep.NodeName
+			le.Local = nodeName != "" && le.NodeName == nodeName
 		}
 		eps = append(eps, le)
+	}
+	if len(e.errors) > before {
+		return
 	}
 	for _, p := range ports {
 		name := lb.ServicePortName{Namespace: sl.Namespace, Name: svcName, Port: p.name, Protocol: p.proto}
@@ -265,7 +296,7 @@ func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, e *obj
 }
 
 //lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
-func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
 	if !known[svcKey{ep.Namespace, ep.Name}] {
 		e.add("metadata.name", "Service %s/%s not found", ep.Namespace, ep.Name)
 		return
@@ -282,6 +313,7 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, e *objErr, out
 				le := lb.Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), 0), Ready: ready, Serving: ready}
 				if a.NodeName != nil {
 					le.NodeName = *a.NodeName
+					le.Local = nodeName != "" && le.NodeName == nodeName
 				}
 				addrs = append(addrs, le)
 			}
@@ -323,4 +355,33 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 	}
 	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
 	return out
+}
+
+// BuildService builds one Service's ports for the node named nodeName, with
+// the endpoints of slices, which must all be labelled with that Service's
+// name. It is the incremental path of an API source: one Service at a time.
+// Each problem is returned, naming its object and field; a bad Service
+// yields no ports, and a bad slice is left out while the others are used.
+// A skipped Service (ExternalName, headless) yields no ports and no error.
+func BuildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeName string) ([]*lb.ServicePort, []error) {
+	e := &objErr{id: "Service " + svc.Namespace + "/" + svc.Name}
+	ports := buildService(svc, e)
+	if len(e.errors) > 0 {
+		return nil, e.errors
+	}
+	if len(ports) == 0 {
+		return nil, nil
+	}
+	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
+	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	var errs []error
+	for _, sl := range slices {
+		se := &objErr{id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
+		sliceEndpoints(sl, known, nodeName, se, collected)
+		errs = append(errs, se.errors...)
+	}
+	for _, sp := range ports {
+		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+	}
+	return ports, errs
 }

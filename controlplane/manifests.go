@@ -46,14 +46,12 @@ type ManifestError struct {
 
 func (e *ManifestError) Error() string {
 	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Object != "" {
-		b.WriteString(": " + e.Object)
+	for _, part := range []string{e.File, e.Object, e.Field} {
+		if part != "" {
+			b.WriteString(part + ": ")
+		}
 	}
-	if e.Field != "" {
-		b.WriteString(": " + e.Field)
-	}
-	b.WriteString(": " + e.Err.Error())
+	b.WriteString(e.Err.Error())
 	return b.String()
 }
 

@@ -32,6 +32,8 @@ type ManifestSource struct {
 	Path string
 	Sink Sink
 	Log  *slog.Logger
+	// NodeName marks endpoints on this node local (see BuildFor).
+	NodeName string
 	// Coalesce is how long to wait after a file event for more, so that an
 	// editor's burst of writes becomes one reload. Default 100ms.
 	Coalesce time.Duration
@@ -62,7 +64,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Build(objs)
+	return BuildFor(objs, s.NodeName)
 }
 
 // Reload reads the manifests again. A bad update is rejected and the last

@@ -49,6 +49,8 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 	NodeName    string
+	// Local is set when the endpoint runs on this node.
+	Local bool
 }
 
 // Affinity is a service port's session affinity.
@@ -66,16 +68,37 @@ type ServicePort struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 	Affinity        Affinity
+	// InternalLocal is internalTrafficPolicy Local: traffic to the
+	// ClusterIP goes only to local endpoints.
+	InternalLocal bool
+	// ExternalLocal is externalTrafficPolicy Local on an externally
+	// reachable port: NodePort, external and load-balancer traffic goes
+	// only to local endpoints.
+	ExternalLocal bool
 	// Endpoints is sorted by address, as kube-proxy sorts them.
 	Endpoints []Endpoint
 }
 
-// Usable returns the endpoints traffic may go to: the ready ones, or, when
-// none is ready, the ones that are serving and terminating (kube-proxy's
-// fallback). The result is sorted by address.
-func (sp *ServicePort) Usable() []netip.AddrPort {
+// Usable returns the endpoints cluster (ClusterIP) traffic may go to: the
+// ready ones, or, when none is ready, the ones that are serving and
+// terminating (kube-proxy's fallback); with InternalLocal, only local ones.
+// The result is sorted by address.
+func (sp *ServicePort) Usable() []netip.AddrPort { return sp.usable(sp.InternalLocal) }
+
+// UsableExternal is Usable for traffic from outside the cluster (NodePort,
+// external and load-balancer IPs), under the external traffic policy.
+func (sp *ServicePort) UsableExternal() []netip.AddrPort { return sp.usable(sp.ExternalLocal) }
+
+// SplitPolicy reports whether cluster and external traffic use different
+// endpoint sets, which then need pickers of their own.
+func (sp *ServicePort) SplitPolicy() bool { return sp.InternalLocal != sp.ExternalLocal }
+
+func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 	var ready, terminating []netip.AddrPort
 	for _, ep := range sp.Endpoints {
+		if localOnly && !ep.Local {
+			continue
+		}
 		switch {
 		case ep.Ready:
 			ready = append(ready, ep.Addr)
@@ -92,7 +115,7 @@ func (sp *ServicePort) Usable() []netip.AddrPort {
 // SameFrontend reports whether two service ports listen in the same places,
 // so that a listener can be kept across an update.
 func (sp *ServicePort) SameFrontend(o *ServicePort) bool {
-	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&
+	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort && sp.SplitPolicy() == o.SplitPolicy() &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
 		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs)

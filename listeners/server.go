@@ -64,8 +64,12 @@ type Server struct {
 }
 
 type servedPort struct {
-	sp        *lb.ServicePort
+	sp *lb.ServicePort
+	// target serves cluster traffic (the proxy port); ext serves NodePort,
+	// external and load-balancer frontends. They are the same Target unless
+	// the traffic policies select different endpoints.
 	target    *Target
+	ext       *Target
 	frontends []Frontend
 	listeners []Listener
 	proxyPort int          // allocated from ProxyPorts; 0 when random
@@ -109,8 +113,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		p := s.ports[sp.Name]
 		if p != nil && p.sp.SameFrontend(sp) && (sp.NodePort == 0 || slices.Equal(p.nodeAddrs, nodeAddrs)) {
 			p.sp = sp
-			p.target.Picker.SetEndpoints(sp.Usable())
-			p.target.Picker.SetAffinity(sp.Affinity)
+			p.setEndpoints(sp)
 			continue
 		}
 		if sp.Name.Protocol == lb.SCTP {
@@ -118,28 +121,52 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 				s.log().Warn("SCTP service port not served: the userspace SCTP listener is not built yet", "service", sp.Name.String())
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
-			s.ports[sp.Name] = &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.Ejection)}}
+			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.Ejection)}}
+			np.ext = np.target
+			s.ports[sp.Name] = np
 			continue
 		}
-		var picker *lb.Picker
+		var picker, extPicker *lb.Picker
 		if p != nil {
-			picker = p.target.Picker // keep pins and health across a frontend change
+			// Keep pins and health across a frontend change.
+			picker = p.target.Picker
+			if p.ext != p.target {
+				extPicker = p.ext.Picker
+			}
 			s.closePort(p)
 		} else {
 			picker = lb.NewPicker(s.Clock, s.Ejection)
 		}
-		picker.SetEndpoints(sp.Usable())
-		picker.SetAffinity(sp.Affinity)
 		var ctr Counters
 		if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
 		np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: picker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}}
+		np.ext = np.target
+		if sp.SplitPolicy() {
+			if extPicker == nil {
+				extPicker = lb.NewPicker(s.Clock, s.Ejection)
+			}
+			np.ext = &Target{Picker: extPicker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}
+		}
+		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
 		s.ports[sp.Name] = np
 		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
 	}
 	return errors.Join(errs...)
+}
+
+// setEndpoints hands the port's usable endpoints and affinity to its
+// pickers: one for cluster traffic and, under a split traffic policy, one for
+// external traffic.
+func (p *servedPort) setEndpoints(sp *lb.ServicePort) {
+	p.target.Picker.SetEndpoints(sp.Usable())
+	p.target.Picker.SetAffinity(sp.Affinity)
+	if p.ext != p.target {
+		p.ext.Picker.SetEndpoints(sp.UsableExternal())
+		p.ext.Picker.SetAffinity(sp.Affinity)
+	}
 }
 
 func (s *Server) bindAddress() netip.Addr {
@@ -153,7 +180,11 @@ func (s *Server) openPort(p *servedPort) []error {
 	sp := p.sp
 	var errs []error
 	open := func(fe Frontend) bool {
-		ln, err := s.Engine.Listen(sp.Name.Protocol, fe.Addr, p.target)
+		t := p.ext
+		if fe.Role == RoleProxyPort {
+			t = p.target
+		}
+		ln, err := s.Engine.Listen(sp.Name.Protocol, fe.Addr, t)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			return false
@@ -242,6 +273,9 @@ func (s *Server) ExpirePins() {
 	defer s.mu.Unlock()
 	for _, p := range s.ports {
 		p.target.Picker.ExpirePins()
+		if p.ext != p.target {
+			p.ext.Picker.ExpirePins()
+		}
 	}
 }
 
@@ -262,7 +296,10 @@ type PortView struct {
 	Frontends []string `json:"frontends"`
 	Endpoints []string `json:"endpoints"`
 	Ejected   []string `json:"ejected,omitempty"`
-	Affinity  *string  `json:"affinityTimeout,omitempty"`
+	// ExternalEndpoints is set when the traffic policies give external
+	// frontends endpoints of their own.
+	ExternalEndpoints []string `json:"externalEndpoints,omitempty"`
+	Affinity          *string  `json:"affinityTimeout,omitempty"`
 }
 
 // Dump returns what is being served, sorted, for /debug/sluice.
@@ -283,6 +320,12 @@ func (s *Server) Dump() []PortView {
 			v.Endpoints = append(v.Endpoints, ep.String())
 			if p.target.Picker.Ejected(ep) {
 				v.Ejected = append(v.Ejected, ep.String())
+			}
+		}
+		if p.ext != p.target {
+			v.ExternalEndpoints = []string{}
+			for _, ep := range p.ext.Picker.Endpoints() {
+				v.ExternalEndpoints = append(v.ExternalEndpoints, ep.String())
 			}
 		}
 		if p.sp.Affinity.ClientIP {

@@ -21,10 +21,15 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/affinity"
 	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/controlplane"
+	"github.com/sluice-proxy/sluice/controlplane/kube"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
 )
@@ -71,6 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	log := newLogger(cfg, stderr)
+	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
 	if unused := cfg.UnusedFlags(); len(unused) > 0 {
 		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
 	}
@@ -114,14 +120,11 @@ func apiConfigured(cfg *config.Config) bool {
 
 // serve runs userspace mode until ctx ends, then drains.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.Writer) error {
-	if cfg.Manifests == "" {
-		if apiConfigured(cfg) {
-			return errors.New("the Kubernetes API source (--kubeconfig, --master, in-cluster) is not built yet; serve manifests with --manifests PATH")
-		}
-		return errors.New("no service source: pass --manifests PATH (a file or directory of Service and EndpointSlice manifests)")
-	}
-	if apiConfigured(cfg) {
-		log.Warn("--kubeconfig/--master given, but the Kubernetes API source is not built yet; serving --manifests only")
+	switch {
+	case cfg.Manifests != "" && apiConfigured(cfg):
+		return errors.New("two service sources given: --manifests and the Kubernetes API (--kubeconfig, --master or in-cluster KUBERNETES_SERVICE_HOST); choose one")
+	case cfg.Manifests == "" && !apiConfigured(cfg):
+		return errors.New("no service source: pass --kubeconfig (or --master, or run in a cluster) to watch the Kubernetes API, or --manifests PATH (a file or directory of Service and EndpointSlice manifests)")
 	}
 	metrics := admin.NewMetrics()
 	health := admin.NewHealth(2*cfg.KubeProxy.IPTables.SyncPeriod.Duration, nil)
@@ -147,10 +150,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 		Log:        log,
 	}
-	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log}
-	src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
-		Coalesce: cfg.ManifestCoalesce}
-
 	drain := func() {
 		dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 		defer cancel()
@@ -158,37 +157,56 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			log.Warn("drain cut open connections", "after", cfg.DrainTimeout)
 		}
 	}
-	if err := src.Load(); err != nil {
-		drain()
-		return fmt.Errorf("manifests rejected at start-up:\n%w", err)
-	}
-	if err := sink.lastErr(); err != nil && cfg.KubeProxy.BindAddressHardFail {
-		drain()
-		return fmt.Errorf("--bind-address-hard-fail: %w", err)
-	}
+	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: cfg.Mode(), Profiling: cfg.KubeProxy.EnableProfiling,
 		Dump: func() any { return srv.Dump() }}
 	hz, err := admin.Serve(cfg.HealthzAddress(), ep.HealthzHandler())
 	if err != nil {
-		drain()
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)
 	}
 	defer hz.Close()
 	ms, err := admin.Serve(cfg.MetricsAddress(), ep.MetricsHandler())
 	if err != nil {
-		drain()
 		return fmt.Errorf("--metrics-bind-address %s: %w", cfg.MetricsAddress(), err)
 	}
 	defer ms.Close()
 
+	var (
+		run    func(context.Context) error
+		source string
+	)
+	if cfg.Manifests != "" {
+		sink.source = "manifests"
+		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
+			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg)}
+		if err := src.Load(); err != nil {
+			drain()
+			return fmt.Errorf("manifests rejected at start-up:\n%w", err)
+		}
+		run, source = src.Run, cfg.Manifests
+	} else {
+		sink.source = "kubernetes"
+		client, host, err := newKubeClient(cfg)
+		if err != nil {
+			return err
+		}
+		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
+			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: cfg.KubeProxy.IPTables.MinSyncPeriod.Duration,
+			NodeEligible: health.SetNodeEligible,
+			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
+		run, source = src.Run, "the Kubernetes API at "+host
+		log.Info("watching the Kubernetes API", "server", host, "node", src.NodeName)
+	}
+
 	var wg sync.WaitGroup
 	srcCtx, stopSrc := context.WithCancel(ctx)
+	defer stopSrc()
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if err := src.Run(srcCtx); err != nil {
-			log.Error("manifest watch stopped; serving the last good state", "err", err)
+		if err := run(srcCtx); err != nil {
+			log.Error("service source stopped; serving the last good state", "err", err)
 		}
 	}()
 	go func() {
@@ -204,20 +222,64 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			}
 		}
 	}()
+	stopAll := func() {
+		stopSrc()
+		wg.Wait()
+		drain()
+		srv.Close()
+	}
+	// Nothing is served before the source's first full state.
+	select {
+	case <-sink.first:
+	case <-ctx.Done():
+		log.Info("stopped before the first sync")
+		stopAll()
+		return nil
+	}
+	if err := sink.lastErr(); err != nil && cfg.KubeProxy.BindAddressHardFail {
+		stopAll()
+		return fmt.Errorf("--bind-address-hard-fail: %w", err)
+	}
 	fes := srv.Frontends()
 	for _, fe := range fes {
 		log.Info("listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 	}
-	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s engine, %d listeners, watching %s\n", version, cfg.Mode(), engine.Name(), len(fes), cfg.Manifests)
+	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s engine, %d listeners, watching %s\n", version, cfg.Mode(), engine.Name(), len(fes), source)
 
 	<-ctx.Done()
 	log.Info("shutting down: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
-	stopSrc()
-	wg.Wait()
-	drain()
-	srv.Close()
+	stopAll()
 	log.Info("stopped")
 	return nil
+}
+
+// nodeName is kube-proxy's: --hostname-override, else the host name,
+// lower-cased.
+func nodeName(cfg *config.Config) string {
+	if n := strings.TrimSpace(cfg.KubeProxy.HostnameOverride); n != "" {
+		return strings.ToLower(n)
+	}
+	n, _ := os.Hostname()
+	return strings.ToLower(strings.TrimSpace(n))
+}
+
+// newKubeClient builds the API client from --kubeconfig and --master (or
+// the in-cluster configuration when both are empty), with kube-proxy's
+// QPS, burst and content types.
+func newKubeClient(cfg *config.Config) (kubernetes.Interface, string, error) {
+	cc := cfg.KubeProxy.ClientConnection
+	rc, err := clientcmd.BuildConfigFromFlags(cfg.Master, cc.Kubeconfig)
+	if err != nil {
+		return nil, "", fmt.Errorf("Kubernetes API client (--kubeconfig %q, --master %q): %w", cc.Kubeconfig, cfg.Master, err)
+	}
+	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
+	rc.ContentType, rc.AcceptContentTypes = cc.ContentType, cc.AcceptContentTypes
+	rc.UserAgent = "sluice/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, "", fmt.Errorf("Kubernetes API client: %w", err)
+	}
+	return client, rc.Host, nil
 }
 
 // applier is the control plane's sink: it applies snapshots to the
@@ -228,9 +290,12 @@ type applier struct {
 	health  *admin.Health
 	metrics *admin.Metrics
 	log     *slog.Logger
+	source  string        // the metric label of rejected updates
+	first   chan struct{} // closed by the first Publish
 
-	mu  sync.Mutex
-	err error
+	mu        sync.Mutex
+	err       error
+	published bool
 }
 
 func (a *applier) Publish(snap *lb.Snapshot) {
@@ -245,6 +310,10 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	}
 	a.mu.Lock()
 	a.err = err
+	if !a.published {
+		a.published = true
+		close(a.first)
+	}
 	a.mu.Unlock()
 	took := time.Since(start)
 	a.metrics.Synced(took, time.Now())
@@ -256,7 +325,7 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 func (a *applier) Unchanged() { a.health.Updated() }
 
 func (a *applier) Reject(err error) {
-	a.metrics.Rejected("manifests", controlplane.Culprits(err))
+	a.metrics.Rejected(a.source, controlplane.Culprits(err))
 	// The update was processed (and refused); the data plane is current
 	// with the last good state, so health is not stale.
 	a.health.Updated()

@@ -1,0 +1,266 @@
+// Package kubetest owns the test bed of a real Kubernetes control plane:
+// etcd (Debian's etcd-server) and a kube-apiserver built from the Go module
+// proxy (scripts/build-kube-apiserver.sh), started on free loopback ports
+// with a generated token and kubeconfig, and stopped by PID when the test
+// ends. Only tests import it.
+package kubetest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// APIServerVersion is the kube-apiserver the tests run.
+const APIServerVersion = "v1.34.2"
+
+// ServiceCIDR is the cluster IP range the API server allocates from.
+const ServiceCIDR = "10.96.0.0/16"
+
+// Cluster is a running etcd plus kube-apiserver.
+type Cluster struct {
+	Kubeconfig string // path of a kubeconfig with a system:masters token
+	Client     kubernetes.Interface
+	URL        string
+
+	t         testing.TB
+	dir       string
+	apiserver string
+	apiArgs   []string
+	api       *exec.Cmd
+	apiDone   chan struct{}
+	token     string
+}
+
+// Binaries finds etcd and kube-apiserver: $SLUICE_KUBE_APISERVER or the
+// build cache (~/.cache/sluice/kube-apiserver-VERSION), and etcd on PATH.
+// The message says how to get what is missing.
+func Binaries() (etcd, apiserver string, err error) {
+	apiserver = os.Getenv("SLUICE_KUBE_APISERVER")
+	if apiserver == "" {
+		cache := os.Getenv("SLUICE_CACHE")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache", "sluice")
+		}
+		apiserver = filepath.Join(cache, "kube-apiserver-"+APIServerVersion)
+	}
+	if _, err := os.Stat(apiserver); err != nil {
+		return "", "", fmt.Errorf("kube-apiserver %s not found at %s: run `make test-deps` (scripts/build-kube-apiserver.sh builds it, ~7 minutes cold)", APIServerVersion, apiserver)
+	}
+	etcd, err = exec.LookPath("etcd")
+	if err != nil {
+		return "", "", fmt.Errorf("etcd not found on PATH: run `make test-deps` (apt-get install etcd-server)")
+	}
+	return etcd, apiserver, nil
+}
+
+// Require fails the test under CI=true, and skips it otherwise, when err is
+// not nil: a missing privileged test bed is a failure in CI.
+func Require(t testing.TB, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true: %v", err)
+	}
+	t.Skip(err)
+}
+
+func freePort(t testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs etcd and kube-apiserver until the test ends and waits until
+// the API server is ready. Their logs go to files in the test's temp dir,
+// and are printed if the test fails.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	etcdBin, apiBin, err := Binaries()
+	Require(t, err)
+	dir := t.TempDir()
+	c := &Cluster{t: t, dir: dir, apiserver: apiBin}
+
+	etcdClient, etcdPeer := freePort(t), freePort(t)
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
+	c.startProc("etcd", etcdBin, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice-test",
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
+		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
+		"--initial-cluster", fmt.Sprintf("sluice-test=http://127.0.0.1:%d", etcdPeer),
+		"--log-level", "warn")
+
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	saKey := write("sa.key", pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}))
+	saPub := write("sa.pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
+	tok := make([]byte, 16)
+	rand.Read(tok)
+	c.token = hex.EncodeToString(tok)
+	tokens := write("tokens.csv", []byte(c.token+",sluice-test,sluice-test,system:masters\n"))
+
+	port := freePort(t)
+	c.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	c.apiArgs = []string{"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		"--cert-dir=" + filepath.Join(dir, "certs"), "--service-account-key-file=" + saPub,
+		"--service-account-signing-key-file=" + saKey, "--service-account-issuer=https://kubernetes.default.svc",
+		"--token-auth-file=" + tokens, "--authorization-mode=AlwaysAllow", "--service-cluster-ip-range=" + ServiceCIDR,
+		"--advertise-address=127.0.0.1", "--enable-priority-and-fairness=false", "--v=0"}
+	c.StartAPIServer()
+
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    insecure-skip-tls-verify: true
+users:
+- name: test
+  user:
+    token: %s
+contexts:
+- name: test
+  context: {cluster: test, user: test}
+current-context: test
+`, c.URL, c.token)
+	c.Kubeconfig = write("kubeconfig", []byte(kc))
+	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Client = kubernetes.NewForConfigOrDie(rc)
+	return c
+}
+
+// startProc starts a process that is killed by PID when the test ends.
+func (c *Cluster) startProc(name, bin string, args ...string) (*exec.Cmd, chan struct{}) {
+	logPath := filepath.Join(c.dir, name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		c.t.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
+	c.t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if c.t.Failed() {
+			if b, err := os.ReadFile(logPath); err == nil {
+				c.t.Logf("%s log (tail):\n%s", name, tail(string(b), 40))
+			}
+		}
+	})
+	return cmd, done
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// StartAPIServer starts kube-apiserver (again, after StopAPIServer) and
+// waits until /readyz answers ok.
+func (c *Cluster) StartAPIServer() {
+	c.t.Helper()
+	c.api, c.apiDone = c.startProc("kube-apiserver", c.apiserver, c.apiArgs...)
+	if err := c.waitReady(90 * time.Second); err != nil {
+		c.t.Fatalf("kube-apiserver: %v", err)
+	}
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL) and waits for
+// it to exit; etcd keeps running, so the state survives.
+func (c *Cluster) StopAPIServer() {
+	c.api.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.apiDone:
+	case <-time.After(30 * time.Second):
+		c.api.Process.Kill()
+		<-c.apiDone
+	}
+}
+
+func (c *Cluster) waitReady(timeout time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", c.URL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		if resp, err := hc.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, tail(string(b), 5))
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-c.apiDone:
+			return fmt.Errorf("exited before it was ready (log in %s)", c.dir)
+		case <-ctx.Done():
+			return fmt.Errorf("not ready after %v: %s", timeout, last)
+		case <-tick.C:
+		}
+	}
+}

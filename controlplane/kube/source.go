@@ -1,0 +1,365 @@
+// Package kube owns the Kubernetes API source: client-go shared informers
+// on Services, EndpointSlices and this node's Node object, turned into
+// lb.Snapshots one changed Service at a time, exactly as kube-proxy selects
+// and merges them. It never publishes before the initial lists have synced,
+// and it keeps the last published state while the API server is away.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/sluice-proxy/sluice/controlplane"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// The labels kube-proxy's informers exclude (Services and EndpointSlices).
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+)
+
+// ProxySelector is the label selector of kube-proxy's informers.
+const ProxySelector = "!" + LabelServiceProxyName + ",!" + LabelHeadless
+
+// TaintToBeDeleted is the cluster autoscaler's taint on a node it is
+// removing; kube-proxy then reports the node not eligible.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+const byServiceIndex = "sluice/service"
+
+// Source watches the API server. The zero value is not usable: set Client
+// and Sink, then call Run.
+type Source struct {
+	Client kubernetes.Interface
+	Sink   controlplane.Sink
+	// NodeName is this node (--hostname-override or the host name): its
+	// endpoints are local, and its Node object decides eligibility.
+	NodeName string
+	// Resync is the informers' resync period (--config-sync-period).
+	Resync time.Duration
+	// MinSyncPeriod bounds how often snapshots are built, as kube-proxy's
+	// bounded-frequency runner does: a change is built at once unless the
+	// last build was less than MinSyncPeriod ago; then it waits out the
+	// rest, collecting what else arrives. Zero builds every change at once.
+	MinSyncPeriod time.Duration
+	// NodeEligible is told whether the Node may take traffic; may be nil.
+	NodeEligible func(bool)
+	// Skipped is told about each bad object left out of the snapshot, with
+	// errors that name it; called when its problem first appears or changes.
+	Skipped func(error)
+	Log     *slog.Logger
+	// After and Now are the clock, injectable for tests; default time's.
+	After func(time.Duration) <-chan time.Time
+	Now   func() time.Time
+
+	wake chan struct{}
+
+	mu       sync.Mutex
+	dirty    map[serviceKey]bool
+	problems map[serviceKey]string // reported, so each is reported once
+
+	// Owned by the Run goroutine.
+	services  cache.Indexer
+	endpoints cache.Indexer
+	built     map[serviceKey][]*lb.ServicePort
+	last      *lb.Snapshot
+}
+
+// serviceKey names a Service.
+type serviceKey struct{ ns, name string }
+
+func (s *Source) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+func (s *Source) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Source) after(d time.Duration) <-chan time.Time {
+	if s.After != nil {
+		return s.After(d)
+	}
+	return time.After(d)
+}
+
+// Run starts the informers, waits for their initial lists, publishes the
+// first snapshot and then one per burst of changes, until ctx ends. It
+// returns an error only if ctx ends before the initial sync.
+func (s *Source) Run(ctx context.Context) error {
+	s.wake = make(chan struct{}, 1)
+	s.mu.Lock()
+	s.dirty = map[serviceKey]bool{}
+	s.problems = map[serviceKey]string{}
+	s.mu.Unlock()
+	s.built = map[serviceKey][]*lb.ServicePort{}
+
+	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }))
+	svcInf := factory.Core().V1().Services().Informer()
+	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	if err := sliceInf.AddIndexers(cache.Indexers{byServiceIndex: sliceServiceIndex}); err != nil {
+		return fmt.Errorf("endpointslice informer: %w", err)
+	}
+	for what, inf := range map[string]cache.SharedIndexInformer{"services": svcInf, "endpointslices": sliceInf} {
+		what := what
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			s.log().Warn("API watch failed; serving the last known state and retrying", "resource", what, "err", err)
+		}); err != nil {
+			return err
+		}
+	}
+	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.markService(o) },
+		UpdateFunc: func(_, o any) { s.markService(o) },
+		DeleteFunc: func(o any) { s.markService(o) },
+	}); err != nil {
+		return err
+	}
+	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { s.markSlice(o) },
+		UpdateFunc: func(old, o any) {
+			s.markSlice(old) // the service-name label may have changed
+			s.markSlice(o)
+		},
+		DeleteFunc: func(o any) { s.markSlice(o) },
+	}); err != nil {
+		return err
+	}
+	syncs := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	if s.NodeName != "" {
+		nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
+			}))
+		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+		if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { s.node(o) },
+			UpdateFunc: func(_, o any) { s.node(o) },
+		}); err != nil {
+			return err
+		}
+		nodeFactory.Start(ctx.Done())
+		defer nodeFactory.Shutdown()
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	s.services, s.endpoints = svcInf.GetIndexer(), sliceInf.GetIndexer()
+
+	start := time.Now()
+	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
+		return fmt.Errorf("API source stopped before the initial list of Services and EndpointSlices: %w", context.Cause(ctx))
+	}
+	s.log().Info("initial list of Services and EndpointSlices synced", "took", time.Since(start).Round(time.Millisecond))
+	// The first build covers every Service, whatever was marked meanwhile.
+	s.takeDirty()
+	keys := map[serviceKey]bool{}
+	for _, o := range s.services.List() {
+		svc := o.(*corev1.Service)
+		keys[serviceKey{svc.Namespace, svc.Name}] = true
+	}
+	for _, v := range s.endpoints.ListIndexFuncValues(byServiceIndex) {
+		if ns, name, ok := strings.Cut(v, "/"); ok {
+			keys[serviceKey{ns, name}] = true // slices of missing Services are reported
+		}
+	}
+	for key := range keys {
+		s.rebuild(key)
+	}
+	s.publish(true)
+	lastBuild := s.now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		}
+		if !s.hasDirty() {
+			continue // a wake-up for changes an earlier build already took
+		}
+		if wait := s.MinSyncPeriod - s.now().Sub(lastBuild); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.after(wait):
+			}
+		}
+		lastBuild = s.now()
+		changed := false
+		for key := range s.takeDirty() {
+			if s.rebuild(key) {
+				changed = true
+			}
+		}
+		s.publish(changed)
+	}
+}
+
+func sliceServiceIndex(o any) ([]string, error) {
+	sl, ok := o.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := sl.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{sl.Namespace + "/" + name}, nil
+}
+
+func (s *Source) mark(key serviceKey) {
+	s.mu.Lock()
+	s.dirty[key] = true
+	s.mu.Unlock()
+	s.Sink.Queued()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Source) hasDirty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.dirty) > 0
+}
+
+func (s *Source) takeDirty() map[serviceKey]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dirty
+	s.dirty = map[serviceKey]bool{}
+	return d
+}
+
+func unwrapTombstone(o any) any {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return o
+}
+
+func (s *Source) markService(o any) {
+	if svc, ok := unwrapTombstone(o).(*corev1.Service); ok {
+		s.mark(serviceKey{svc.Namespace, svc.Name})
+	}
+}
+
+func (s *Source) markSlice(o any) {
+	sl, ok := unwrapTombstone(o).(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" {
+		s.mark(serviceKey{sl.Namespace, name})
+	} else {
+		s.report(serviceKey{sl.Namespace, "\x00slice/" + sl.Name}, &controlplane.ManifestError{
+			Object: "EndpointSlice " + sl.Namespace + "/" + sl.Name, Field: "metadata.labels[" + discoveryv1.LabelServiceName + "]",
+			Err: errors.New("missing: it names the Service this slice belongs to; slice ignored")})
+	}
+}
+
+func (s *Source) node(o any) {
+	n, ok := o.(*corev1.Node)
+	if !ok || s.NodeEligible == nil {
+		return
+	}
+	eligible := n.DeletionTimestamp == nil
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintToBeDeleted {
+			eligible = false
+		}
+	}
+	s.NodeEligible(eligible)
+}
+
+// rebuild recomputes one Service from the informer caches and reports
+// whether its ports changed.
+func (s *Source) rebuild(key serviceKey) bool {
+	var ports []*lb.ServicePort
+	var errs []error
+	o, exists, _ := s.services.GetByKey(key.ns + "/" + key.name)
+	var eps []*discoveryv1.EndpointSlice
+	sliceObjs, _ := s.endpoints.ByIndex(byServiceIndex, key.ns+"/"+key.name)
+	for _, so := range sliceObjs {
+		eps = append(eps, so.(*discoveryv1.EndpointSlice))
+	}
+	if exists {
+		svc := o.(*corev1.Service)
+		if svc.Spec.ClusterIP != "" { // kube-proxy skips Services without a ClusterIP
+			ports, errs = controlplane.BuildService(svc, eps, s.NodeName)
+		}
+	} else if len(eps) > 0 {
+		for _, sl := range eps {
+			errs = append(errs, &controlplane.ManifestError{Object: "EndpointSlice " + sl.Namespace + "/" + sl.Name,
+				Field: "metadata.labels[" + discoveryv1.LabelServiceName + "]",
+				Err:   fmt.Errorf("Service %s/%s not found; slice ignored until it exists", key.ns, key.name)})
+		}
+	}
+	s.report(key, errors.Join(errs...))
+	old := s.built[key]
+	if len(ports) == 0 {
+		delete(s.built, key)
+	} else {
+		s.built[key] = ports
+	}
+	return !reflect.DeepEqual(old, ports) && (len(old) > 0 || len(ports) > 0)
+}
+
+// report tells Skipped about a problem of one key once, and again only when
+// it changes; a key whose problem is gone is forgotten.
+func (s *Source) report(key serviceKey, err error) {
+	s.mu.Lock()
+	if err == nil {
+		delete(s.problems, key)
+		s.mu.Unlock()
+		return
+	}
+	msg := err.Error()
+	if s.problems[key] == msg {
+		s.mu.Unlock()
+		return
+	}
+	s.problems[key] = msg
+	s.mu.Unlock()
+	s.log().Error("Kubernetes object skipped", "err", msg)
+	if s.Skipped != nil {
+		s.Skipped(err)
+	}
+}
+
+func (s *Source) publish(changed bool) {
+	if !changed && s.last != nil {
+		s.Sink.Unchanged()
+		return
+	}
+	snap := &lb.Snapshot{Ports: make(map[lb.ServicePortName]*lb.ServicePort, len(s.built))}
+	for _, ports := range s.built {
+		for _, sp := range ports {
+			snap.Ports[sp.Name] = sp
+		}
+	}
+	s.last = snap
+	s.Sink.Publish(snap)
+}

@@ -1,0 +1,343 @@
+package kube
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// sink records what the source decides, as events the test waits on.
+type sink struct {
+	snaps     chan *lb.Snapshot
+	unchanged chan struct{}
+	queued    chan struct{}
+}
+
+func newSink() *sink {
+	return &sink{snaps: make(chan *lb.Snapshot, 100), unchanged: make(chan struct{}, 100), queued: make(chan struct{}, 100)}
+}
+
+func (s *sink) Publish(snap *lb.Snapshot) { s.snaps <- snap }
+func (s *sink) Unchanged()                { s.unchanged <- struct{}{} }
+func (s *sink) Reject(error)              { panic("the API source skips bad objects; it never rejects a whole update") }
+func (s *sink) Queued()                   { s.queued <- struct{}{} }
+
+func (s *sink) next(t *testing.T) *lb.Snapshot {
+	t.Helper()
+	select {
+	case snap := <-s.snaps:
+		return snap
+	case <-time.After(10 * time.Second):
+		t.Fatal("no snapshot published")
+		return nil
+	}
+}
+
+// until returns the first published snapshot that satisfies ok.
+func (s *sink) until(t *testing.T, what string, ok func(*lb.Snapshot) bool) *lb.Snapshot {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case snap := <-s.snaps:
+			if ok(snap) {
+				return snap
+			}
+		case <-deadline:
+			t.Fatalf("no snapshot where %s", what)
+			return nil
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func service(name string, mut ...func(*corev1.Service)) *corev1.Service {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}
+	for _, m := range mut {
+		m(svc)
+	}
+	return svc
+}
+
+type ep struct {
+	ip                          string
+	node                        string
+	ready, serving, terminating bool
+}
+
+func slice(svc, name string, af discoveryv1.AddressType, eps ...ep) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: af,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.ip}, NodeName: ptr(e.node),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(e.ready), Serving: ptr(e.serving), Terminating: ptr(e.terminating)}})
+	}
+	return sl
+}
+
+func ready(ip, node string) ep { return ep{ip: ip, node: node, ready: true, serving: true} }
+
+func run(t *testing.T, src *Source) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func port(snap *lb.Snapshot, svc, name string) *lb.ServicePort {
+	return snap.Ports[lb.ServicePortName{Namespace: "default", Name: svc, Port: name, Protocol: lb.TCP}]
+}
+
+func addrs(list []netip.AddrPort) []string {
+	var out []string
+	for _, a := range list {
+		out = append(out, a.String())
+	}
+	return out
+}
+
+func TestFirstSnapshotHasTheInitialListsAndSkipsWhatKubeProxySkips(t *testing.T) {
+	client := fake.NewClientset(
+		service("web"),
+		service("ext", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName; s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+		service("headless", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
+		service("noip", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+		slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.2", "n1")),
+		slice("web", "web-b", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n2"), ep{ip: "10.244.0.3", node: "n1"}),
+	)
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, NodeName: "n1"})
+	snap := s.next(t)
+	if len(snap.Ports) != 1 {
+		t.Fatalf("ports = %v, want only default/web:http", snap.Ports)
+	}
+	sp := port(snap, "web", "http")
+	if sp == nil || len(sp.Endpoints) != 3 {
+		t.Fatalf("web: %+v", sp)
+	}
+	// Both slices merged, sorted by address, not-ready kept but unusable.
+	if got := addrs(sp.Usable()); !slices.Equal(got, []string{"10.244.0.1:8080", "10.244.0.2:8080"}) {
+		t.Fatalf("usable = %v", got)
+	}
+	if !sp.Endpoints[1].Local || sp.Endpoints[0].Local {
+		t.Fatalf("locality: %+v", sp.Endpoints)
+	}
+}
+
+func TestChangesFollowOneServiceAtATime(t *testing.T) {
+	client := fake.NewClientset(service("web"), slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1")))
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s})
+	first := s.next(t)
+	ctx := context.Background()
+
+	// A second Service arrives before its slice, then the slice.
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("api", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"} }), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap := s.until(t, "api appears", func(sn *lb.Snapshot) bool { return port(sn, "api", "http") != nil })
+	if port(snap, "web", "http") != port(first, "web", "http") {
+		t.Fatal("an unrelated change rebuilt web's service port")
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("api", "api-a", discoveryv1.AddressTypeIPv4, ready("10.244.1.1", "n1")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.until(t, "api has an endpoint", func(sn *lb.Snapshot) bool { sp := port(sn, "api", "http"); return sp != nil && len(sp.Usable()) == 1 })
+
+	// All endpoints go terminating but still serving: kube-proxy's fallback.
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, slice("api", "api-a", discoveryv1.AddressTypeIPv4,
+		ep{ip: "10.244.1.1", node: "n1", serving: true, terminating: true}, ep{ip: "10.244.1.2", node: "n1", terminating: true}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap = s.until(t, "api has two endpoints", func(sn *lb.Snapshot) bool { sp := port(sn, "api", "http"); return sp != nil && len(sp.Endpoints) == 2 })
+	if got := addrs(port(snap, "api", "http").Usable()); !slices.Equal(got, []string{"10.244.1.1:8080"}) {
+		t.Fatalf("fallback usable = %v, want the serving terminating one", got)
+	}
+
+	if err := client.CoreV1().Services("default").Delete(ctx, "api", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.until(t, "api is gone", func(sn *lb.Snapshot) bool { return port(sn, "api", "http") == nil && port(sn, "web", "http") != nil })
+}
+
+func TestBadObjectsAreSkippedAndReportedOnce(t *testing.T) {
+	client := fake.NewClientset(service("web"), slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1")),
+		// A slice whose Service does not exist, and a bad Service.
+		slice("ghost", "ghost-a", discoveryv1.AddressTypeIPv4, ready("10.244.9.9", "n1")),
+		service("bad", func(s *corev1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.12", []string{"10.96.0.12"}
+			s.Spec.SessionAffinity = "Sticky"
+		}),
+	)
+	var mu sync.Mutex
+	var skipped []string
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, Skipped: func(err error) {
+		mu.Lock()
+		skipped = append(skipped, err.Error())
+		mu.Unlock()
+	}})
+	snap := s.next(t)
+	if len(snap.Ports) != 1 || port(snap, "web", "http") == nil {
+		t.Fatalf("ports = %v, want web only", snap.Ports)
+	}
+	mu.Lock()
+	got := strings.Join(skipped, "\n")
+	n := len(skipped)
+	mu.Unlock()
+	for _, want := range []string{`EndpointSlice default/ghost-a`, `Service default/ghost not found`, `Service default/bad`, `spec.sessionAffinity`, `"Sticky"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("skipped reports %q, want it to name %s", got, want)
+		}
+	}
+	// A change elsewhere does not report them again.
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1"), ready("10.244.0.2", "n1")), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.until(t, "web has two endpoints", func(sn *lb.Snapshot) bool { return len(port(sn, "web", "http").Endpoints) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(skipped) != n {
+		t.Fatalf("bad objects reported again: %v", skipped[n:])
+	}
+}
+
+func TestTrafficPoliciesAndDualStack(t *testing.T) {
+	client := fake.NewClientset(
+		service("web", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+			s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+		}),
+		slice("web", "web-v4", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1"), ready("10.244.0.2", "n2")),
+		slice("web", "web-v6", discoveryv1.AddressTypeIPv6, ready("fd00:244::1", "n2")),
+	)
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, NodeName: "n1"})
+	sp := port(s.next(t), "web", "http")
+	if sp == nil || len(sp.ClusterIPs) != 2 || !sp.ClusterIPs[1].Is6() {
+		t.Fatalf("dual-stack ClusterIPs: %+v", sp)
+	}
+	if got := addrs(sp.Usable()); len(got) != 3 {
+		t.Fatalf("cluster traffic usable = %v, want all three (both families)", got)
+	}
+	if got := addrs(sp.UsableExternal()); !slices.Equal(got, []string{"10.244.0.1:8080"}) {
+		t.Fatalf("external traffic (ETP Local) usable = %v, want only this node's", got)
+	}
+	if !sp.SplitPolicy() {
+		t.Fatal("ETP Local with ITP Cluster must split the pickers")
+	}
+}
+
+func TestNodeEligibility(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	client := fake.NewClientset(node)
+	got := make(chan bool, 10)
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, NodeName: "n1", NodeEligible: func(ok bool) { got <- ok }})
+	s.next(t)
+	if ok := <-got; !ok {
+		t.Fatal("a plain node must be eligible")
+	}
+	node.Spec.Taints = []corev1.Taint{{Key: TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}
+	if _, err := client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ok := <-got; ok {
+		t.Fatal("a node tainted ToBeDeletedByClusterAutoscaler must not be eligible")
+	}
+}
+
+// The bounded-frequency rule: a change right after a build waits out
+// MinSyncPeriod, collecting what else arrives into one build.
+func TestMinSyncPeriodCoalesces(t *testing.T) {
+	client := fake.NewClientset(service("web"))
+	timers := make(chan chan time.Time, 1)
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, MinSyncPeriod: time.Second,
+		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		After: func(d time.Duration) <-chan time.Time {
+			if d <= 0 || d > time.Second {
+				t.Errorf("wait %v, want (0, 1s]", d)
+			}
+			c := make(chan time.Time, 1)
+			timers <- c
+			return c
+		}})
+	s.next(t)
+	ctx := context.Background()
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("web", "w1", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	timer := <-timers // the build is held back
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("web", "w2", discoveryv1.AddressTypeIPv4, ready("10.244.0.2", "n1")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case snap := <-s.snaps:
+		t.Fatalf("published before MinSyncPeriod passed: %v", snap.Ports)
+	default:
+	}
+	// Wait until the second slice is queued (the Service, w1, w2), then
+	// let the timer fire.
+	for i := 0; i < 3; i++ {
+		select {
+		case <-s.queued:
+		case <-time.After(10 * time.Second):
+			t.Fatal("second slice never queued")
+		}
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	timer <- now
+	snap := s.next(t)
+	if n := len(port(snap, "web", "http").Endpoints); n != 2 {
+		t.Fatalf("one build should carry both slices, got %d endpoints", n)
+	}
+	// Long after the last build, a change is built at once: no timer.
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	if err := client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "w2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap = s.next(t)
+	if n := len(port(snap, "web", "http").Endpoints); n != 1 {
+		t.Fatalf("endpoints = %d after delete, want 1", n)
+	}
+	select {
+	case <-timers:
+		t.Fatal("a change long after the last build waited")
+	default:
+	}
+}
