@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-engines bench-deps clean
+.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -25,7 +25,17 @@ build: ## build bin/sluice, bin/sluice-demo-backend and bin/sluice-bench
 run: build ## run the demo: three loopback backends and sluice on examples/ (Ctrl-C stops all)
 	./scripts/demo.sh
 
-test: verify test-race fuzz ## everything CI runs: checks, race-enabled tests, short fuzzing
+test: test-deps verify test-race fuzz ## everything CI runs: installs the test beds, checks, race-enabled tests, short fuzzing
+
+TEST_PACKAGES := etcd-server iproute2
+
+test-deps: ## install etcd and iproute2 (Debian) and build kube-apiserver once into ~/.cache/sluice
+	@missing=""; for t in etcd ip; do command -v $$t >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
+	fi
+	@GO=$(GO) ./scripts/build-kube-apiserver.sh >/dev/null
 
 test-unit: ## tests without -race (quick)
 	$(GO) test -count=1 ./...

@@ -21,6 +21,13 @@ import (
 var sluiceBin string
 
 func TestMain(m *testing.M) {
+	if code, ok := reexecInPrivateNetns(); ok {
+		os.Exit(code)
+	}
+	if err := setUpPrivateNetns(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	dir, err := os.MkdirTemp("", "sluice-e2e-")
 	if err != nil {
 		panic(err)
