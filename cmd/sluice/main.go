@@ -270,14 +270,14 @@ func newKubeClient(cfg *config.Config) (kubernetes.Interface, string, error) {
 	cc := cfg.KubeProxy.ClientConnection
 	rc, err := clientcmd.BuildConfigFromFlags(cfg.Master, cc.Kubeconfig)
 	if err != nil {
-		return nil, "", fmt.Errorf("Kubernetes API client (--kubeconfig %q, --master %q): %w", cc.Kubeconfig, cfg.Master, err)
+		return nil, "", fmt.Errorf("kubernetes API client (--kubeconfig %q, --master %q): %w", cc.Kubeconfig, cfg.Master, err)
 	}
 	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
 	rc.ContentType, rc.AcceptContentTypes = cc.ContentType, cc.AcceptContentTypes
 	rc.UserAgent = "sluice/" + version
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, "", fmt.Errorf("Kubernetes API client: %w", err)
+		return nil, "", fmt.Errorf("kubernetes API client: %w", err)
 	}
 	return client, rc.Host, nil
 }

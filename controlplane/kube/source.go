@@ -314,7 +314,7 @@ func (s *Source) rebuild(key serviceKey) bool {
 		for _, sl := range eps {
 			errs = append(errs, &controlplane.ManifestError{Object: "EndpointSlice " + sl.Namespace + "/" + sl.Name,
 				Field: "metadata.labels[" + discoveryv1.LabelServiceName + "]",
-				Err:   fmt.Errorf("Service %s/%s not found; slice ignored until it exists", key.ns, key.name)})
+				Err:   fmt.Errorf("the Service %s/%s is not found; slice ignored until it exists", key.ns, key.name)})
 		}
 	}
 	s.report(key, errors.Join(errs...))

@@ -30,8 +30,10 @@ func newSink() *sink {
 
 func (s *sink) Publish(snap *lb.Snapshot) { s.snaps <- snap }
 func (s *sink) Unchanged()                { s.unchanged <- struct{}{} }
-func (s *sink) Reject(error)              { panic("the API source skips bad objects; it never rejects a whole update") }
-func (s *sink) Queued()                   { s.queued <- struct{}{} }
+func (s *sink) Reject(error) {
+	panic("the API source skips bad objects; it never rejects a whole update")
+}
+func (s *sink) Queued() { s.queued <- struct{}{} }
 
 func (s *sink) next(t *testing.T) *lb.Snapshot {
 	t.Helper()
@@ -124,7 +126,10 @@ func addrs(list []netip.AddrPort) []string {
 func TestFirstSnapshotHasTheInitialListsAndSkipsWhatKubeProxySkips(t *testing.T) {
 	client := fake.NewClientset(
 		service("web"),
-		service("ext", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName; s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+		service("ext", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+		}),
 		service("headless", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
 		service("noip", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
 		slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.2", "n1")),
@@ -210,7 +215,7 @@ func TestBadObjectsAreSkippedAndReportedOnce(t *testing.T) {
 	got := strings.Join(skipped, "\n")
 	n := len(skipped)
 	mu.Unlock()
-	for _, want := range []string{`EndpointSlice default/ghost-a`, `Service default/ghost not found`, `Service default/bad`, `spec.sessionAffinity`, `"Sticky"`} {
+	for _, want := range []string{`EndpointSlice default/ghost-a`, `Service default/ghost is not found`, `Service default/bad`, `spec.sessionAffinity`, `"Sticky"`} {
 		if !strings.Contains(got, want) {
 			t.Errorf("skipped reports %q, want it to name %s", got, want)
 		}

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package kubetest owns the test bed of a real Kubernetes control plane:
 // etcd (Debian's etcd-server) and a kube-apiserver built from the Go module
 // proxy (scripts/build-kube-apiserver.sh), started on free loopback ports
