@@ -41,6 +41,15 @@ func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
 	if _, body, _ := get(t, hz, "/livez"); strings.Contains(body, "nodeEligible") {
 		t.Fatalf("livez has nodeEligible: %s", body)
 	}
+	// A Node being deleted: healthz 503 with nodeEligible false; livez fine.
+	h.SetNodeEligible(false)
+	if code, body, _ := get(t, hz, "/healthz"); code != 503 || !strings.Contains(body, `"nodeEligible":false`) {
+		t.Fatalf("ineligible node: %d %s", code, body)
+	}
+	if code, _, _ := get(t, hz, "/livez"); code != 200 {
+		t.Fatalf("livez for an ineligible node: %d, want 200", code)
+	}
+	h.SetNodeEligible(true)
 	h.QueuedUpdate()
 	clk.Step(59 * time.Second)
 	if code, _, _ := get(t, hz, "/healthz"); code != 200 {
@@ -55,7 +64,7 @@ func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
 		t.Fatalf("after catching up: %d", code)
 	}
 	_, metrics, _ := get(t, e.MetricsHandler(), "/metrics")
-	for _, want := range []string{`kubeproxy_proxy_healthz_total{code="503"} 1`, `kubeproxy_proxy_livez_total{code="503"} 1`, `kubeproxy_proxy_healthz_total{code="200"} 3`} {
+	for _, want := range []string{`kubeproxy_proxy_healthz_total{code="503"} 2`, `kubeproxy_proxy_livez_total{code="503"} 1`, `kubeproxy_proxy_healthz_total{code="200"} 3`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}

@@ -262,3 +262,30 @@ func TestWalkTriesEachEndpointOnceWithinAttempts(t *testing.T) {
 		t.Fatal("walk exceeded budget")
 	}
 }
+
+func TestUsableUnderLocalPolicies(t *testing.T) {
+	sp := &ServicePort{InternalLocal: true, Endpoints: []Endpoint{
+		{Addr: a, Ready: true, Serving: true},                    // remote, ready
+		{Addr: b, Serving: true, Terminating: true, Local: true}, // local, terminating
+		{Addr: c, Ready: true, Serving: true, Local: true},       // local, ready
+	}}
+	if got := sp.Usable(); len(got) != 1 || got[0] != c {
+		t.Fatalf("ITP Local: Usable = %v, want the local ready one", got)
+	}
+	if got := sp.UsableExternal(); len(got) != 2 {
+		t.Fatalf("ETP Cluster: UsableExternal = %v, want both ready ones", got)
+	}
+	if !sp.SplitPolicy() {
+		t.Fatal("ITP Local with ETP Cluster must split")
+	}
+	// No local ready endpoint: fall back to local serving terminating ones,
+	// never to a remote ready one.
+	sp.Endpoints = sp.Endpoints[:2]
+	if got := sp.Usable(); len(got) != 1 || got[0] != b {
+		t.Fatalf("ITP Local fallback: Usable = %v, want the local terminating one", got)
+	}
+	sp.Endpoints = sp.Endpoints[:1]
+	if got := sp.Usable(); len(got) != 0 {
+		t.Fatalf("ITP Local with no local endpoint: Usable = %v, want none", got)
+	}
+}

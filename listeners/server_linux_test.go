@@ -218,3 +218,66 @@ func TestServerWarnsOnceForSCTP(t *testing.T) {
 		t.Fatalf("SCTP port got listeners: %v", srv.Frontends())
 	}
 }
+
+// externalTrafficPolicy Local: the NodePort goes only to the local
+// endpoint, the ClusterIP's proxy port to all; turning the policy off
+// merges the pickers again.
+func TestServerSplitsPickersForTrafficPolicies(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy()}
+		defer srv.Close()
+		local, remote := serveTCP(t, nameHandler("local")), serveTCP(t, nameHandler("remote"))
+		sp := webPort(freePort(t), local, remote)
+		sp.Endpoints[0].Local = true
+		if local.String() > remote.String() {
+			sp.Endpoints[0], sp.Endpoints[1] = sp.Endpoints[1], sp.Endpoints[0]
+		}
+		sp.ExternalLocal = true
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		var nodePort, proxyPort netip.AddrPort
+		for _, fe := range srv.Frontends() {
+			switch fe.Role {
+			case RoleNodePort:
+				nodePort = fe.Addr
+			case RoleProxyPort:
+				proxyPort = fe.Addr
+			}
+		}
+		count := func(addr netip.AddrPort) map[string]int {
+			seen := map[string]int{}
+			for i := 0; i < 6; i++ {
+				name, err := dialName(t, addr)
+				if err != nil {
+					t.Fatalf("%s: %v", addr, err)
+				}
+				seen[name]++
+			}
+			return seen
+		}
+		if seen := count(nodePort); seen["local"] != 6 {
+			t.Fatalf("NodePort under externalTrafficPolicy Local reached %v, want only the local endpoint", seen)
+		}
+		if seen := count(proxyPort); seen["local"] != 3 || seen["remote"] != 3 {
+			t.Fatalf("ClusterIP proxy port reached %v, want both endpoints in turn", seen)
+		}
+		if d := srv.Dump(); len(d) != 1 || len(d[0].ExternalEndpoints) != 1 {
+			t.Fatalf("dump %+v, want one external endpoint listed", d)
+		}
+		// Policy back to Cluster: one picker, NodePort reaches both.
+		sp2 := *sp
+		sp2.ExternalLocal = false
+		if err := srv.Apply(snapshotOf(&sp2)); err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range srv.Frontends() {
+			if fe.Role == RoleNodePort {
+				nodePort = fe.Addr
+			}
+		}
+		if seen := count(nodePort); seen["local"] != 3 || seen["remote"] != 3 {
+			t.Fatalf("NodePort under Cluster policy reached %v, want both", seen)
+		}
+	})
+}
