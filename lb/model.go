@@ -93,6 +93,11 @@ func (sp *ServicePort) UsableExternal() []netip.AddrPort { return sp.usable(sp.E
 // endpoint sets, which then need pickers of their own.
 func (sp *ServicePort) SplitPolicy() bool { return sp.InternalLocal != sp.ExternalLocal }
 
+// Select is kube-proxy's CategorizeEndpoints for one set: with localOnly,
+// the local ready endpoints (else the local serving terminating ones);
+// otherwise all ready ones (else all serving terminating ones).
+func (sp *ServicePort) Select(localOnly bool) []netip.AddrPort { return sp.usable(localOnly) }
+
 func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 	var ready, terminating []netip.AddrPort
 	for _, ep := range sp.Endpoints {

@@ -1,0 +1,354 @@
+// Package iptables owns sluice's iptables mode: kube-proxy's chain layout
+// rendered from an lb.Snapshot as a pure function (Render), applied with one
+// iptables-restore --noflush per sync through the small Runner interface,
+// with a stateful Fake that parses restore input, refuses what the kernel
+// refuses and traces packets through the rules. --cleanup removes every
+// chain and jump rule it installs.
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Options are the settings one family's rules depend on.
+type Options struct {
+	IPv6 bool
+	// MasqueradeBit is --iptables-masquerade-bit (0-31); kube-proxy's default is 14.
+	MasqueradeBit int
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// ClusterCIDR is this family's --cluster-cidr: traffic to a cluster IP
+	// from outside it is masqueraded. Invalid means no local detector.
+	ClusterCIDR netip.Prefix
+	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (IPv4 only).
+	LocalhostNodePorts bool
+	// NodePortAddresses are the addresses NodePorts answer on; nil means
+	// every local address.
+	NodePortAddresses []netip.Addr
+	// RandomFully adds --random-fully to MASQUERADE.
+	RandomFully bool
+	// ExistingNATChains are the nat table's chains now (from iptables-save):
+	// unused per-service ones are deleted in the same restore.
+	ExistingNATChains []string
+}
+
+// Mark is the masquerade mark as kube-proxy prints it ("0x00004000").
+func (o Options) Mark() string { return fmt.Sprintf("%#08x", 1<<o.MasqueradeBit) }
+
+// Jump is a rule in a built-in chain that hooks one of ours.
+type Jump struct {
+	Table, Chain string // e.g. nat, PREROUTING
+	Args         []string
+}
+
+// Jumps lists the rules that hook our chains into the built-in ones,
+// inserted at the top of each, as kube-proxy inserts them.
+func Jumps(o Options) []Jump {
+	c := func(s string) []string { return []string{"-m", "comment", "--comment", s} }
+	ctNew := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	j := func(table, chain string, target string, args ...[]string) Jump {
+		var all []string
+		for _, a := range args {
+			all = append(all, a...)
+		}
+		return Jump{Table: table, Chain: chain, Args: append(all, "-j", target)}
+	}
+	out := []Jump{
+		j("filter", "INPUT", ChainExternalServices, ctNew, c("kubernetes externally-visible service portals")),
+		j("filter", "FORWARD", ChainExternalServices, ctNew, c("kubernetes externally-visible service portals")),
+		j("filter", "INPUT", ChainNodePorts, c("kubernetes health check service ports")),
+		j("filter", "FORWARD", ChainServices, ctNew, c("kubernetes service portals")),
+		j("filter", "OUTPUT", ChainServices, ctNew, c("kubernetes service portals")),
+		j("filter", "FORWARD", ChainForward, c("kubernetes forwarding rules")),
+		j("filter", "INPUT", ChainProxyFirewall, ctNew, c("kubernetes load balancer firewall")),
+		j("filter", "OUTPUT", ChainProxyFirewall, ctNew, c("kubernetes load balancer firewall")),
+		j("filter", "FORWARD", ChainProxyFirewall, ctNew, c("kubernetes load balancer firewall")),
+		j("nat", "OUTPUT", ChainServices, c("kubernetes service portals")),
+		j("nat", "PREROUTING", ChainServices, c("kubernetes service portals")),
+		j("nat", "POSTROUTING", ChainPostrouting, c("kubernetes postrouting rules")),
+	}
+	if o.localhostFirewall() {
+		out = append(out, j("filter", "INPUT", ChainFirewall), j("filter", "OUTPUT", ChainFirewall))
+	}
+	return out
+}
+
+func (o Options) localhostFirewall() bool { return !o.IPv6 && o.LocalhostNodePorts }
+
+// CanaryTables are the tables that hold a KUBE-PROXY-CANARY chain: when a
+// firewall reload flushes them, the chain is gone and a full sync follows.
+var CanaryTables = []string{"mangle", "nat", "filter"}
+
+type writer struct{ b strings.Builder }
+
+func (w *writer) line(parts ...string) {
+	w.b.WriteString(strings.Join(parts, " "))
+	w.b.WriteByte('\n')
+}
+
+func quote(s string) string { return strconv.Quote(s) }
+
+func (o Options) family(a netip.Addr) bool { return a.Is6() == o.IPv6 }
+
+func (o Options) filter(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if o.family(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (o Options) filterEPs(eps []netip.AddrPort) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, e := range eps {
+		if o.family(e.Addr()) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// probability is kube-proxy's "%0.10f" of 1/n.
+func probability(n int) string { return fmt.Sprintf("%0.10f", 1.0/float64(n)) }
+
+// Render returns the iptables-restore input for one family: the filter and
+// nat tables' chains, every rule of every service port in snap, and the
+// deletion of per-service chains no longer used. It is a pure function:
+// the same snapshot and options give the same bytes.
+func Render(snap *lb.Snapshot, o Options) []byte {
+	mark := o.Mark()
+	var filterRules, natRules, natChains writer
+	active := map[string]bool{}
+	chain := func(name string) {
+		if !active[name] {
+			active[name] = true
+			natChains.line(":" + name + " - [0:0]")
+		}
+	}
+
+	for _, sp := range snap.Sorted() {
+		renderPort(sp, o, mark, &filterRules, &natRules, chain)
+	}
+
+	// The NodePort dispatch is the last rule of KUBE-SERVICES.
+	npComment := []string{"-m", "comment", "--comment", quote("kubernetes service nodeports; NOTE: this must be the last rule in this chain")}
+	if o.NodePortAddresses == nil {
+		args := append([]string{"-A", ChainServices}, npComment...)
+		args = append(args, "-m", "addrtype", "--dst-type", "LOCAL")
+		if o.IPv6 {
+			args = append(args, "!", "-d", "::1/128")
+		} else if !o.LocalhostNodePorts {
+			args = append(args, "!", "-d", "127.0.0.0/8")
+		}
+		natRules.line(append(args, "-j", ChainNodePorts)...)
+	} else {
+		for _, a := range o.filter(o.NodePortAddresses) {
+			if a.IsLoopback() && (o.IPv6 || !o.LocalhostNodePorts) {
+				continue
+			}
+			args := append([]string{"-A", ChainServices}, npComment...)
+			natRules.line(append(args, "-d", a.String(), "-j", ChainNodePorts)...)
+		}
+	}
+
+	var out writer
+	out.line("*filter")
+	for _, c := range []string{ChainServices, ChainExternalServices, ChainForward, ChainNodePorts, ChainProxyFirewall} {
+		out.line(":" + c + " - [0:0]")
+	}
+	if o.localhostFirewall() {
+		out.line(":" + ChainFirewall + " - [0:0]")
+		out.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
+			"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
+	}
+	out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
+	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
+	out.b.WriteString(filterRules.b.String())
+	out.line("COMMIT")
+
+	out.line("*nat")
+	for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
+		out.line(":" + c + " - [0:0]")
+	}
+	out.b.WriteString(natChains.b.String())
+	var stale []string
+	for _, c := range o.ExistingNATChains {
+		if IsServiceChain(c) && !active[c] {
+			stale = append(stale, c)
+		}
+	}
+	slices.Sort(stale)
+	for _, c := range stale {
+		out.line(":" + c + " - [0:0]") // flushed first, so nothing it holds blocks the delete
+	}
+	out.line("-A", ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
+	out.line("-A", ChainPostrouting, "-j", "MARK", "--xor-mark", mark)
+	masq := []string{"-A", ChainPostrouting, "-m", "comment", "--comment", quote("kubernetes service traffic requiring SNAT"), "-j", "MASQUERADE"}
+	if o.RandomFully {
+		masq = append(masq, "--random-fully")
+	}
+	out.line(masq...)
+	out.line("-A", ChainMarkMasq, "-j", "MARK", "--or-mark", mark)
+	out.b.WriteString(natRules.b.String())
+	for _, c := range stale {
+		out.line("-X", c)
+	}
+	out.line("COMMIT")
+	return []byte(out.b.String())
+}
+
+func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRules *writer, chain func(string)) {
+	cips := o.filter(sp.ClusterIPs)
+	if len(cips) == 0 {
+		return // kube-proxy skips a service without a cluster IP of this family
+	}
+	name := sp.Name
+	s := name.String()
+	proto := strings.ToLower(string(name.Protocol))
+	port := strconv.Itoa(int(sp.Port))
+	match := []string{"-m", proto, "-p", proto}
+	eips, lbips := o.filter(sp.ExternalIPs), o.filter(sp.LoadBalancerIPs)
+	externallyAccessible := sp.NodePort != 0 || len(eips) > 0 || len(lbips) > 0
+
+	cluster, local := o.filterEPs(sp.Select(false)), o.filterEPs(sp.Select(true))
+	hasEndpoints := len(cluster) > 0
+	usesCluster := len(cluster) > 0 && (!sp.InternalLocal || externallyAccessible)
+	usesLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal)
+
+	svc, svl, ext := ServiceChain(name), LocalServiceChain(name), ExternalChain(name)
+	internalChain, hasInternal := svc, len(cluster) > 0
+	if sp.InternalLocal {
+		internalChain, hasInternal = svl, len(local) > 0
+	}
+	externalChain, hasExternal := svc, len(cluster) > 0
+	if sp.ExternalLocal {
+		externalChain, hasExternal = svl, len(local) > 0
+	}
+	usesExt := hasEndpoints && externallyAccessible
+
+	refuse := func() (string, string) {
+		if !hasEndpoints {
+			return "REJECT", quote(s + " has no endpoints")
+		}
+		return "DROP", quote(s + " has no local endpoints")
+	}
+	comment := func(c string) []string { return []string{"-m", "comment", "--comment", c} }
+
+	for _, cip := range cips {
+		if hasInternal {
+			natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" cluster IP")), match, []string{"-d", cip.String(), "--dport", port, "-j", internalChain})...)
+		} else {
+			target, c := refuse()
+			filterRules.line(slices.Concat([]string{"-A", ChainServices}, comment(c), match, []string{"-d", cip.String(), "--dport", port, "-j", target})...)
+		}
+	}
+	for _, set := range []struct {
+		ips  []netip.Addr
+		what string
+	}{{eips, "external IP"}, {lbips, "loadbalancer IP"}} {
+		for _, ip := range set.ips {
+			if usesExt {
+				natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" "+set.what)), match, []string{"-d", ip.String(), "--dport", port, "-j", ext})...)
+			}
+			if !hasExternal {
+				target, c := refuse()
+				filterRules.line(slices.Concat([]string{"-A", ChainExternalServices}, comment(c), match, []string{"-d", ip.String(), "--dport", port, "-j", target})...)
+			}
+		}
+	}
+	if sp.NodePort != 0 {
+		np := strconv.Itoa(int(sp.NodePort))
+		if usesExt {
+			natRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(s), match, []string{"--dport", np, "-j", ext})...)
+		}
+		if !hasExternal {
+			target, c := refuse()
+			filterRules.line(slices.Concat([]string{"-A", ChainExternalServices}, comment(c), []string{"-m", "addrtype", "--dst-type", "LOCAL"}, match, []string{"--dport", np, "-j", target})...)
+		}
+	}
+
+	endpointRules := func(c string, eps []netip.AddrPort) {
+		chain(c)
+		if c == internalChain && hasInternal {
+			for _, cip := range cips {
+				base := slices.Concat([]string{"-A", c}, comment(quote(s+" cluster IP")), match, []string{"-d", cip.String(), "--dport", port})
+				switch {
+				case o.MasqueradeAll:
+					natRules.line(append(base, "-j", ChainMarkMasq)...)
+				case o.ClusterCIDR.IsValid():
+					natRules.line(append(base, "!", "-s", o.ClusterCIDR.String(), "-j", ChainMarkMasq)...)
+				}
+			}
+		}
+		if sp.Affinity.ClientIP {
+			secs := strconv.Itoa(int(sp.Affinity.Timeout.Seconds()))
+			for _, ep := range eps {
+				sep := EndpointChain(name, ep)
+				natRules.line(slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
+			}
+		}
+		for i, ep := range eps {
+			sep := EndpointChain(name, ep)
+			args := slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())))
+			if i < len(eps)-1 {
+				args = append(args, "-m", "statistic", "--mode", "random", "--probability", probability(len(eps)-i))
+			}
+			natRules.line(append(args, "-j", sep)...)
+		}
+	}
+	if usesCluster {
+		endpointRules(svc, cluster)
+	}
+	if usesLocal {
+		endpointRules(svl, local)
+	}
+	if usesExt {
+		chain(ext)
+		if !sp.ExternalLocal {
+			natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade traffic for "+s+" external destinations")), []string{"-j", ChainMarkMasq})...)
+		} else {
+			if o.ClusterCIDR.IsValid() && usesCluster {
+				natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("pod traffic for "+s+" external destinations")), []string{"-s", o.ClusterCIDR.String(), "-j", svc})...)
+			}
+			natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", ChainMarkMasq})...)
+			if usesCluster {
+				natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("route LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", svc})...)
+			}
+		}
+		if hasExternal {
+			natRules.line("-A", ext, "-j", externalChain)
+		}
+	}
+	// One KUBE-SEP chain per endpoint, shared by SVC and SVL.
+	seps := map[netip.AddrPort]bool{}
+	var all []netip.AddrPort
+	if usesCluster {
+		all = append(all, cluster...)
+	}
+	if usesLocal {
+		all = append(all, local...)
+	}
+	for _, ep := range all {
+		if seps[ep] {
+			continue
+		}
+		seps[ep] = true
+		sep := EndpointChain(name, ep)
+		chain(sep)
+		natRules.line(slices.Concat([]string{"-A", sep}, comment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
+		args := slices.Concat([]string{"-A", sep}, comment(s))
+		if sp.Affinity.ClientIP {
+			args = append(args, "-m", "recent", "--name", sep, "--set")
+		}
+		natRules.line(slices.Concat(args, match, []string{"-j", "DNAT", "--to-destination", ep.String()})...)
+	}
+}

@@ -1,0 +1,175 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Runner is what sluice needs of iptables, for one family. Exec runs the
+// real binaries; Fake keeps state and refuses what the kernel refuses.
+type Runner interface {
+	// Restore feeds iptables-restore --noflush --counters: chains declared
+	// in data are flushed and rewritten, others are left alone.
+	Restore(data []byte) error
+	// Chains lists the chains of a table.
+	Chains(table string) ([]string, error)
+	// EnsureChain creates a chain if it is missing.
+	EnsureChain(table, chain string) error
+	// EnsureRule inserts a rule at the top of a chain if it is missing.
+	EnsureRule(table, chain string, args ...string) error
+	// DeleteRule deletes a rule; a missing rule or chain is not an error.
+	DeleteRule(table, chain string, args ...string) error
+	// DeleteChain flushes and deletes a chain; a missing one is not an error.
+	DeleteChain(table, chain string) error
+}
+
+// ErrNotFound is what Exec and Fake return, wrapped, for a missing chain.
+var ErrNotFound = errors.New("not found")
+
+// RunFunc runs a command with stdin and returns its combined output.
+type RunFunc func(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error)
+
+// RunCommand is the real RunFunc.
+func RunCommand(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	return cmd.CombinedOutput()
+}
+
+// Exec runs iptables binaries. Command is the family's and backend's
+// binary: iptables, ip6tables, iptables-nft, iptables-legacy,
+// ip6tables-nft, ip6tables-legacy; its -restore and -save siblings are used.
+type Exec struct {
+	Command string
+	Run     RunFunc // default RunCommand
+	Timeout time.Duration
+}
+
+func (e *Exec) run(suffix string, args []string, stdin []byte) ([]byte, error) {
+	run := e.Run
+	if run == nil {
+		run = RunCommand
+	}
+	timeout := e.Timeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	name := e.Command + suffix
+	out, err := run(ctx, name, args, stdin)
+	if err != nil {
+		if ee := new(exec.Error); errors.As(err, &ee) {
+			return out, fmt.Errorf("%s: %w (install iptables, or pick another --proxy-mode)", name, err)
+		}
+		msg := strings.TrimSpace(string(out))
+		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "does not exist") ||
+			strings.Contains(msg, "Bad rule (does a matching rule exist") || strings.Contains(msg, "doesn't exist") {
+			return out, fmt.Errorf("%s %s: %s: %w", name, strings.Join(args, " "), msg, ErrNotFound)
+		}
+		return out, fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return out, nil
+}
+
+// Restore runs iptables-restore --noflush --counters with the lock wait
+// flags kube-proxy uses. On a parse error the message quotes the line.
+func (e *Exec) Restore(data []byte) error {
+	out, err := e.run("-restore", []string{"-w", "5", "-W", "100000", "--noflush", "--counters"}, data)
+	if err != nil {
+		return fmt.Errorf("%w%s", err, restoreContext(out, data))
+	}
+	return nil
+}
+
+// restoreContext quotes the lines around the one iptables-restore names.
+func restoreContext(out, data []byte) string {
+	var line int
+	if _, err := fmt.Sscanf(lastMatch(string(out), "line "), "%d", &line); err != nil || line <= 0 {
+		return ""
+	}
+	lines := strings.Split(string(data), "\n")
+	var b strings.Builder
+	for i := max(1, line-3); i <= min(len(lines), line+3); i++ {
+		mark := "  "
+		if i == line {
+			mark = "> "
+		}
+		fmt.Fprintf(&b, "\n%s%d: %s", mark, i, lines[i-1])
+	}
+	return b.String()
+}
+
+func lastMatch(s, prefix string) string {
+	i := strings.LastIndex(s, prefix)
+	if i < 0 {
+		return ""
+	}
+	return s[i+len(prefix):]
+}
+
+// Chains lists a table's chains from iptables-save.
+func (e *Exec) Chains(table string) ([]string, error) {
+	out, err := e.run("-save", []string{"-t", table}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var chains []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, ":") {
+			chains = append(chains, strings.Fields(l[1:])[0])
+		}
+	}
+	return chains, nil
+}
+
+// EnsureChain runs -N, accepting "already exists".
+func (e *Exec) EnsureChain(table, chain string) error {
+	out, err := e.run("", []string{"-w", "5", "-t", table, "-N", chain}, nil)
+	if err != nil && strings.Contains(string(out), "exists") {
+		return nil
+	}
+	return err
+}
+
+// EnsureRule runs -C, then -I when the rule is missing.
+func (e *Exec) EnsureRule(table, chain string, args ...string) error {
+	if _, err := e.run("", append([]string{"-w", "5", "-t", table, "-C", chain}, args...), nil); err == nil {
+		return nil
+	}
+	_, err := e.run("", append([]string{"-w", "5", "-t", table, "-I", chain}, args...), nil)
+	return err
+}
+
+// DeleteRule runs -D; a missing rule or chain is fine.
+func (e *Exec) DeleteRule(table, chain string, args ...string) error {
+	_, err := e.run("", append([]string{"-w", "5", "-t", table, "-D", chain}, args...), nil)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// DeleteChain runs -F and -X; a missing chain is fine.
+func (e *Exec) DeleteChain(table, chain string) error {
+	if _, err := e.run("", []string{"-w", "5", "-t", table, "-F", chain}, nil); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	_, err := e.run("", []string{"-w", "5", "-t", table, "-X", chain}, nil)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}
