@@ -23,6 +23,7 @@ type Metrics struct {
 	livez          *prometheus.CounterVec
 	rejected       *prometheus.CounterVec
 	listenerErrors prometheus.Counter
+	restoreFails   prometheus.Counter
 
 	connections *prometheus.CounterVec
 	active      *prometheus.GaugeVec
@@ -55,6 +56,8 @@ func NewMetrics() *Metrics {
 			Help: "/livez responses by code."}, []string{"code"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "rejected_updates_total",
 			Help: "Updates refused because they were invalid, per offending object (\"Kind ns/name\"; empty when a file could not be decoded); the last good state kept serving."}, []string{"source", "object"}),
+		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+			Help: "iptables-restore runs that failed."}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
 			Help: "Listeners that could not be opened (e.g. port in use)."}),
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
@@ -74,7 +77,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -102,6 +105,9 @@ func (m *Metrics) Rejected(source string, objects []string) {
 
 // ListenerError counts a listener that could not be opened.
 func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
+
+// RestoreFailed counts a failed iptables-restore.
+func (m *Metrics) RestoreFailed() { m.restoreFails.Inc() }
 
 // PortCounters returns the data-path counters of one service port. Its
 // methods match listeners.Counters; the label lookups happen once, here.

@@ -65,6 +65,9 @@ type Config struct {
 	ManifestCoalesce time.Duration
 	LogFormat        string
 	Verbosity        int
+	// IPTablesBackend picks the iptables binaries: auto (iptables, as the
+	// system's alternatives choose), nft or legacy.
+	IPTablesBackend string
 
 	// Changed lists the flags set on the command line, for the start-up
 	// report of flags the chosen mode ignores.
@@ -325,6 +328,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsPort < 0 || c.MetricsPort > 65535 {
 		p.add("metrics-port", "", c.MetricsPort, "must be 0-65535")
+	}
+	switch c.IPTablesBackend {
+	case "", "auto", "nft", "legacy":
+	default:
+		p.add("iptables-backend", "", c.IPTablesBackend, "want auto, nft or legacy")
 	}
 	switch c.Engine {
 	case "eventloop":

@@ -105,6 +105,7 @@ var flagModes = map[string][]string{
 	"proxy-port-range":             {ModeUserspace},
 	"udp-timeout":                  {ModeUserspace},
 	"engine":                       {ModeUserspace},
+	"iptables-backend":             {ModeIPTables},
 	"connect-timeouts":             {ModeUserspace},
 	"connect-attempts":             {ModeUserspace},
 	"connect-budget":               {ModeUserspace},
@@ -231,6 +232,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 
 	// sluice's own flags.
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "A file or directory of Service, EndpointSlice and Endpoints manifests (YAML or JSON, as kubectl apply -f takes them), watched for changes.")
+	fs.StringVar(&c.IPTablesBackend, "iptables-backend", "auto", "iptables mode and --cleanup: auto (the iptables command, as the system's alternatives choose), nft (iptables-nft) or legacy (iptables-legacy).")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "Userspace engine: eventloop (epoll, Linux) or goroutine (standard library, every OS).")
 	fs.Var(durationList{&c.ConnectTimeouts}, "connect-timeouts", "Per-try connect timeouts, comma-separated; the last repeats.")
 	fs.IntVar(&c.ConnectAttempts, "connect-attempts", c.ConnectAttempts, "Most endpoints one connection tries.")

@@ -81,13 +81,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
 	}
 	if cfg.Cleanup {
-		// The userspace mode installs nothing in the kernel; the kernel
-		// modes, which do, each add their leftovers here when they land.
-		log.Info("cleanup: nothing to remove; no sluice mode that programs the kernel is built yet")
+		if err := cleanup(cfg, log); err != nil {
+			log.Error("cleanup failed", "err", err)
+			return 1
+		}
 		return 0
 	}
-	if cfg.Mode() != config.ModeUserspace {
-		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace", cfg.Mode()))
+	if m := cfg.Mode(); m != config.ModeUserspace && m != config.ModeIPTables {
+		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace or iptables", m))
 		return 1
 	}
 	if cfg.InitOnly {
@@ -128,39 +129,56 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	}
 	metrics := admin.NewMetrics()
 	health := admin.NewHealth(2*cfg.KubeProxy.IPTables.SyncPeriod.Duration, nil)
-
-	engine, err := listeners.New(cfg.Engine, listeners.Options{})
-	if err != nil {
-		return fmt.Errorf("--engine: %w", err)
-	}
-	pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
 	local := &localAddrs{}
-	srv := &listeners.Server{
-		Engine:      engine,
-		BindAddress: netip.MustParseAddr(cfg.KubeProxy.BindAddress),
-		ProxyPorts:  listeners.NewPortAllocator(pr.Base, pr.Size),
-		IsLocal:     local.has,
-		NodePortAddrs: func() []netip.Addr {
-			return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list())
-		},
-		Retry:      lb.RetryPolicy{Attempts: cfg.ConnectAttempts, TryTimeouts: cfg.ConnectTimeouts, Budget: cfg.ConnectBudget},
-		Ejection:   lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
-		UDPTimeout: cfg.UDPTimeout,
-		Clock:      affinity.SystemClock{},
-		Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
-		Log:        log,
-	}
-	drain := func() {
-		dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
-		defer cancel()
-		if err := engine.Shutdown(dctx); err != nil {
-			log.Warn("drain cut open connections", "after", cfg.DrainTimeout)
+
+	var (
+		plane    dataPlane
+		srv      *listeners.Server
+		engineOf = cfg.Mode()
+		drain    = func() {}
+	)
+	if cfg.Mode() == config.ModeIPTables {
+		ipt, err := newIPTablesPlane(cfg, local, metrics, log)
+		if err != nil {
+			return err
+		}
+		plane = ipt
+		defer ipt.Close()
+	} else {
+		engine, err := listeners.New(cfg.Engine, listeners.Options{})
+		if err != nil {
+			return fmt.Errorf("--engine: %w", err)
+		}
+		engineOf = engine.Name() + " engine"
+		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
+		srv = &listeners.Server{
+			Engine:      engine,
+			BindAddress: netip.MustParseAddr(cfg.KubeProxy.BindAddress),
+			ProxyPorts:  listeners.NewPortAllocator(pr.Base, pr.Size),
+			IsLocal:     local.has,
+			NodePortAddrs: func() []netip.Addr {
+				return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list())
+			},
+			Retry:      lb.RetryPolicy{Attempts: cfg.ConnectAttempts, TryTimeouts: cfg.ConnectTimeouts, Budget: cfg.ConnectBudget},
+			Ejection:   lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
+			UDPTimeout: cfg.UDPTimeout,
+			Clock:      affinity.SystemClock{},
+			Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
+			Log:        log,
+		}
+		plane = userspacePlane{srv}
+		drain = func() {
+			dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+			defer cancel()
+			if err := engine.Shutdown(dctx); err != nil {
+				log.Warn("drain cut open connections", "after", cfg.DrainTimeout)
+			}
 		}
 	}
-	sink := &applier{server: srv, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: cfg.Mode(), Profiling: cfg.KubeProxy.EnableProfiling,
-		Dump: func() any { return srv.Dump() }}
+		Dump: plane.Dump}
 	hz, err := admin.Serve(cfg.HealthzAddress(), ep.HealthzHandler())
 	if err != nil {
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)
@@ -218,7 +236,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			case <-srcCtx.Done():
 				return
 			case <-t.C:
-				srv.ExpirePins()
+				plane.Tick()
 			}
 		}
 	}()
@@ -226,7 +244,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		stopSrc()
 		wg.Wait()
 		drain()
-		srv.Close()
+		if srv != nil {
+			srv.Close()
+		}
 	}
 	// Nothing is served before the source's first full state.
 	select {
@@ -240,11 +260,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		stopAll()
 		return fmt.Errorf("--bind-address-hard-fail: %w", err)
 	}
-	fes := srv.Frontends()
-	for _, fe := range fes {
-		log.Info("listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
+	nListeners := 0
+	if srv != nil {
+		fes := srv.Frontends()
+		for _, fe := range fes {
+			log.Info("listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
+		}
+		nListeners = len(fes)
 	}
-	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s engine, %d listeners, watching %s\n", version, cfg.Mode(), engine.Name(), len(fes), source)
+	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, cfg.Mode(), engineOf, nListeners, source)
 
 	<-ctx.Done()
 	log.Info("shutting down: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
@@ -285,7 +309,7 @@ func newKubeClient(cfg *config.Config) (kubernetes.Interface, string, error) {
 // applier is the control plane's sink: it applies snapshots to the
 // listeners and keeps health and metrics up to date.
 type applier struct {
-	server  *listeners.Server
+	plane   dataPlane
 	local   *localAddrs
 	health  *admin.Health
 	metrics *admin.Metrics
@@ -301,11 +325,11 @@ type applier struct {
 func (a *applier) Publish(snap *lb.Snapshot) {
 	start := time.Now()
 	a.local.refresh()
-	err := a.server.Apply(snap)
+	err := a.plane.Apply(snap)
 	if err != nil {
 		for _, e := range unjoin(err) {
 			a.metrics.ListenerError()
-			a.log.Error("listener not opened", "err", e)
+			a.log.Error("part of the state not applied", "err", e)
 		}
 	}
 	a.mu.Lock()

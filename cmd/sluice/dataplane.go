@@ -1,0 +1,215 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// dataPlane is what a proxy mode does with snapshots.
+type dataPlane interface {
+	Apply(*lb.Snapshot) error
+	Dump() any
+	Tick() // once a minute
+}
+
+// userspacePlane is the listeners' server as a dataPlane.
+type userspacePlane struct{ *listeners.Server }
+
+func (u userspacePlane) Dump() any { return u.Server.Dump() }
+func (u userspacePlane) Tick()     { u.ExpirePins() }
+
+// iptablesCommands returns the family's binaries for a backend.
+func iptablesCommands(backend string) (v4, v6 string) {
+	switch backend {
+	case "nft", "legacy":
+		return "iptables-" + backend, "ip6tables-" + backend
+	}
+	return "iptables", "ip6tables"
+}
+
+// iptablesPlane programs iptables per family. Each Apply is a full sync;
+// a failed sync is retried, and a vanished canary (a firewall reload)
+// forces a resync, every --iptables-sync-period.
+type iptablesPlane struct {
+	proxiers []*iptables.Proxier
+	cfg      *config.Config
+	local    *localAddrs
+	metrics  *admin.Metrics
+	log      *slog.Logger
+	stop     chan struct{}
+	done     chan struct{}
+
+	mu     sync.Mutex
+	last   *lb.Snapshot
+	failed bool
+}
+
+func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
+	o := iptables.Options{IPv6: v6, MasqueradeBit: 14, MasqueradeAll: cfg.KubeProxy.IPTables.MasqueradeAll}
+	if b := cfg.KubeProxy.IPTables.MasqueradeBit; b != nil {
+		o.MasqueradeBit = int(*b)
+	}
+	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp != nil {
+		o.LocalhostNodePorts = *lnp && !v6
+	}
+	for _, c := range strings.Split(cfg.KubeProxy.ClusterCIDR, ",") {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is6() == v6 {
+			o.ClusterCIDR = p
+		}
+	}
+	return o
+}
+
+func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*iptablesPlane, error) {
+	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
+	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	for _, fam := range []struct {
+		cmd string
+		v6  bool
+	}{{v4, false}, {v6, true}} {
+		r := &iptables.Exec{Command: fam.cmd}
+		if _, err := r.Chains("nat"); err != nil {
+			if !fam.v6 {
+				return nil, fmt.Errorf("iptables mode: %s cannot read the nat table: %w", fam.cmd, err)
+			}
+			log.Warn("iptables mode: IPv6 rules disabled", "err", err)
+			continue
+		}
+		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: iptablesOptions(cfg, fam.v6), Log: log})
+	}
+	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp != nil && *lnp {
+		// kube-proxy sets this so DNAT of 127.0.0.1:NodePort works.
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
+			log.Warn("localhost NodePorts: cannot set net.ipv4.conf.all.route_localnet=1", "err", err)
+		}
+	}
+	log.Info("iptables mode", "backend", cfg.IPTablesBackend, "families", len(p.proxiers))
+	go p.loop(cfg.KubeProxy.IPTables.SyncPeriod.Duration)
+	return p, nil
+}
+
+func (p *iptablesPlane) nodePortAddrs() []netip.Addr {
+	return selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, p.local.list())
+}
+
+// Apply syncs every family.
+func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last = snap
+	var errs []error
+	for _, px := range p.proxiers {
+		px.Options.NodePortAddresses = p.nodePortAddrs()
+		if err := px.Sync(snap); err != nil {
+			p.metrics.RestoreFailed()
+			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
+		}
+	}
+	p.failed = len(errs) > 0
+	return errors.Join(errs...)
+}
+
+func family(px *iptables.Proxier) string {
+	if px.Options.IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func (p *iptablesPlane) loop(every time.Duration) {
+	defer close(p.done)
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		last, failed := p.last, p.failed
+		p.mu.Unlock()
+		if last == nil {
+			continue
+		}
+		reason := ""
+		if failed {
+			reason = "the last sync failed"
+		}
+		for _, px := range p.proxiers {
+			if px.CanaryGone() {
+				reason = "KUBE-PROXY-CANARY is gone (tables flushed)"
+			}
+		}
+		if reason == "" {
+			continue
+		}
+		p.log.Warn("iptables: full resync", "why", reason)
+		if err := p.Apply(last); err != nil {
+			p.log.Error("iptables resync failed", "err", err)
+		}
+	}
+}
+
+// Close stops the resync loop; the rules stay (as kube-proxy's do) until
+// --cleanup.
+func (p *iptablesPlane) Close() {
+	close(p.stop)
+	<-p.done
+}
+
+func (p *iptablesPlane) Dump() any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	if p.last != nil {
+		n = len(p.last.Ports)
+	}
+	fams := []string{}
+	for _, px := range p.proxiers {
+		fams = append(fams, family(px))
+	}
+	return map[string]any{"mode": "iptables", "families": fams, "servicePorts": n, "lastSyncFailed": p.failed}
+}
+
+func (p *iptablesPlane) Tick() {}
+
+// cleanup removes what every sluice mode installs: today the iptables
+// mode's chains and jump rules, for both families, with the binaries of
+// --iptables-backend. A family whose binary is missing or whose kernel
+// support is absent has nothing to remove.
+func cleanup(cfg *config.Config, log *slog.Logger) error {
+	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
+	var errs []error
+	for _, fam := range []struct {
+		cmd string
+		v6  bool
+	}{{v4, false}, {v6, true}} {
+		r := &iptables.Exec{Command: fam.cmd}
+		if _, err := r.Chains("nat"); err != nil {
+			log.Info("cleanup: skipping a family with no usable iptables", "command", fam.cmd, "err", err)
+			continue
+		}
+		if err := iptables.Cleanup(r, iptablesOptions(cfg, fam.v6)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", fam.cmd, err))
+			continue
+		}
+		log.Info("cleanup: iptables chains and jump rules removed", "command", fam.cmd)
+	}
+	return errors.Join(errs...)
+}
