@@ -162,6 +162,8 @@ func (p *iptablesPlane) loop(every time.Duration) {
 		p.log.Warn("iptables: full resync", "why", reason)
 		if err := p.Apply(last); err != nil {
 			p.log.Error("iptables resync failed", "err", err)
+		} else {
+			p.log.Info("iptables: resynced")
 		}
 	}
 }

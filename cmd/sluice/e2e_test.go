@@ -21,6 +21,9 @@ import (
 var sluiceBin string
 
 func TestMain(m *testing.M) {
+	if runHelper() {
+		return
+	}
 	if code, ok := reexecInPrivateNetns(); ok {
 		os.Exit(code)
 	}
@@ -103,7 +106,13 @@ type proc struct {
 
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(sluiceBin, args...)
+	return startCmd(t, exec.Command(sluiceBin, args...))
+}
+
+// startCmd starts cmd, collecting its stderr lines and stdout, and kills it
+// by PID when the test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	stderr, _ := cmd.StderrPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {

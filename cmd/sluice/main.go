@@ -77,15 +77,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(cfg, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
-	if unused := cfg.UnusedFlags(); len(unused) > 0 {
-		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
-	}
 	if cfg.Cleanup {
 		if err := cleanup(cfg, log); err != nil {
 			log.Error("cleanup failed", "err", err)
 			return 1
 		}
 		return 0
+	}
+	if unused := cfg.UnusedFlags(); len(unused) > 0 {
+		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
 	}
 	if m := cfg.Mode(); m != config.ModeUserspace && m != config.ModeIPTables {
 		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace or iptables", m))

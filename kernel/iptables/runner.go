@@ -72,7 +72,7 @@ func (e *Exec) run(suffix string, args []string, stdin []byte) ([]byte, error) {
 		}
 		msg := strings.TrimSpace(string(out))
 		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "does not exist") ||
-			strings.Contains(msg, "Bad rule (does a matching rule exist") || strings.Contains(msg, "doesn't exist") {
+			strings.Contains(msg, "Bad rule (does a matching rule exist") || strings.Contains(msg, "doesn't exist") || strings.Contains(msg, "Couldn't load target") {
 			return out, fmt.Errorf("%s %s: %s: %w", name, strings.Join(args, " "), msg, ErrNotFound)
 		}
 		return out, fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, msg)

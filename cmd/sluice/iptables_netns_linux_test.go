@@ -1,0 +1,342 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+)
+
+// iptables mode for real: three network namespaces of the test's own,
+// client <-veth-> node (sluice) <-veth-> backend, with no link to the root
+// namespace and no route out of the machine; deleted when the test ends,
+// pass or fail. The test binary doubles as backend and client (helper
+// modes below), run inside the namespaces with `ip netns exec`.
+
+const (
+	helperEnv     = "SLUICE_TEST_HELPER"
+	helperArgsEnv = "SLUICE_TEST_HELPER_ARGS"
+)
+
+// runHelper serves as a backend or acts as a client when the test binary
+// is started as a helper; it reports whether it was one.
+func runHelper() bool {
+	args := strings.Split(os.Getenv(helperArgsEnv), ",")
+	switch os.Getenv(helperEnv) {
+	case "backend": // name,ip...: HTTP on ip:8080 and UDP echo on ip:5353
+		name := args[0]
+		for _, ip := range args[1:] {
+			ln, err := net.Listen("tcp", ip+":8080")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name+"@"+ip) }))
+			pc, err := net.ListenPacket("udp", ip+":5353")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			go func() {
+				buf := make([]byte, 2048)
+				for {
+					n, from, err := pc.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					pc.WriteTo(append([]byte(name+"@"+ip+":"), buf[:n]...), from)
+				}
+			}()
+		}
+		fmt.Println("ready")
+		select {}
+	case "client": // proto,addr,count: one line per try, the answer or "error: ..."
+		n, _ := strconv.Atoi(args[2])
+		for i := 0; i < n; i++ {
+			fmt.Println(clientTry(args[0], args[1]))
+		}
+		os.Exit(0)
+	}
+	return false
+}
+
+func clientTry(proto, addr string) string {
+	if proto == "udp" {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Write([]byte("ping"))
+		buf := make([]byte, 2048)
+		n, err := c.Read(buf)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		name, _, _ := strings.Cut(string(buf[:n]), ":")
+		return name
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get("http://" + addr + "/")
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+type netnsBed struct {
+	t                     *testing.T
+	client, node, backend string
+}
+
+func (b *netnsBed) ip(args ...string) {
+	b.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		b.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+func (b *netnsBed) in(ns string, args ...string) string {
+	b.t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		b.t.Fatalf("in %s: %s: %v: %s", ns, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// newNetnsBed builds client <-> node <-> backend. The client is
+// 192.168.10.2 (node side 192.168.10.1); backends are 10.244.0.5 and
+// 10.244.0.6 (node side 10.244.0.1).
+func newNetnsBed(t *testing.T) *netnsBed {
+	if os.Geteuid() != 0 {
+		kubetest.Require(t, errors.New("network namespace tests need root"))
+	}
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		kubetest.Require(t, errors.New("iptables is not installed: run `make test-deps`"))
+	}
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	id := hex.EncodeToString(suffix)
+	b := &netnsBed{t: t, client: "sluice-" + id + "-client", node: "sluice-" + id + "-node", backend: "sluice-" + id + "-backend"}
+	for _, ns := range []string{b.client, b.node, b.backend} {
+		b.ip("netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		b.ip("-n", ns, "link", "set", "lo", "up")
+	}
+	b.ip("-n", b.node, "link", "add", "c0", "type", "veth", "peer", "name", "c1", "netns", b.client)
+	b.ip("-n", b.node, "link", "add", "b0", "type", "veth", "peer", "name", "b1", "netns", b.backend)
+	b.ip("-n", b.node, "addr", "add", "192.168.10.1/24", "dev", "c0")
+	b.ip("-n", b.node, "addr", "add", "10.244.0.1/24", "dev", "b0")
+	b.ip("-n", b.client, "addr", "add", "192.168.10.2/24", "dev", "c1")
+	b.ip("-n", b.backend, "addr", "add", "10.244.0.5/24", "dev", "b1")
+	b.ip("-n", b.backend, "addr", "add", "10.244.0.6/24", "dev", "b1")
+	for _, l := range [][2]string{{b.node, "c0"}, {b.node, "b0"}, {b.client, "c1"}, {b.backend, "b1"}} {
+		b.ip("-n", l[0], "link", "set", l[1], "up")
+	}
+	b.ip("-n", b.client, "route", "add", "default", "via", "192.168.10.1")
+	b.ip("-n", b.backend, "route", "add", "default", "via", "10.244.0.1")
+	// Service and external ranges lead into the backend namespace, which
+	// does not forward: an undecided packet dies inside the sandbox.
+	b.ip("-n", b.node, "route", "add", "10.96.0.0/16", "via", "10.244.0.5")
+	b.ip("-n", b.node, "route", "add", "203.0.113.0/24", "via", "10.244.0.5")
+	b.in(b.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	return b
+}
+
+// start runs a command in a namespace until the test ends (killed by PID).
+func (b *netnsBed) start(ns string, env []string, args ...string) *proc {
+	b.t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	return startCmd(b.t, cmd)
+}
+
+// startBackends runs the backend helper in the backend namespace and
+// waits for its "ready" line; it is killed by PID when the test ends.
+func (b *netnsBed) startBackends(name string, ips ...string) {
+	b.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", b.backend, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=backend", helperArgsEnv+"="+name+","+strings.Join(ips, ","))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		b.t.Fatalf("backend helper: %q %v", line, err)
+	}
+}
+
+// tries runs the client helper in the client namespace.
+func (b *netnsBed) tries(proto, addr string, n int) []string {
+	b.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", b.client, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=client", fmt.Sprintf("%s=%s,%s,%d", helperArgsEnv, proto, addr, n))
+	out, err := cmd.Output()
+	if err != nil {
+		b.t.Fatalf("client %s %s: %v", proto, addr, err)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+func distinct(answers []string) map[string]int {
+	m := map[string]int{}
+	for _, a := range answers {
+		if strings.HasPrefix(a, "error: ") {
+			a = "error"
+		}
+		m[a]++
+	}
+	return m
+}
+
+// saveState is iptables-save and ip6tables-save without comments and
+// counters, for before/after comparisons.
+func (b *netnsBed) saveState(backend string) string {
+	var out strings.Builder
+	for _, cmd := range []string{"iptables-" + backend + "-save", "ip6tables-" + backend + "-save"} {
+		for _, l := range strings.Split(b.in(b.node, cmd), "\n") {
+			if strings.HasPrefix(l, "#") {
+				continue
+			}
+			out.WriteString(regexp.MustCompile(`\[\d+:\d+\]`).ReplaceAllString(l, "[0:0]") + "\n")
+		}
+	}
+	return out.String()
+}
+
+const iptablesManifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  externalIPs: [203.0.113.10]
+  ports:
+  - {name: http, port: 80, nodePort: 30080, protocol: TCP}
+  - {name: dns, port: 53, nodePort: 30053, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: e2e, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: dns, port: 5353, protocol: UDP}
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: e2e}
+spec:
+  clusterIP: 10.96.0.11
+  sessionAffinity: ClientIP
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-1, namespace: e2e, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: e2e}
+spec:
+  clusterIP: 10.96.0.12
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+`
+
+func TestIPTablesModeInNetns(t *testing.T) {
+	for _, backend := range []string{"nft", "legacy"} {
+		t.Run(backend, func(t *testing.T) { iptablesModeInNetns(t, backend) })
+	}
+}
+
+func iptablesModeInNetns(t *testing.T, backend string) {
+	b := newNetnsBed(t)
+	b.startBackends("b", "10.244.0.5", "10.244.0.6")
+	// Rules of someone else's, in every table sluice touches: --cleanup
+	// must leave them exactly as they were.
+	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
+		b.in(b.node, cmd, "-A", "INPUT", "-p", "tcp", "--dport", "2222", "-j", "ACCEPT")
+		b.in(b.node, cmd, "-t", "nat", "-A", "POSTROUTING", "-o", "c0", "-p", "udp", "--dport", "4444", "-j", "MASQUERADE")
+		b.in(b.node, cmd, "-t", "mangle", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "ACCEPT")
+	}
+	before := b.saveState(backend)
+
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=iptables", "--iptables-backend="+backend, "--manifests", dir,
+		"--cluster-cidr=10.244.0.0/16", "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
+	p.waitLog("state applied")
+
+	want2 := func(what string, answers []string) {
+		t.Helper()
+		d := distinct(answers)
+		if len(d) != 2 || d["b@10.244.0.5"] == 0 || d["b@10.244.0.6"] == 0 {
+			t.Fatalf("%s: %v, want both backends", what, d)
+		}
+	}
+	want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 20))
+	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 20))
+	want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 20))
+	want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 20))
+	if d := distinct(b.tries("tcp", "10.96.0.11:80", 15)); len(d) != 1 || d["error"] > 0 {
+		t.Fatalf("ClientIP affinity: %v, want 15 hits on one backend", d)
+	}
+	if got := b.tries("tcp", "10.96.0.12:80", 1)[0]; !strings.Contains(got, "connection refused") {
+		t.Fatalf("no endpoints: %q, want connection refused (REJECT), not a timeout", got)
+	}
+
+	// A firewall reload flushes nat: the canary is gone, sluice resyncs.
+	b.in(b.node, "iptables-"+backend, "-t", "nat", "-F")
+	b.in(b.node, "iptables-"+backend, "-t", "nat", "-X")
+	// ... and the reloading firewall puts back its own rule.
+	b.in(b.node, "iptables-"+backend, "-t", "nat", "-A", "POSTROUTING", "-o", "c0", "-p", "udp", "--dport", "4444", "-j", "MASQUERADE")
+	p.waitLog("iptables: full resync", "KUBE-PROXY-CANARY")
+	p.waitLog("iptables: resynced")
+	want2("ClusterIP after the canary resync", b.tries("tcp", "10.96.0.10:80", 20))
+
+	// --cleanup after sluice stops restores the tables exactly; twice is fine.
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("sluice exit %d", code)
+	}
+	for i := 0; i < 2; i++ {
+		b.in(b.node, sluiceBin, "--cleanup", "--iptables-backend="+backend)
+		if after := b.saveState(backend); after != before {
+			t.Fatalf("after --cleanup #%d the tables differ.\nbefore:\n%s\nafter:\n%s", i+1, before, after)
+		}
+	}
+}
