@@ -20,13 +20,6 @@ type Proxier struct {
 	Log     *slog.Logger
 }
 
-func (p *Proxier) log() *slog.Logger {
-	if p.Log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return p.Log
-}
-
 // Sync makes the kernel's rules match snap.
 func (p *Proxier) Sync(snap *lb.Snapshot) error {
 	o := p.Options
@@ -35,8 +28,12 @@ func (p *Proxier) Sync(snap *lb.Snapshot) error {
 		return fmt.Errorf("list nat chains: %w", err)
 	}
 	o.ExistingNATChains = chains
-	if err := p.Runner.Restore(Render(snap, o)); err != nil {
+	data := Render(snap, o)
+	if err := p.Runner.Restore(data); err != nil {
 		return fmt.Errorf("apply rules: %w", err)
+	}
+	if p.Log != nil {
+		p.Log.Debug("iptables rules applied", "ipv6", o.IPv6, "bytes", len(data))
 	}
 	for _, j := range Jumps(o) {
 		if err := p.Runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
