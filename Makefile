@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-engines bench-deps clean
+.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-sync bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ bench: build bench-deps ## the benchmark, short mode (< 10 min): sluice vs naive
 
 bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; asserts no numbers
 	bin/sluice-bench --mode smoke
+
+bench-sync: ## iptables mode: full render (and apply to the stateful fake) at 1k and 10k services x 10 endpoints
+	$(GO) test -run '^$$' -bench BenchmarkSync -benchtime 5x ./kernel/iptables
 
 bench-engines: ## Go micro-benchmarks of the engines and the gnet candidate
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./listeners
