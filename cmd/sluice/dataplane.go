@@ -24,8 +24,22 @@ type dataPlane interface {
 	Tick() // once a minute
 }
 
-// userspacePlane is the listeners' server as a dataPlane.
-type userspacePlane struct{ *listeners.Server }
+// userspacePlane is the listeners' server as a dataPlane; each listener
+// that could not be opened is counted.
+type userspacePlane struct {
+	*listeners.Server
+	metrics *admin.Metrics
+}
+
+func (u userspacePlane) Apply(snap *lb.Snapshot) error {
+	err := u.Server.Apply(snap)
+	if err != nil {
+		for range unjoin(err) {
+			u.metrics.ListenerError()
+		}
+	}
+	return err
+}
 
 func (u userspacePlane) Dump() any { return u.Server.Dump() }
 func (u userspacePlane) Tick()     { u.ExpirePins() }
@@ -110,8 +124,9 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 	defer p.mu.Unlock()
 	p.last = snap
 	var errs []error
+	nodePortAddrs := p.nodePortAddrs()
 	for _, px := range p.proxiers {
-		px.Options.NodePortAddresses = p.nodePortAddrs()
+		px.Options.NodePortAddresses = nodePortAddrs
 		if err := px.Sync(snap); err != nil {
 			p.metrics.RestoreFailed()
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))

@@ -166,7 +166,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 			Log:        log,
 		}
-		plane = userspacePlane{srv}
+		plane = userspacePlane{Server: srv, metrics: metrics}
 		drain = func() {
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 			defer cancel()
@@ -328,7 +328,6 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	err := a.plane.Apply(snap)
 	if err != nil {
 		for _, e := range unjoin(err) {
-			a.metrics.ListenerError()
 			a.log.Error("part of the state not applied", "err", e)
 		}
 	}

@@ -28,8 +28,6 @@ var builtinTargets = map[string]bool{"ACCEPT": true, "DROP": true, "REJECT": tru
 type Fake struct {
 	mu     sync.Mutex
 	tables map[string]map[string][][]string // table -> chain -> rules (args)
-	// Restores counts successful Restore calls.
-	Restores int
 }
 
 // NewFake returns a Fake with the built-in chains of each table.
@@ -197,7 +195,6 @@ func (f *Fake) Restore(data []byte) error {
 	if work != nil {
 		return fmt.Errorf("iptables-restore: table %s not committed", table)
 	}
-	f.Restores++
 	return nil
 }
 
@@ -211,13 +208,6 @@ func (f *Fake) Chains(table string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-// Rules returns a copy of one chain's rules.
-func (f *Fake) Rules(table, chain string) [][]string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.tables[table][chain])
 }
 
 // EnsureChain creates a chain if missing.
