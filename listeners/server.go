@@ -23,6 +23,11 @@ const (
 	RoleExternalIP   Role = "externalIP"
 	RoleLoadBalancer Role = "loadBalancerIP"
 	RoleProxyPort    Role = "proxyPort" // the target of ClusterIP capture
+	// RoleExternalProxyPort is the target of captured external and
+	// load-balancer IPs when the traffic policies give them endpoints of
+	// their own; otherwise they share the proxy port.
+	RoleExternalProxyPort Role = "externalProxyPort"
+	RoleClusterIP         Role = "clusterIP" // ClusterIP:port itself (ListenOnVIPs)
 )
 
 // Frontend is one open listener of one service port.
@@ -46,6 +51,14 @@ type Server struct {
 	// IsLocal reports whether an external or load-balancer IP is an address
 	// of this host, so it can be listened on directly. Nil means none is.
 	IsLocal func(netip.Addr) bool
+	// ListenOnVIPs serves ClusterIPs, external IPs and load-balancer IPs
+	// on their own addresses and ports instead of through a proxy port:
+	// the "bind" VIP capture, which makes them local addresses first.
+	ListenOnVIPs bool
+	// CaptureExternal says external and load-balancer IPs that are not
+	// local are redirected to a proxy port (the "iptables" capture), so a
+	// port whose traffic policies differ gets an external proxy port.
+	CaptureExternal bool
 	// NodePortAddrs lists the addresses NodePorts listen on
 	// (--nodeport-addresses). A nil result (or a nil func) means BindAddress;
 	// an empty non-nil one means none. It is asked once per Apply; a change
@@ -72,7 +85,7 @@ type servedPort struct {
 	ext       *Target
 	frontends []Frontend
 	listeners []Listener
-	proxyPort int          // allocated from ProxyPorts; 0 when random
+	proxyPorts []int        // allocated from ProxyPorts
 	nodeAddrs []netip.Addr // where its NodePort listens
 }
 
@@ -181,7 +194,7 @@ func (s *Server) openPort(p *servedPort) []error {
 	var errs []error
 	open := func(fe Frontend) bool {
 		t := p.ext
-		if fe.Role == RoleProxyPort {
+		if fe.Role == RoleProxyPort || fe.Role == RoleClusterIP {
 			t = p.target
 		}
 		ln, err := s.Engine.Listen(sp.Name.Protocol, fe.Addr, t)
@@ -200,41 +213,63 @@ func (s *Server) openPort(p *servedPort) []error {
 			open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(a, sp.NodePort)})
 		}
 	}
+	nonLocal := false
 	for _, set := range []struct {
 		role Role
 		ips  []netip.Addr
 	}{{RoleExternalIP, sp.ExternalIPs}, {RoleLoadBalancer, sp.LoadBalancerIPs}} {
 		for _, ip := range set.ips {
-			if s.IsLocal != nil && s.IsLocal(ip) {
+			if s.ListenOnVIPs || (s.IsLocal != nil && s.IsLocal(ip)) {
 				open(Frontend{Service: sp.Name, Role: set.role, Addr: netip.AddrPortFrom(ip, sp.Port)})
+			} else {
+				nonLocal = true
 			}
 		}
 	}
-	for _, vip := range sp.ClusterIPs {
-		if vip.Is4() != bind.Is4() && !bind.IsUnspecified() {
-			continue // the proxy port lives on the bind address's family
+	if s.ListenOnVIPs {
+		for _, vip := range sp.ClusterIPs {
+			open(Frontend{Service: sp.Name, Role: RoleClusterIP, Addr: netip.AddrPortFrom(vip, sp.Port)})
 		}
+		return errs
+	}
+	// openProxyPort opens a listener on a port of the proxy range (or a
+	// random one), trying further ports of the range when one is taken.
+	openProxyPort := func(role Role, vip netip.Addr) {
 		for try := 0; try < 16; try++ {
 			port := 0
 			if s.ProxyPorts != nil {
 				var err error
 				if port, err = s.ProxyPorts.Next(); err != nil {
 					errs = append(errs, fmt.Errorf("service %s: proxy port: %w", sp.Name, err))
-					break
+					return
 				}
 			}
 			before := len(errs)
-			if open(Frontend{Service: sp.Name, Role: RoleProxyPort, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
-				p.proxyPort = port
-				break
+			if open(Frontend{Service: sp.Name, Role: role, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
+				if port != 0 {
+					p.proxyPorts = append(p.proxyPorts, port)
+				}
+				return
+			}
+			if port != 0 && s.ProxyPorts != nil {
+				s.ProxyPorts.Release(port)
 			}
 			if port == 0 || try == 15 {
-				break
+				return
 			}
 			// That port of the range is taken by someone else: try another.
 			errs = errs[:before]
 		}
+	}
+	for _, vip := range sp.ClusterIPs {
+		if vip.Is4() != bind.Is4() && !bind.IsUnspecified() {
+			continue // the proxy port lives on the bind address's family
+		}
+		openProxyPort(RoleProxyPort, vip)
 		break // one proxy port serves every ClusterIP of the port
+	}
+	if s.CaptureExternal && nonLocal && p.ext != p.target {
+		openProxyPort(RoleExternalProxyPort, netip.Addr{})
 	}
 	return errs
 }
@@ -243,10 +278,12 @@ func (s *Server) closePort(p *servedPort) {
 	for _, ln := range p.listeners {
 		ln.Close()
 	}
-	if p.proxyPort != 0 && s.ProxyPorts != nil {
-		s.ProxyPorts.Release(p.proxyPort)
+	if s.ProxyPorts != nil {
+		for _, port := range p.proxyPorts {
+			s.ProxyPorts.Release(port)
+		}
 	}
-	p.listeners, p.frontends = nil, nil
+	p.listeners, p.frontends, p.proxyPorts = nil, nil, nil
 }
 
 // Frontends lists every open listener, sorted by service and address.

@@ -281,3 +281,74 @@ func TestServerSplitsPickersForTrafficPolicies(t *testing.T) {
 		}
 	})
 }
+
+// The bind capture: every service IP is listened on at its own port (here
+// loopback addresses stand in for VIPs already made local), and no proxy
+// port is opened.
+func TestServerListensOnVIPs(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), ListenOnVIPs: true}
+		defer srv.Close()
+		sp := webPort(0, serveTCP(t, nameHandler("vip")))
+		sp.Port = freePort(t)
+		sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("127.0.0.7")}
+		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.8")}
+		sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("127.0.0.9")}
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		roles := map[Role]int{}
+		for _, fe := range srv.Frontends() {
+			roles[fe.Role]++
+		}
+		if roles[RoleClusterIP] != 1 || roles[RoleExternalIP] != 1 || roles[RoleLoadBalancer] != 1 || roles[RoleProxyPort] != 0 {
+			t.Fatalf("frontends %v", srv.Frontends())
+		}
+		for _, ip := range []string{"127.0.0.7", "127.0.0.8", "127.0.0.9"} {
+			if got, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr(ip), sp.Port)); err != nil || got != "vip" {
+				t.Fatalf("%s:%d: %q %v", ip, sp.Port, got, err)
+			}
+		}
+	})
+}
+
+// The iptables capture under externalTrafficPolicy Local: non-local external
+// IPs are redirected to an external proxy port that reaches only local
+// endpoints; without a split policy they share the ClusterIP's proxy port.
+func TestServerOpensExternalProxyPortForSplitPolicy(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), CaptureExternal: true}
+		defer srv.Close()
+		local, remote := serveTCP(t, nameHandler("local")), serveTCP(t, nameHandler("remote"))
+		sp := webPort(0, local, remote)
+		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+		for i := range sp.Endpoints {
+			sp.Endpoints[i].Local = sp.Endpoints[i].Addr == local
+		}
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		if fes := srv.Frontends(); len(fes) != 1 || fes[0].Role != RoleProxyPort {
+			t.Fatalf("Cluster policy: frontends %v, want one shared proxy port", fes)
+		}
+		sp2 := *sp
+		sp2.ExternalLocal = true
+		if err := srv.Apply(snapshotOf(&sp2)); err != nil {
+			t.Fatal(err)
+		}
+		var ext netip.AddrPort
+		for _, fe := range srv.Frontends() {
+			if fe.Role == RoleExternalProxyPort {
+				ext = fe.Addr
+			}
+		}
+		if !ext.IsValid() {
+			t.Fatalf("Local policy: frontends %v, want an external proxy port", srv.Frontends())
+		}
+		for i := 0; i < 4; i++ {
+			if got, err := dialName(t, ext); err != nil || got != "local" {
+				t.Fatalf("external proxy port: %q %v, want only the local endpoint", got, err)
+			}
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -94,11 +95,33 @@ func target(args []string) string {
 	return ""
 }
 
+// natToPort reports whether a rule's NAT target names a port, which the
+// kernel accepts only with a protocol match.
+func natToPort(tg string, r []string) bool {
+	switch tg {
+	case "REDIRECT":
+		return slices.Contains(r, "--to-ports")
+	case "DNAT":
+		to := argAfter(r, "--to-destination")
+		if strings.HasPrefix(to, "[") {
+			return strings.Contains(to, "]:")
+		}
+		return strings.Count(to, ":") == 1
+	}
+	return false
+}
+
 // validate checks every jump of a table after a transaction.
 func validate(table string, t map[string][][]string) error {
 	for c, rules := range t {
 		for _, r := range rules {
 			tg := target(r)
+			if (tg == "DNAT" || tg == "REDIRECT" || tg == "MASQUERADE" || tg == "SNAT") && table != "nat" {
+				return fmt.Errorf("table %s: chain %s: target %s is only valid in the nat table", table, c, tg)
+			}
+			if natToPort(tg, r) && !slices.Contains(r, "-p") {
+				return fmt.Errorf("table %s: chain %s: %s to a port needs -p tcp, udp or sctp", table, c, tg)
+			}
 			if tg == "" || builtinTargets[tg] {
 				continue
 			}
@@ -330,7 +353,9 @@ type Packet struct {
 type Outcome struct {
 	Verdict string // "REJECT", "DROP", or "" when the packet goes on
 	DNAT    netip.AddrPort
-	Masq    bool
+	// Redirect is the port a REDIRECT sent the packet to, on this host.
+	Redirect uint16
+	Masq     bool
 }
 
 // Trace follows a packet from a built-in chain ("PREROUTING" or "OUTPUT")
@@ -416,7 +441,11 @@ func (f *Fake) walk(table, chain string, p Packet, st state, depth int) []Outcom
 					results = append(results, Outcome{DNAT: ap, Masq: br.st.masq})
 				}
 				done = true
-			case "MASQUERADE", "SNAT", "REDIRECT":
+			case "REDIRECT":
+				port, _ := strconv.ParseUint(argAfter(rules[i], "--to-ports"), 10, 16)
+				results = append(results, Outcome{Redirect: uint16(port), Masq: br.st.masq})
+				done = true
+			case "MASQUERADE", "SNAT":
 				done = true
 			default:
 				sub := f.walk(table, tg, p, br.st, depth+1)

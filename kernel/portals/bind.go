@@ -1,0 +1,238 @@
+package portals
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// DefaultInterface is the dummy interface the bind method creates, like
+// kube-proxy's kube-ipvs0 in IPVS mode.
+const DefaultInterface = "sluice0"
+
+// ErrExists is returned (wrapped) by AddrTable.Add for an address the
+// interface already has; it is someone else's, and is left alone.
+var ErrExists = errors.New("address already assigned")
+
+// ErrNoDummy is returned (wrapped) by AddrTable.EnsureDummy when the
+// kernel has no dummy link type.
+var ErrNoDummy = errors.New("the kernel has no dummy link type")
+
+// AddrTable is what the bind method needs of the kernel's interfaces and
+// addresses. Addresses it adds carry a mark (the address protocol), so
+// Owned lists only sluice's and cleanup never removes another's address.
+type AddrTable interface {
+	// EnsureDummy creates (or finds) a dummy interface, up, and returns its
+	// index.
+	EnsureDummy(name string) (int, error)
+	// LinkIndex finds an interface; a missing one is an error.
+	LinkIndex(name string) (int, error)
+	// DeleteLink removes an interface; a missing one is not an error.
+	DeleteLink(name string) error
+	// Owned lists the marked addresses of an interface.
+	Owned(link int) ([]netip.Addr, error)
+	// Add assigns a host address (/32 or /128), marked.
+	Add(link int, a netip.Addr) error
+	// Del removes an address.
+	Del(link int, a netip.Addr) error
+}
+
+// Binder keeps the service IPs assigned to a local interface, so
+// listeners can bind them: a dummy interface where the kernel has one,
+// else lo.
+type Binder struct {
+	Table     AddrTable
+	Interface string // default DefaultInterface
+	link      int
+	ready     bool
+}
+
+func (b *Binder) name() string {
+	if b.Interface == "" {
+		return DefaultInterface
+	}
+	return b.Interface
+}
+
+// Init picks the interface and says which one and why, for the log.
+func (b *Binder) Init() (string, error) {
+	idx, err := b.Table.EnsureDummy(b.name())
+	if err == nil {
+		b.link, b.ready = idx, true
+		return "dummy interface " + b.name(), nil
+	}
+	if !errors.Is(err, ErrNoDummy) {
+		return "", fmt.Errorf("create dummy interface %s: %w", b.name(), err)
+	}
+	idx, lerr := b.Table.LinkIndex("lo")
+	if lerr != nil {
+		return "", fmt.Errorf("no dummy interface (%v) and no lo: %w", err, lerr)
+	}
+	b.link, b.ready = idx, true
+	return "lo (" + err.Error() + ")", nil
+}
+
+// Ensure assigns every address of want that the interface lacks. An
+// address that is already there and not sluice's is left as it is (it is
+// local either way).
+func (b *Binder) Ensure(want []netip.Addr) error {
+	if !b.ready {
+		return errors.New("bind capture: Init was not called")
+	}
+	have, err := b.Table.Owned(b.link)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	var errs []error
+	for _, a := range want {
+		if slices.Contains(have, a) {
+			continue
+		}
+		if err := b.Table.Add(b.link, a); err != nil && !errors.Is(err, ErrExists) {
+			errs = append(errs, fmt.Errorf("assign %s to %s: %w", a, b.name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Prune removes sluice's addresses that are not in keep.
+func (b *Binder) Prune(keep []netip.Addr) error {
+	if !b.ready {
+		return nil
+	}
+	have, err := b.Table.Owned(b.link)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	var errs []error
+	for _, a := range have {
+		if !slices.Contains(keep, a) {
+			if err := b.Table.Del(b.link, a); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s from %s: %w", a, b.name(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CleanupAddrs removes what the bind method installs: the dummy interface
+// (with its addresses) and sluice's addresses on lo. It is idempotent.
+func CleanupAddrs(t AddrTable, iface string) error {
+	if iface == "" {
+		iface = DefaultInterface
+	}
+	var errs []error
+	if err := t.DeleteLink(iface); err != nil {
+		errs = append(errs, fmt.Errorf("delete interface %s: %w", iface, err))
+	}
+	if lo, err := t.LinkIndex("lo"); err == nil {
+		owned, err := t.Owned(lo)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, a := range owned {
+			if err := t.Del(lo, a); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s from lo: %w", a, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FakeAddrTable keeps interfaces and addresses as the kernel would and
+// refuses what it would refuse: a second equal address, deleting an
+// address that is not there, an unknown interface, and (when NoDummy is
+// set) creating a dummy interface.
+type FakeAddrTable struct {
+	NoDummy bool
+	links   map[string]int
+	addrs   map[int]map[netip.Addr]bool // link -> address -> marked as sluice's
+}
+
+// NewFakeAddrTable returns a table with lo (index 1) holding 127.0.0.1
+// and ::1, unmarked.
+func NewFakeAddrTable() *FakeAddrTable {
+	return &FakeAddrTable{links: map[string]int{"lo": 1},
+		addrs: map[int]map[netip.Addr]bool{1: {netip.MustParseAddr("127.0.0.1"): false, netip.MustParseAddr("::1"): false}}}
+}
+
+func (f *FakeAddrTable) EnsureDummy(name string) (int, error) {
+	if idx, ok := f.links[name]; ok {
+		return idx, nil
+	}
+	if f.NoDummy {
+		return 0, fmt.Errorf("add link %s type dummy: %w", name, ErrNoDummy)
+	}
+	idx := len(f.links) + 1
+	f.links[name] = idx
+	f.addrs[idx] = map[netip.Addr]bool{}
+	return idx, nil
+}
+
+func (f *FakeAddrTable) LinkIndex(name string) (int, error) {
+	if idx, ok := f.links[name]; ok {
+		return idx, nil
+	}
+	return 0, fmt.Errorf("link %s not found", name)
+}
+
+func (f *FakeAddrTable) DeleteLink(name string) error {
+	if name == "lo" {
+		return errors.New("cannot delete lo")
+	}
+	if idx, ok := f.links[name]; ok {
+		delete(f.addrs, idx)
+		delete(f.links, name)
+	}
+	return nil
+}
+
+func (f *FakeAddrTable) Owned(link int) ([]netip.Addr, error) {
+	m, ok := f.addrs[link]
+	if !ok {
+		return nil, fmt.Errorf("no link with index %d", link)
+	}
+	var out []netip.Addr
+	for a, ours := range m {
+		if ours {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+func (f *FakeAddrTable) Add(link int, a netip.Addr) error {
+	m, ok := f.addrs[link]
+	if !ok {
+		return fmt.Errorf("no link with index %d", link)
+	}
+	if _, dup := m[a]; dup {
+		return fmt.Errorf("%s: %w", a, ErrExists)
+	}
+	m[a] = true
+	return nil
+}
+
+func (f *FakeAddrTable) Del(link int, a netip.Addr) error {
+	m, ok := f.addrs[link]
+	if !ok {
+		return fmt.Errorf("no link with index %d", link)
+	}
+	if _, there := m[a]; !there {
+		return fmt.Errorf("%s: cannot assign requested address", a)
+	}
+	delete(m, a)
+	return nil
+}
+
+// All lists every address of an interface, marked or not, for tests.
+func (f *FakeAddrTable) All(name string) []netip.Addr {
+	var out []netip.Addr
+	for a := range f.addrs[f.links[name]] {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}

@@ -1,0 +1,140 @@
+// Package portals owns userspace VIP capture: how traffic sent to a
+// ClusterIP, or to an external or load-balancer IP that is not an address
+// of this host, reaches the userspace proxy's listener for that service
+// port. Three methods exist:
+//
+//   - iptables: REDIRECT (or DNAT) rules in KUBE-PORTALS-CONTAINER (hooked
+//     from nat PREROUTING) and KUBE-PORTALS-HOST (from nat OUTPUT) send
+//     VIP:port to the port's proxy port, like legacy kube-proxy's portals;
+//   - bind: the VIPs become addresses of a dummy interface (or of lo where
+//     the kernel has no dummy link type) through netlink, and the listeners
+//     bind VIP:port directly, with no netfilter at all;
+//   - none: nothing is captured.
+//
+// Rules and addresses are rendered from a list of Portals as a pure
+// function, then applied through small interfaces with stateful fakes.
+package portals
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// The capture methods.
+const (
+	MethodAuto     = "auto"
+	MethodIPTables = "iptables"
+	MethodBind     = "bind"
+	MethodNone     = "none"
+)
+
+// The chains of the iptables method, as legacy kube-proxy named them.
+const (
+	ChainContainer = "KUBE-PORTALS-CONTAINER"
+	ChainHost      = "KUBE-PORTALS-HOST"
+)
+
+// Portal is one captured service address: traffic to IP:Port over
+// Protocol goes to To, a proxy port listener. An unspecified To address
+// means "this host, whichever address the packet came in on" (REDIRECT).
+type Portal struct {
+	Service  string // ns/name:port, for the rule comment
+	Protocol lb.Protocol
+	IP       netip.Addr
+	Port     uint16
+	To       netip.AddrPort
+}
+
+func (p Portal) String() string {
+	return fmt.Sprintf("%s %s %s -> %s", p.Service, p.Protocol, netip.AddrPortFrom(p.IP, p.Port), p.To)
+}
+
+// Jumps are the rules that hook the portal chains into nat PREROUTING and
+// OUTPUT, inserted at the top as legacy kube-proxy inserted them.
+func Jumps() []iptables.Jump {
+	c := []string{"-m", "comment", "--comment", "handle ClusterIPs; NOTE: this must be before the NodePort rules"}
+	return []iptables.Jump{
+		{Table: "nat", Chain: "PREROUTING", Args: append(slices.Clone(c), "-j", ChainContainer)},
+		{Table: "nat", Chain: "OUTPUT", Args: append(slices.Clone(c), "-j", ChainHost)},
+	}
+}
+
+// RenderIPTables renders the nat table's portal chains for one family as
+// iptables-restore input. Both chains are declared, so a restore with
+// --noflush replaces their contents whole; portals of the other family are
+// left out. Rules are sorted, so equal inputs render equal bytes.
+func RenderIPTables(ps []Portal, ipv6 bool) []byte {
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	b.WriteString(":" + ChainContainer + " - [0:0]\n")
+	b.WriteString(":" + ChainHost + " - [0:0]\n")
+	sorted := slices.Clone(ps)
+	slices.SortFunc(sorted, func(a, b Portal) int { return strings.Compare(a.String(), b.String()) })
+	bits := "/32"
+	if ipv6 {
+		bits = "/128"
+	}
+	for _, p := range sorted {
+		if p.IP.Is6() != ipv6 {
+			continue
+		}
+		proto := strings.ToLower(string(p.Protocol))
+		match := fmt.Sprintf("-m comment --comment %s -p %s -m %s --dport %d -d %s%s", strconv.Quote(p.Service), proto, proto, p.Port, p.IP, bits)
+		var target string
+		if !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified() {
+			target = fmt.Sprintf("-j REDIRECT --to-ports %d", p.To.Port())
+		} else {
+			target = "-j DNAT --to-destination " + p.To.String()
+		}
+		b.WriteString("-A " + ChainContainer + " " + match + " " + target + "\n")
+		b.WriteString("-A " + ChainHost + " " + match + " " + target + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return []byte(b.String())
+}
+
+// IPTables applies portals for one family through an iptables.Runner: one
+// iptables-restore per Sync, then the jump rules are ensured.
+type IPTables struct {
+	Runner iptables.Runner
+	IPv6   bool
+}
+
+// Sync makes the portal chains hold exactly ps (of this family).
+func (c *IPTables) Sync(ps []Portal) error {
+	if err := c.Runner.Restore(RenderIPTables(ps, c.IPv6)); err != nil {
+		return fmt.Errorf("apply portal rules: %w", err)
+	}
+	for _, j := range Jumps() {
+		if err := c.Runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
+			return fmt.Errorf("hook %s into nat %s: %w", j.Args[len(j.Args)-1], j.Chain, err)
+		}
+	}
+	return nil
+}
+
+// CleanupIPTables removes the portal chains and their jump rules, and
+// nothing else. It is idempotent.
+func CleanupIPTables(r iptables.Runner) error {
+	var errs []string
+	for _, j := range Jumps() {
+		if err := r.DeleteRule(j.Table, j.Chain, j.Args...); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	for _, ch := range []string{ChainContainer, ChainHost} {
+		if err := r.DeleteChain("nat", ch); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove portal rules: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
