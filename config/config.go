@@ -68,6 +68,9 @@ type Config struct {
 	// IPTablesBackend picks the iptables binaries: auto (iptables, as the
 	// system's alternatives choose), nft or legacy.
 	IPTablesBackend string
+	// UserspaceCapture is the userspace VIP capture: auto, iptables, bind
+	// or none.
+	UserspaceCapture string
 
 	// Changed lists the flags set on the command line, for the start-up
 	// report of flags the chosen mode ignores.
@@ -333,6 +336,11 @@ func (c *Config) Validate() error {
 	case "", "auto", "nft", "legacy":
 	default:
 		p.add("iptables-backend", "", c.IPTablesBackend, "want auto, nft or legacy")
+	}
+	switch c.UserspaceCapture {
+	case "", "auto", "iptables", "bind", "none":
+	default:
+		p.add("userspace-capture", "", c.UserspaceCapture, "want auto, iptables, bind or none")
 	}
 	switch c.Engine {
 	case "eventloop":

@@ -49,6 +49,8 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		"--cluster-cidr":             {"--cluster-cidr=10.0.0.0/33"},
 		"--oom-score-adj":            {"--oom-score-adj=5000"},
 		"--engine":                   {"--engine=turbo"},
+		"--userspace-capture":        {"--userspace-capture=magic"},
+		"--iptables-backend":         {"--iptables-backend=ebpf"},
 		"--ipvs-scheduler":           {"--ipvs-scheduler=fastest"},
 		"--iptables-min-sync-period": {"--iptables-min-sync-period=1m"},
 		"--feature-gates":            {"--feature-gates=Foo=maybe"},

@@ -27,7 +27,7 @@ cat <<MSG
 
 MSG
 # sluice runs in the foreground so Ctrl-C reaches it directly and it drains.
-bin/sluice --manifests examples/ --bind-address 127.0.0.1 \
+bin/sluice --manifests examples/ --bind-address 127.0.0.1 --userspace-capture=none \
   --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
   --bind-address-hard-fail "$@" || status=$?
 exit "${status:-0}"

@@ -70,7 +70,7 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 		if err := write(httpBackends[0]); err != nil {
 			return nil, err
 		}
-		proc, err := StartProc("sluice-churn", -1, sl.bin, "--manifests", dir, "--bind-address", "127.0.0.1",
+		proc, err := StartProc("sluice-churn", -1, sl.bin, "--manifests", dir, "--bind-address", "127.0.0.1", "--userspace-capture=none",
 			"--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce", "1ms")
 		if err != nil {
 			return nil, err

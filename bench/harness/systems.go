@@ -87,7 +87,7 @@ func (s sluice) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
 	if err := os.WriteFile(file, []byte(m.String()), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(s.Name(), cpu, s.bin, "--manifests", file, "--engine", s.engine,
+	return StartProc(s.Name(), cpu, s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
 		"--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=",
 		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")
 }

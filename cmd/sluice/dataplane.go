@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
 )
@@ -24,25 +26,42 @@ type dataPlane interface {
 	Tick() // once a minute
 }
 
-// userspacePlane is the listeners' server as a dataPlane; each listener
-// that could not be opened is counted.
+// userspacePlane is the listeners' server as a dataPlane, with its VIP
+// capture around it; each listener that could not be opened is counted.
 type userspacePlane struct {
 	*listeners.Server
+	capture vipCapture
 	metrics *admin.Metrics
+	log     *slog.Logger
 }
 
 func (u userspacePlane) Apply(snap *lb.Snapshot) error {
-	err := u.Server.Apply(snap)
-	if err != nil {
+	var errs []error
+	if err := u.capture.before(snap); err != nil {
+		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
+	}
+	if err := u.Server.Apply(snap); err != nil {
 		for range unjoin(err) {
 			u.metrics.ListenerError()
 		}
+		errs = append(errs, err)
 	}
-	return err
+	if err := u.capture.after(snap, u.Server.Frontends()); err != nil {
+		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 func (u userspacePlane) Dump() any { return u.Server.Dump() }
-func (u userspacePlane) Tick()     { u.ExpirePins() }
+
+// Tick expires affinity pins and re-applies the VIP capture, which a
+// firewall reload may have flushed.
+func (u userspacePlane) Tick() {
+	u.ExpirePins()
+	if err := u.capture.resync(); err != nil {
+		u.log.Warn("VIP capture resync failed", "err", err)
+	}
+}
 
 // iptablesCommands returns the family's binaries for a backend.
 func iptablesCommands(backend string) (v4, v6 string) {
@@ -206,9 +225,10 @@ func (p *iptablesPlane) Dump() any {
 
 func (p *iptablesPlane) Tick() {}
 
-// cleanup removes what every sluice mode installs: today the iptables
-// mode's chains and jump rules, for both families, with the binaries of
-// --iptables-backend. A family whose binary is missing or whose kernel
+// cleanup removes what every sluice mode installs: the iptables mode's and
+// the userspace portals' chains and jump rules, for both families, with
+// the binaries of --iptables-backend, and the bind capture's interface and
+// addresses. A family whose binary is missing or whose kernel
 // support is absent has nothing to remove.
 func cleanup(cfg *config.Config, log *slog.Logger) error {
 	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
@@ -222,11 +242,18 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 			log.Info("cleanup: skipping a family with no usable iptables", "command", fam.cmd, "err", err)
 			continue
 		}
-		if err := iptables.Cleanup(r, iptablesOptions(cfg, fam.v6)); err != nil {
+		if err := errors.Join(iptables.Cleanup(r, iptablesOptions(cfg, fam.v6)), portals.CleanupIPTables(r)); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fam.cmd, err))
 			continue
 		}
-		log.Info("cleanup: iptables chains and jump rules removed", "command", fam.cmd)
+		log.Info("cleanup: iptables chains and jump rules removed (iptables mode and userspace portals)", "command", fam.cmd)
+	}
+	if runtime.GOOS == "linux" {
+		if err := portals.CleanupAddrs(portals.Netlink{}, ""); err != nil {
+			errs = append(errs, fmt.Errorf("bind capture: %w", err))
+		} else {
+			log.Info("cleanup: bind capture interface and addresses removed", "interface", portals.DefaultInterface)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -166,7 +166,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 			Log:        log,
 		}
-		plane = userspacePlane{Server: srv, metrics: metrics}
+		capture, err := chooseCapture(cfg, srv, local, log)
+		if err != nil {
+			return err
+		}
+		defer capture.close()
+		plane = userspacePlane{Server: srv, capture: capture, metrics: metrics, log: log}
 		drain = func() {
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 			defer cancel()

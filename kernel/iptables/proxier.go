@@ -65,7 +65,20 @@ func (p *Proxier) CanaryGone() bool {
 func Cleanup(r Runner, o Options) error {
 	var errs []error
 	o.LocalhostNodePorts = true // remove the KUBE-FIREWALL hooks too, if any
+	have := map[string][]string{}
+	for _, table := range []string{"filter", "nat", "mangle"} {
+		chains, err := r.Chains(table)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		have[table] = chains
+	}
 	for _, j := range Jumps(o) {
+		// A jump to a chain that does not exist cannot exist either; not
+		// asking keeps an unused legacy table from being loaded.
+		if !slices.Contains(have[j.Table], target(j.Args)) {
+			continue
+		}
 		if err := r.DeleteRule(j.Table, j.Chain, j.Args...); err != nil {
 			errs = append(errs, err)
 		}
@@ -76,11 +89,7 @@ func Cleanup(r Runner, o Options) error {
 		"mangle": {ChainCanary},
 	}
 	for _, table := range []string{"filter", "nat", "mangle"} {
-		existing, err := r.Chains(table)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+		existing := have[table]
 		var del []string
 		for _, c := range existing {
 			if slices.Contains(ours[table], c) || (table == "nat" && IsServiceChain(c)) {

@@ -6,8 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -51,6 +54,47 @@ type Exec struct {
 	Command string
 	Run     RunFunc // default RunCommand
 	Timeout time.Duration
+	// ReadFile reads /proc/net/ip{,6}_tables_names for the legacy backend;
+	// default os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+
+	legacyOnce sync.Once
+	legacy     bool
+}
+
+// isLegacy reports whether Command drives the legacy (x_tables) backend,
+// from its name or its --version ("iptables v1.8.9 (legacy)").
+func (e *Exec) isLegacy() bool {
+	e.legacyOnce.Do(func() {
+		switch {
+		case strings.HasSuffix(e.Command, "-legacy"):
+			e.legacy = true
+		case strings.HasSuffix(e.Command, "-nft"):
+		default:
+			out, err := e.run("", []string{"--version"}, nil)
+			e.legacy = err == nil && strings.Contains(string(out), "legacy")
+		}
+	})
+	return e.legacy
+}
+
+// legacyTableLoaded reports whether a legacy table exists in this network
+// namespace. Listing it with iptables-legacy-save would load (create) it,
+// which would change what iptables-save shows.
+func (e *Exec) legacyTableLoaded(table string) bool {
+	read := e.ReadFile
+	if read == nil {
+		read = os.ReadFile
+	}
+	file := "/proc/net/ip_tables_names"
+	if strings.HasPrefix(e.Command, "ip6") {
+		file = "/proc/net/ip6_tables_names"
+	}
+	b, err := read(file)
+	if err != nil {
+		return false // no table of this family has been loaded
+	}
+	return slices.Contains(strings.Fields(string(b)), table)
 }
 
 func (e *Exec) run(suffix string, args []string, stdin []byte) ([]byte, error) {
@@ -116,8 +160,12 @@ func lastMatch(s, prefix string) string {
 	return s[i+len(prefix):]
 }
 
-// Chains lists a table's chains from iptables-save.
+// Chains lists a table's chains from iptables-save. A legacy table that
+// was never loaded has none, and is not loaded by asking.
 func (e *Exec) Chains(table string) ([]string, error) {
+	if e.isLegacy() && !e.legacyTableLoaded(table) {
+		return nil, nil
+	}
 	out, err := e.run("-save", []string{"-t", table}, nil)
 	if err != nil {
 		return nil, err

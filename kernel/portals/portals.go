@@ -122,6 +122,13 @@ func (c *IPTables) Sync(ps []Portal) error {
 // CleanupIPTables removes the portal chains and their jump rules, and
 // nothing else. It is idempotent.
 func CleanupIPTables(r iptables.Runner) error {
+	chains, err := r.Chains("nat")
+	if err != nil {
+		return fmt.Errorf("remove portal rules: %w", err)
+	}
+	if !slices.Contains(chains, ChainContainer) && !slices.Contains(chains, ChainHost) {
+		return nil // never installed (or already removed): touch nothing
+	}
 	var errs []string
 	for _, j := range Jumps() {
 		if err := r.DeleteRule(j.Table, j.Chain, j.Args...); err != nil {

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/portals"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// vipCapture is how userspace mode gets traffic for service IPs to its
+// listeners (see package portals). before runs ahead of the listeners'
+// Apply, after it; resync repeats the last state (a firewall reload may
+// have flushed it).
+type vipCapture interface {
+	before(snap *lb.Snapshot) error
+	after(snap *lb.Snapshot, fes []listeners.Frontend) error
+	resync() error
+	close()
+}
+
+// chooseCapture picks the --userspace-capture method and says why, once.
+// auto prefers iptables (precise: only VIP:port is captured), then bind
+// (needs only netlink), then none. A forced method that cannot work is an
+// error naming the flag.
+func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs, log *slog.Logger) (vipCapture, error) {
+	want := cfg.UserspaceCapture
+	if want == "" {
+		want = portals.MethodAuto
+	}
+	var reasons []string
+	if want == portals.MethodAuto || want == portals.MethodIPTables {
+		c, err := newIPTablesCapture(cfg, local, log)
+		if err == nil {
+			why := "iptables can program the nat table (" + c.families() + ")"
+			if want == portals.MethodIPTables {
+				why = "forced by --userspace-capture"
+			}
+			log.Info("userspace VIP capture: iptables", "why", why)
+			srv.CaptureExternal = true
+			go c.watch(cfg.KubeProxy.IPTables.SyncPeriod.Duration)
+			return c, nil
+		}
+		if want == portals.MethodIPTables {
+			return nil, fmt.Errorf("--userspace-capture=iptables: %w", err)
+		}
+		reasons = append(reasons, "iptables unusable: "+err.Error())
+	}
+	if want == portals.MethodAuto || want == portals.MethodBind {
+		b := &portals.Binder{Table: portals.Netlink{}}
+		where, err := b.Init()
+		if err == nil {
+			why := append(reasons, "service IPs are assigned to "+where)
+			if want == portals.MethodBind {
+				why = []string{"forced by --userspace-capture; service IPs are assigned to " + where}
+			}
+			log.Info("userspace VIP capture: bind", "why", joinReasons(why))
+			srv.ListenOnVIPs = true
+			return &bindCapture{binder: b}, nil
+		}
+		if want == portals.MethodBind {
+			return nil, fmt.Errorf("--userspace-capture=bind: %w", err)
+		}
+		reasons = append(reasons, "bind unusable: "+err.Error())
+	}
+	if want == portals.MethodNone {
+		reasons = []string{"forced by --userspace-capture; ClusterIPs are reachable only through their proxy ports"}
+	}
+	log.Info("userspace VIP capture: none", "why", joinReasons(reasons))
+	return noCapture{}, nil
+}
+
+func joinReasons(rs []string) string {
+	out := ""
+	for i, r := range rs {
+		if i > 0 {
+			out += "; "
+		}
+		out += r
+	}
+	return out
+}
+
+type noCapture struct{}
+
+func (noCapture) before(*lb.Snapshot) error                      { return nil }
+func (noCapture) after(*lb.Snapshot, []listeners.Frontend) error { return nil }
+func (noCapture) resync() error                                  { return nil }
+func (noCapture) close()                                         {}
+
+// iptablesCapture keeps KUBE-PORTALS-* for each family that works. Every
+// --iptables-sync-period it checks that the chains are still there and
+// puts them back after a flush (a firewall reload), as the iptables mode's
+// canary does.
+type iptablesCapture struct {
+	fams  []*portals.IPTables
+	local *localAddrs
+	log   *slog.Logger
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu   sync.Mutex
+	last []portals.Portal
+}
+
+func newIPTablesCapture(cfg *config.Config, local *localAddrs, log *slog.Logger) (*iptablesCapture, error) {
+	if runtime.GOOS != "linux" {
+		return nil, errors.New("iptables needs Linux")
+	}
+	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
+	c := &iptablesCapture{local: local, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	for _, fam := range []struct {
+		cmd string
+		v6  bool
+	}{{v4, false}, {v6, true}} {
+		r := &iptables.Exec{Command: fam.cmd}
+		if _, err := r.Chains("nat"); err != nil {
+			if !fam.v6 {
+				return nil, err
+			}
+			continue
+		}
+		c.fams = append(c.fams, &portals.IPTables{Runner: r, IPv6: fam.v6})
+	}
+	return c, nil
+}
+
+// watch resyncs when a portal chain has vanished, until close.
+func (c *iptablesCapture) watch(every time.Duration) {
+	defer close(c.done)
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		gone := false
+		for _, f := range c.fams {
+			chains, err := f.Runner.Chains("nat")
+			gone = gone || err != nil || !slices.Contains(chains, portals.ChainContainer) || !slices.Contains(chains, portals.ChainHost)
+		}
+		if !gone {
+			continue
+		}
+		c.log.Warn("VIP capture: portal chains are gone (tables flushed); resyncing")
+		if err := c.resync(); err != nil {
+			c.log.Error("VIP capture resync failed", "err", err)
+		} else {
+			c.log.Info("VIP capture: portals resynced")
+		}
+	}
+}
+
+func (c *iptablesCapture) close() {
+	close(c.stop)
+	<-c.done
+}
+
+func (c *iptablesCapture) families() string {
+	if len(c.fams) == 2 {
+		return "IPv4 and IPv6"
+	}
+	return "IPv4"
+}
+
+func (c *iptablesCapture) before(*lb.Snapshot) error { return nil }
+
+func (c *iptablesCapture) after(snap *lb.Snapshot, fes []listeners.Frontend) error {
+	ps := portalsFor(snap, fes, c.local.has)
+	c.mu.Lock()
+	c.last = ps
+	c.mu.Unlock()
+	return c.resync()
+}
+
+func (c *iptablesCapture) resync() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, f := range c.fams {
+		if err := f.Sync(c.last); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// portalsFor maps each service port's ClusterIPs to its proxy port, and
+// its non-local external and load-balancer IPs to its external proxy port
+// (or the proxy port when it has none). An address of the other family
+// than its proxy port's listener is not captured.
+func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
+	proxy := map[lb.ServicePortName]netip.AddrPort{}
+	ext := map[lb.ServicePortName]netip.AddrPort{}
+	for _, fe := range fes {
+		switch fe.Role {
+		case listeners.RoleProxyPort:
+			proxy[fe.Service] = fe.Addr
+		case listeners.RoleExternalProxyPort:
+			ext[fe.Service] = fe.Addr
+		}
+	}
+	var out []portals.Portal
+	add := func(sp *lb.ServicePort, ip netip.Addr, to netip.AddrPort) {
+		if !to.IsValid() || ip.Is4() != to.Addr().Is4() {
+			return
+		}
+		out = append(out, portals.Portal{Service: sp.Name.String(), Protocol: sp.Name.Protocol, IP: ip, Port: sp.Port, To: to})
+	}
+	for _, sp := range snap.Sorted() {
+		to, ok := proxy[sp.Name]
+		if !ok {
+			continue
+		}
+		for _, ip := range sp.ClusterIPs {
+			add(sp, ip, to)
+		}
+		eto := to
+		if e, ok := ext[sp.Name]; ok {
+			eto = e
+		}
+		for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+			if isLocal == nil || !isLocal(ip) {
+				add(sp, ip, eto)
+			}
+		}
+	}
+	return out
+}
+
+// bindCapture assigns every service IP to the capture interface before
+// the listeners bind them, and removes the ones no longer used after.
+type bindCapture struct {
+	mu     sync.Mutex // Apply and Tick run on different goroutines
+	binder *portals.Binder
+	last   []netip.Addr
+}
+
+func serviceIPs(snap *lb.Snapshot) []netip.Addr {
+	set := map[netip.Addr]bool{}
+	for _, sp := range snap.Ports {
+		for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs) {
+			set[ip] = true
+		}
+	}
+	out := make([]netip.Addr, 0, len(set))
+	for ip := range set {
+		out = append(out, ip)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+func (c *bindCapture) before(snap *lb.Snapshot) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.last = serviceIPs(snap)
+	return c.binder.Ensure(c.last)
+}
+
+func (c *bindCapture) after(*lb.Snapshot, []listeners.Frontend) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.binder.Prune(c.last)
+}
+
+func (c *bindCapture) resync() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.binder.Ensure(c.last)
+}
+func (c *bindCapture) close() {}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Userspace mode for real, with each VIP capture method, in the same
+// client -> node -> backend namespaces as the iptables mode's test:
+// ClusterIP (TCP and UDP), NodePort and a non-local externalIP reach the
+// userspace listeners from the client namespace; --cleanup restores the
+// tables and lo's addresses exactly.
+func TestUserspaceCaptureInNetns(t *testing.T) {
+	for _, tc := range []struct{ name, method, backend, logs string }{
+		{"iptables-nft", "iptables", "nft", "userspace VIP capture: iptables"},
+		{"iptables-legacy", "iptables", "legacy", "userspace VIP capture: iptables"},
+		{"auto", "auto", "nft", "userspace VIP capture: iptables"},
+		{"bind", "bind", "nft", "userspace VIP capture: bind"},
+		{"none", "none", "nft", "userspace VIP capture: none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.logs) })
+	}
+}
+
+func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
+	b := newNetnsBed(t)
+	b.startBackends("b", "10.244.0.5", "10.244.0.6")
+	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
+		b.in(b.node, cmd, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "REDIRECT", "--to-ports", "22")
+	}
+	b.in(b.node, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo") // someone else's address on lo
+	before := b.saveState(backend) + b.in(b.node, "ip", "-o", "addr", "show", "dev", "lo")
+
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=userspace", "--userspace-capture="+method, "--iptables-backend="+backend,
+		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
+	p.waitLog(logLine)
+	p.waitLog("state applied")
+
+	want2 := func(what string, answers []string) {
+		t.Helper()
+		d := distinct(answers)
+		if len(d) != 2 || d["b@10.244.0.5"] == 0 || d["b@10.244.0.6"] == 0 {
+			t.Fatalf("%s: %v, want both backends", what, d)
+		}
+	}
+	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 10))
+	if method == "none" {
+		// Nothing captured: the packets follow the node's route into the
+		// backend namespace, which does not forward them.
+		for _, a := range []string{"10.96.0.10:80", "203.0.113.10:80"} {
+			if d := distinct(b.tries("tcp", a, 1)); d["error"] != 1 {
+				t.Fatalf("%s reached %v with no capture", a, d)
+			}
+		}
+	} else {
+		want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 10))
+		want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 10))
+		want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 10))
+		if d := distinct(b.tries("tcp", "10.96.0.11:80", 10)); len(d) != 1 || d["error"] > 0 {
+			t.Fatalf("ClientIP affinity: %v, want 10 hits on one backend", d)
+		}
+		if got := b.tries("tcp", "10.96.0.12:80", 1)[0]; !strings.HasPrefix(got, "error: ") {
+			t.Fatalf("no endpoints: %q, want an error", got)
+		}
+	}
+	if method == "iptables" {
+		// A firewall reload flushes nat; the portals come back.
+		b.in(b.node, "iptables-"+backend, "-t", "nat", "-F")
+		b.in(b.node, "iptables-"+backend, "-t", "nat", "-X")
+		b.in(b.node, "iptables-"+backend, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "REDIRECT", "--to-ports", "22")
+		p.waitLog("portals resynced")
+		want2("ClusterIP after a flush", b.tries("tcp", "10.96.0.10:80", 10))
+	}
+
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("sluice exit %d", code)
+	}
+	for i := 0; i < 2; i++ {
+		b.in(b.node, sluiceBin, "--cleanup", "--iptables-backend="+backend)
+		if after := b.saveState(backend) + b.in(b.node, "ip", "-o", "addr", "show", "dev", "lo"); after != before {
+			t.Fatalf("after --cleanup #%d the node differs.\nbefore:\n%s\nafter:\n%s", i+1, before, after)
+		}
+	}
+}
