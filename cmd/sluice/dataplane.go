@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/conntrack"
 	"github.com/sluice-proxy/sluice/kernel/iptables"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
@@ -149,6 +150,17 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 		if err := px.Sync(snap); err != nil {
 			p.metrics.RestoreFailed()
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
+			continue
+		}
+		// UDP entries still DNATed to endpoints that are gone (or never
+		// translated, from before the port had endpoints) would keep their
+		// clients stuck until they idle out.
+		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
+		switch {
+		case err != nil:
+			p.log.Warn("conntrack: stale UDP entries not deleted", "family", family(px), "err", err)
+		case n > 0:
+			p.log.Info("conntrack: deleted stale UDP entries", "family", family(px), "entries", n)
 		}
 	}
 	p.failed = len(errs) > 0

@@ -74,8 +74,14 @@ func runHelper() bool {
 }
 
 func clientTry(proto, addr string) string {
-	if proto == "udp" {
-		c, err := net.Dial("udp", addr)
+	if proto == "udp" || strings.HasPrefix(proto, "udp@") {
+		// udp@PORT sends from a fixed source port: the same conntrack entry.
+		d := net.Dialer{}
+		if _, port, ok := strings.Cut(proto, "@"); ok {
+			n, _ := strconv.Atoi(port)
+			d.LocalAddr = &net.UDPAddr{Port: n}
+		}
+		c, err := d.Dial("udp", addr)
 		if err != nil {
 			return "error: " + err.Error()
 		}
@@ -327,6 +333,24 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	p.waitLog("iptables: full resync", "KUBE-PROXY-CANARY")
 	p.waitLog("iptables: resynced")
 	want2("ClusterIP after the canary resync", b.tries("tcp", "10.96.0.10:80", 20))
+
+	// conntrack: a UDP client keeps one source port, so its packets share
+	// one conntrack entry. When its endpoint leaves the service, the
+	// entry is deleted and the next packet reaches the remaining one (the
+	// old endpoint still answers, so a stale entry would show).
+	first := b.tries("udp@40000", "10.96.0.10:53", 3)
+	if d := distinct(first); len(d) != 1 || d["error"] > 0 {
+		t.Fatalf("UDP from one source port: %v, want one backend throughout", d)
+	}
+	gone, keep := "10.244.0.5", "10.244.0.6"
+	if first[0] == "b@10.244.0.6" {
+		gone, keep = keep, gone
+	}
+	writeFile(t, filepath.Join(dir, "svc.yaml"), strings.Replace(iptablesManifest, "- addresses: [10.244.0.5]\n- addresses: [10.244.0.6]", "- addresses: ["+keep+"]", 1))
+	p.waitLog("conntrack: deleted stale UDP entries")
+	if d := distinct(b.tries("udp@40000", "10.96.0.10:53", 3)); d["b@"+keep] != 3 {
+		t.Fatalf("UDP from the same source port after %s left: %v, want %s only", gone, d, keep)
+	}
 
 	// --cleanup after sluice stops restores the tables exactly; twice is fine.
 	p.cmd.Process.Signal(os.Interrupt)
