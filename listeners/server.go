@@ -81,12 +81,12 @@ type servedPort struct {
 	// target serves cluster traffic (the proxy port); ext serves NodePort,
 	// external and load-balancer frontends. They are the same Target unless
 	// the traffic policies select different endpoints.
-	target    *Target
-	ext       *Target
-	frontends []Frontend
-	listeners []Listener
+	target     *Target
+	ext        *Target
+	frontends  []Frontend
+	listeners  []Listener
 	proxyPorts []int        // allocated from ProxyPorts
-	nodeAddrs []netip.Addr // where its NodePort listens
+	nodeAddrs  []netip.Addr // where its NodePort listens
 }
 
 func (s *Server) log() *slog.Logger {
