@@ -22,23 +22,50 @@ func bigSnapshot(n int) *lb.Snapshot {
 	return s
 }
 
-// The sync benchmark of the iptables mode (make bench-sync): a full render,
-// and a full render plus apply to the stateful Fake (which parses and
+// The in-process sync benchmark of the iptables mode: full and partial
+// renders, and syncs applied to the stateful Fake (which parses and
 // validates like iptables-restore), at 1k and 10k services x 10 endpoints.
-// Every sync is full today; there is no partial sync to compare with yet.
+// A partial sync follows a change of one service's endpoints. The same with
+// the real iptables-restore, in a private network namespace, is
+// `make bench-sync` (bench/cmd/sluice-bench sync).
 func BenchmarkSync(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		snap := bigSnapshot(n)
-		b.Run(fmt.Sprintf("render/%d", n), func(b *testing.B) {
+		changed := bigSnapshot(n)
+		one := changed.Sorted()[n/2]
+		one.Endpoints = one.Endpoints[1:]
+		b.Run(fmt.Sprintf("render-full/%d", n), func(b *testing.B) {
 			for b.Loop() {
 				Render(snap, opts())
 			}
 		})
-		b.Run(fmt.Sprintf("render+apply-fake/%d", n), func(b *testing.B) {
+		_, applied, _ := RenderPartial(snap, opts(), nil)
+		b.Run(fmt.Sprintf("render-partial/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				RenderPartial(changed, opts(), applied)
+			}
+		})
+		b.Run(fmt.Sprintf("sync-full-fake/%d", n), func(b *testing.B) {
 			f := NewFake()
 			p := &Proxier{Runner: f, Options: opts()}
 			for b.Loop() {
+				p.Invalidate()
 				if err := p.Sync(snap); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("sync-partial-fake/%d", n), func(b *testing.B) {
+			f := NewFake()
+			p := &Proxier{Runner: f, Options: opts()}
+			states := []*lb.Snapshot{snap, changed}
+			if err := p.Sync(snap); err != nil {
+				b.Fatal(err)
+			}
+			i := 0
+			for b.Loop() {
+				i++
+				if err := p.Sync(states[i%2]); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -6,54 +6,120 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluice-proxy/sluice/lb"
 )
 
-// Proxier programs one family's iptables from snapshots: every Sync is a
-// full render applied in one iptables-restore, then the jump rules and
-// canaries are ensured. It is not safe for concurrent use; the caller's
-// sync loop owns it.
+// Proxier programs one family's iptables from snapshots. The first sync,
+// the first after a failure or Invalidate, one after an options change,
+// and one every FullSyncPeriod are full: every chain is rewritten and the
+// nat table is listed to find stale chains. The others are partial: only
+// service ports whose own chains changed are rewritten (RenderPartial),
+// and stale chains are known from the previous sync. Each sync is one
+// iptables-restore, then the jump rules and canaries are ensured. It is
+// not safe for concurrent use; the caller's sync loop owns it.
 type Proxier struct {
 	Runner  Runner
 	Options Options
 	Log     *slog.Logger
+	// FullSyncPeriod bounds how long partial syncs go on; default an hour,
+	// as kube-proxy's.
+	FullSyncPeriod time.Duration
+	Now            func() time.Time // default time.Now
+
+	applied  Bodies          // nil: the next sync is full
+	chains   map[string]bool // the per-service chains after the last sync
+	optsKey  string
+	lastFull time.Time
+}
+
+// SyncStats says what one sync did.
+type SyncStats struct {
+	Full  bool
+	Bytes int
+}
+
+// Invalidate makes the next sync full (after the tables were flushed).
+func (p *Proxier) Invalidate() { p.applied = nil }
+
+func (p *Proxier) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
 }
 
 // Sync makes the kernel's rules match snap.
 func (p *Proxier) Sync(snap *lb.Snapshot) error {
+	_, err := p.SyncStats(snap)
+	return err
+}
+
+// SyncStats is Sync, also saying whether it was full and how big.
+func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	o := p.Options
-	chains, err := p.Runner.Chains("nat")
-	if err != nil {
-		return fmt.Errorf("list nat chains: %w", err)
+	o.ExistingNATChains = nil
+	key := fmt.Sprint(o)
+	period := p.FullSyncPeriod
+	if period <= 0 {
+		period = time.Hour
 	}
-	o.ExistingNATChains = chains
-	data := Render(snap, o)
+	now := p.now()
+	full := p.applied == nil || key != p.optsKey || now.Sub(p.lastFull) >= period
+	prev := p.applied
+	if full {
+		chains, err := p.Runner.Chains("nat")
+		if err != nil {
+			p.applied = nil
+			return SyncStats{Full: true}, fmt.Errorf("list nat chains: %w", err)
+		}
+		o.ExistingNATChains = chains
+		prev = nil
+	} else {
+		for c := range p.chains {
+			o.ExistingNATChains = append(o.ExistingNATChains, c)
+		}
+	}
+	data, bodies, chains := RenderPartial(snap, o, prev)
+	st := SyncStats{Full: full, Bytes: len(data)}
 	if err := p.Runner.Restore(data); err != nil {
-		return fmt.Errorf("apply rules: %w", err)
+		p.applied = nil
+		return st, fmt.Errorf("apply rules: %w", err)
 	}
 	if p.Log != nil {
-		p.Log.Debug("iptables rules applied", "ipv6", o.IPv6, "bytes", len(data))
+		p.Log.Debug("iptables rules applied", "ipv6", o.IPv6, "full", full, "bytes", len(data))
+	}
+	p.applied, p.optsKey = bodies, key
+	if full {
+		p.lastFull = now
+	}
+	p.chains = make(map[string]bool, len(chains))
+	for _, c := range chains {
+		p.chains[c] = true
 	}
 	for _, j := range Jumps(o) {
 		if err := p.Runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
-			return fmt.Errorf("hook %s into %s/%s: %w", target(j.Args), j.Table, j.Chain, err)
+			p.applied = nil
+			return st, fmt.Errorf("hook %s into %s/%s: %w", target(j.Args), j.Table, j.Chain, err)
 		}
 	}
 	for _, t := range CanaryTables {
 		if err := p.Runner.EnsureChain(t, ChainCanary); err != nil {
-			return fmt.Errorf("canary in %s: %w", t, err)
+			p.applied = nil
+			return st, fmt.Errorf("canary in %s: %w", t, err)
 		}
 	}
-	return nil
+	return st, nil
 }
 
 // CanaryGone reports whether a KUBE-PROXY-CANARY chain has disappeared,
-// which means someone flushed the tables and a full sync is due.
+// which means someone flushed the tables; the next sync is then full.
 func (p *Proxier) CanaryGone() bool {
 	for _, t := range CanaryTables {
 		chains, err := p.Runner.Chains(t)
 		if err != nil || !slices.Contains(chains, ChainCanary) {
+			p.Invalidate()
 			return true
 		}
 	}

@@ -7,7 +7,9 @@
 package iptables
 
 import (
+	"bytes"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -85,10 +87,15 @@ func (o Options) localhostFirewall() bool { return !o.IPv6 && o.LocalhostNodePor
 // firewall reload flushes them, the chain is gone and a full sync follows.
 var CanaryTables = []string{"mangle", "nat", "filter"}
 
-type writer struct{ b strings.Builder }
+type writer struct{ b bytes.Buffer }
 
 func (w *writer) line(parts ...string) {
-	w.b.WriteString(strings.Join(parts, " "))
+	for i, p := range parts {
+		if i > 0 {
+			w.b.WriteByte(' ')
+		}
+		w.b.WriteString(p)
+	}
 	w.b.WriteByte('\n')
 }
 
@@ -124,18 +131,59 @@ func probability(n int) string { return fmt.Sprintf("%0.10f", 1.0/float64(n)) }
 // deletion of per-service chains no longer used. It is a pure function:
 // the same snapshot and options give the same bytes.
 func Render(snap *lb.Snapshot, o Options) []byte {
+	data, _, _ := RenderPartial(snap, o, nil)
+	return data
+}
+
+// Bodies are fingerprints of each service port's own chains (KUBE-SVC-,
+// KUBE-SVL-, KUBE-EXT-, KUBE-SEP-), as last applied.
+type Bodies map[lb.ServicePortName]uint64
+
+// RenderPartial is Render for a partial sync: a service port whose chains
+// render to the same fingerprint as in applied is left out (its chains are
+// neither declared nor rewritten, so iptables-restore --noflush keeps
+// them), while the top-level chains (KUBE-SERVICES, KUBE-NODEPORTS,
+// KUBE-EXTERNAL-SERVICES, ...) are always rewritten whole. A nil applied
+// renders everything: a full sync. It returns the fingerprints to pass to
+// the next sync once this one is applied, and the per-service chains that
+// exist once it is.
+func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
 	mark := o.Mark()
-	var filterRules, natRules, natChains writer
+	var filterRules, natRules, natChains, bodyRules writer
 	active := map[string]bool{}
+	bodies := make(Bodies, len(snap.Ports))
+	var portChains []string
 	chain := func(name string) {
 		if !active[name] {
 			active[name] = true
-			natChains.line(":" + name + " - [0:0]")
+			portChains = append(portChains, name)
 		}
 	}
-
+	var body writer
+	bodyRules.b.Grow(len(snap.Ports) * 4096)
+	natRules.b.Grow(len(snap.Ports) * 256)
+	natChains.b.Grow(len(snap.Ports) * 512)
 	for _, sp := range snap.Sorted() {
-		renderPort(sp, o, mark, &filterRules, &natRules, chain)
+		portChains = portChains[:0]
+		body.b.Reset()
+		renderPort(sp, o, mark, &filterRules, &natRules, &body, chain)
+		if len(portChains) == 0 {
+			continue
+		}
+		h := fnv.New64a()
+		for _, c := range portChains {
+			h.Write([]byte(c))
+		}
+		h.Write(body.b.Bytes())
+		sum := h.Sum64()
+		bodies[sp.Name] = sum
+		if prev, ok := applied[sp.Name]; ok && prev == sum {
+			continue // unchanged: the kernel has these chains as they are
+		}
+		for _, c := range portChains {
+			natChains.line(":" + c + " - [0:0]")
+		}
+		bodyRules.b.Write(body.b.Bytes())
 	}
 
 	// The NodePort dispatch is the last rule of KUBE-SERVICES.
@@ -160,6 +208,7 @@ func Render(snap *lb.Snapshot, o Options) []byte {
 	}
 
 	var out writer
+	out.b.Grow(filterRules.b.Len() + natRules.b.Len() + natChains.b.Len() + bodyRules.b.Len() + 4096)
 	out.line("*filter")
 	for _, c := range []string{ChainServices, ChainExternalServices, ChainForward, ChainNodePorts, ChainProxyFirewall} {
 		out.line(":" + c + " - [0:0]")
@@ -199,14 +248,22 @@ func Render(snap *lb.Snapshot, o Options) []byte {
 	out.line(masq...)
 	out.line("-A", ChainMarkMasq, "-j", "MARK", "--or-mark", mark)
 	out.b.WriteString(natRules.b.String())
+	out.b.WriteString(bodyRules.b.String())
 	for _, c := range stale {
 		out.line("-X", c)
 	}
 	out.line("COMMIT")
-	return []byte(out.b.String())
+	chains := make([]string, 0, len(active))
+	for c := range active {
+		chains = append(chains, c)
+	}
+	return out.b.Bytes(), bodies, chains
 }
 
-func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRules *writer, chain func(string)) {
+// renderPort writes a service port's rules in the top-level chains to
+// filterRules and natRules, and the rules of its own chains (named through
+// chain) to body.
+func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRules, body *writer, chain func(string)) {
 	cips := o.filter(sp.ClusterIPs)
 	if len(cips) == 0 {
 		return // kube-proxy skips a service without a cluster IP of this family
@@ -276,6 +333,15 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		}
 	}
 
+	sepNames := map[netip.AddrPort]string{}
+	sepOf := func(ep netip.AddrPort) string {
+		n, ok := sepNames[ep]
+		if !ok {
+			n = EndpointChain(name, ep)
+			sepNames[ep] = n
+		}
+		return n
+	}
 	endpointRules := func(c string, eps []netip.AddrPort) {
 		chain(c)
 		if c == internalChain && hasInternal {
@@ -283,26 +349,26 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 				base := slices.Concat([]string{"-A", c}, comment(quote(s+" cluster IP")), match, []string{"-d", cip.String(), "--dport", port})
 				switch {
 				case o.MasqueradeAll:
-					natRules.line(append(base, "-j", ChainMarkMasq)...)
+					body.line(append(base, "-j", ChainMarkMasq)...)
 				case o.ClusterCIDR.IsValid():
-					natRules.line(append(base, "!", "-s", o.ClusterCIDR.String(), "-j", ChainMarkMasq)...)
+					body.line(append(base, "!", "-s", o.ClusterCIDR.String(), "-j", ChainMarkMasq)...)
 				}
 			}
 		}
 		if sp.Affinity.ClientIP {
 			secs := strconv.Itoa(int(sp.Affinity.Timeout.Seconds()))
 			for _, ep := range eps {
-				sep := EndpointChain(name, ep)
-				natRules.line(slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
+				sep := sepOf(ep)
+				body.line(slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
 			}
 		}
 		for i, ep := range eps {
-			sep := EndpointChain(name, ep)
+			sep := sepOf(ep)
 			args := slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())))
 			if i < len(eps)-1 {
 				args = append(args, "-m", "statistic", "--mode", "random", "--probability", probability(len(eps)-i))
 			}
-			natRules.line(append(args, "-j", sep)...)
+			body.line(append(args, "-j", sep)...)
 		}
 	}
 	if usesCluster {
@@ -314,18 +380,18 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	if usesExt {
 		chain(ext)
 		if !sp.ExternalLocal {
-			natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade traffic for "+s+" external destinations")), []string{"-j", ChainMarkMasq})...)
+			body.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade traffic for "+s+" external destinations")), []string{"-j", ChainMarkMasq})...)
 		} else {
 			if o.ClusterCIDR.IsValid() && usesCluster {
-				natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("pod traffic for "+s+" external destinations")), []string{"-s", o.ClusterCIDR.String(), "-j", svc})...)
+				body.line(slices.Concat([]string{"-A", ext}, comment(quote("pod traffic for "+s+" external destinations")), []string{"-s", o.ClusterCIDR.String(), "-j", svc})...)
 			}
-			natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", ChainMarkMasq})...)
+			body.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", ChainMarkMasq})...)
 			if usesCluster {
-				natRules.line(slices.Concat([]string{"-A", ext}, comment(quote("route LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", svc})...)
+				body.line(slices.Concat([]string{"-A", ext}, comment(quote("route LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", svc})...)
 			}
 		}
 		if hasExternal {
-			natRules.line("-A", ext, "-j", externalChain)
+			body.line("-A", ext, "-j", externalChain)
 		}
 	}
 	// One KUBE-SEP chain per endpoint, shared by SVC and SVL.
@@ -342,13 +408,13 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 			continue
 		}
 		seps[ep] = true
-		sep := EndpointChain(name, ep)
+		sep := sepOf(ep)
 		chain(sep)
-		natRules.line(slices.Concat([]string{"-A", sep}, comment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
+		body.line(slices.Concat([]string{"-A", sep}, comment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
 		args := slices.Concat([]string{"-A", sep}, comment(s))
 		if sp.Affinity.ClientIP {
 			args = append(args, "-m", "recent", "--name", sep, "--set")
 		}
-		natRules.line(slices.Concat(args, match, []string{"-j", "DNAT", "--to-destination", ep.String()})...)
+		body.line(slices.Concat(args, match, []string{"-j", "DNAT", "--to-destination", ep.String()})...)
 	}
 }

@@ -1,0 +1,119 @@
+package iptables
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+func partialStates() []*lb.Snapshot {
+	var states []*lb.Snapshot
+	for i := 0; i < 8; i++ {
+		var ports []*lb.ServicePort
+		for j := 0; j < 5; j++ {
+			if (i+j)%5 == 4 {
+				continue // this service is absent in this state
+			}
+			var eps []lb.Endpoint
+			for k := 0; k < (i*j+k)%4+(j%2); k++ {
+				eps = append(eps, readyEP(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(k + 1 + i%2)}), 8080).String(), k%2 == 0))
+			}
+			sp := svcPort("s"+string(rune('a'+j)), netip.AddrFrom4([4]byte{10, 96, 0, byte(j + 1)}).String(), eps...)
+			sp.NodePort = uint16(30000 + j)
+			sp.ExternalLocal = (i+j)%3 == 0
+			sp.Affinity.ClientIP = (i+j)%2 == 0
+			sp.Affinity.Timeout = time.Hour
+			ports = append(ports, sp)
+		}
+		states = append(states, snap(ports...))
+	}
+	return states
+}
+
+// One long-lived Proxier syncs states in random order, mostly partially;
+// after every sync the tables equal a fresh full sync of that state.
+func TestPartialSyncsConverge(t *testing.T) {
+	states := partialStates()
+	rng := rand.New(rand.NewPCG(1, 2))
+	partial := 0
+	for round := 0; round < 10; round++ {
+		f := NewFake()
+		p := &Proxier{Runner: f, Options: opts()}
+		for step := 0; step < 12; step++ {
+			s := states[rng.IntN(len(states))]
+			st, err := p.SyncStats(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !st.Full {
+				partial++
+			}
+			fresh := NewFake()
+			syncTo(t, fresh, opts(), s)
+			if got, want := f.Dump(), fresh.Dump(); got != want {
+				t.Fatalf("round %d step %d (full=%v): tables differ from a full sync:\n%s\nwant:\n%s", round, step, st.Full, got, want)
+			}
+		}
+	}
+	if partial == 0 {
+		t.Fatal("no sync was partial")
+	}
+}
+
+// A partial sync rewrites only the changed service's chains; an options
+// change, Invalidate, a failure and the full-sync period make it full.
+func TestPartialSyncRewritesOnlyWhatChanged(t *testing.T) {
+	f := NewFake()
+	now := time.Unix(1000, 0)
+	p := &Proxier{Runner: f, Options: opts(), Now: func() time.Time { return now }}
+	a := svcPort("a", "10.96.0.1", readyEP("10.244.0.1:8080", false))
+	b := svcPort("b", "10.96.0.2", readyEP("10.244.0.2:8080", false))
+	st, err := p.SyncStats(snap(a, b))
+	if err != nil || !st.Full {
+		t.Fatalf("first sync: %+v %v", st, err)
+	}
+	full := st.Bytes
+	b2 := svcPort("b", "10.96.0.2", readyEP("10.244.0.2:8080", false), readyEP("10.244.0.3:8080", false))
+	data, _, _ := RenderPartial(snap(a, b2), opts(), p.applied)
+	if strings.Contains(string(data), ":"+ServiceChain(a.Name)) || !strings.Contains(string(data), ":"+ServiceChain(b2.Name)) {
+		t.Fatalf("partial render should rewrite b's chains only:\n%s", data)
+	}
+	st, err = p.SyncStats(snap(a, b2))
+	if err != nil || st.Full || st.Bytes >= full+200 {
+		t.Fatalf("endpoint change: %+v %v (full sync was %d bytes)", st, err, full)
+	}
+	st, _ = p.SyncStats(snap(a, b2))
+	if st.Full {
+		t.Fatal("no-op sync was full")
+	}
+	o := opts()
+	o.MasqueradeAll = true
+	p.Options = o
+	if st, _ = p.SyncStats(snap(a, b2)); !st.Full {
+		t.Fatal("options change did not force a full sync")
+	}
+	p.Invalidate()
+	if st, _ = p.SyncStats(snap(a, b2)); !st.Full {
+		t.Fatal("Invalidate did not force a full sync")
+	}
+	now = now.Add(59 * time.Minute)
+	if st, _ = p.SyncStats(snap(a)); st.Full {
+		t.Fatal("full sync before the period")
+	}
+	now = now.Add(2 * time.Minute)
+	if st, _ = p.SyncStats(snap(a)); !st.Full {
+		t.Fatal("no full sync after the period")
+	}
+	// A failed restore makes the next sync full.
+	f.Flush("nat")
+	if _, err := p.SyncStats(snap(a, b)); err == nil {
+		t.Fatal("partial sync onto flushed tables succeeded; the fake should refuse the jump to a missing chain")
+	}
+	if st, err = p.SyncStats(snap(a, b)); err != nil || !st.Full {
+		t.Fatalf("after a failure: %+v %v", st, err)
+	}
+}
