@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-sync bench-engines bench-deps clean
+.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -69,10 +69,10 @@ staticcheck: $(STATICCHECK)
 windows: ## the userspace mode must build for Windows nodes
 	GOOS=windows $(GO) build ./...
 
-BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3
+BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3 iptables
 
 bench-deps: ## install the peers and load generators the bench harness runs (Debian packages)
-	@missing=""; for t in haproxy nginx wrk iperf3; do command -v $$t >/dev/null || missing=1; done; \
+	@missing=""; for t in haproxy nginx wrk iperf3 iptables-nft-restore iptables-legacy-restore; do command -v $$t >/dev/null || missing=1; done; \
 	[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || missing=1; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "bench-deps: need root to apt-get install $(BENCH_PACKAGES)"; exit 1; fi; \
@@ -84,8 +84,12 @@ bench: build bench-deps ## the benchmark, short mode (< 10 min): sluice vs naive
 
 bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; asserts no numbers
 	bin/sluice-bench --mode smoke
+	bin/sluice-bench sync --sizes 100 --rounds 1 --out bench/results
 
-bench-sync: ## iptables mode: full render (and apply to the stateful fake) at 1k and 10k services x 10 endpoints
+bench-sync: build bench-deps ## iptables mode: full and partial sync with real iptables-restore (nft, legacy) in a private netns, 1k and 10k services x 10 endpoints
+	bin/sluice-bench sync --sizes 1000,10000 --rounds 1
+
+bench-sync-fake: ## iptables mode in process: full and partial render, and syncs applied to the stateful fake
 	$(GO) test -run '^$$' -bench BenchmarkSync -benchtime 5x ./kernel/iptables
 
 bench-engines: ## Go micro-benchmarks of the engines and the gnet candidate

@@ -5,6 +5,8 @@ package harness
 import (
 	"math"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +117,40 @@ func TestSummarizeKeepsTheBestRoundOfThePrimaryMetric(t *testing.T) {
 	}
 	if m := s["udp-rr"]["a"]; m["pps (best)"] != 9 {
 		t.Fatalf("udp-rr %v: higher is better, best is 9", m)
+	}
+}
+
+func TestWriteSyncResultsReportsMediansAndPartialRatio(t *testing.T) {
+	dir := t.TempDir()
+	var res []SyncResult
+	for _, total := range []float64{100, 300, 200} {
+		res = append(res, SyncResult{Backend: "nft", Services: 1000, Kind: "full-resync", TotalMS: total, Lines: 47017})
+		res = append(res, SyncResult{Backend: "nft", Services: 1000, Kind: "partial", TotalMS: total / 10, Lines: 2062})
+	}
+	md, err := WriteSyncResults(dir, res, "test machine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md, "| nft | 1000 | full-resync | 0.0 | 0.0 | 200.0 | 47017 |  |") || !strings.Contains(md, "| nft | 1000 | partial | 0.0 | 0.0 | 20.0 | 2062 | 0.10x |") {
+		t.Fatalf("table:\n%s", md)
+	}
+	for _, f := range []string{"results.md", "results.json", "machine.txt"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestSyncSnapshotShape(t *testing.T) {
+	s := SyncSnapshot(300)
+	if len(s.Ports) != 300 {
+		t.Fatalf("%d ports", len(s.Ports))
+	}
+	seen := map[string]bool{}
+	for _, sp := range s.Ports {
+		if len(sp.Endpoints) != 10 || seen[sp.ClusterIPs[0].String()] {
+			t.Fatalf("port %v: %d endpoints, duplicate ClusterIP %v", sp.Name, len(sp.Endpoints), seen[sp.ClusterIPs[0].String()])
+		}
+		seen[sp.ClusterIPs[0].String()] = true
 	}
 }

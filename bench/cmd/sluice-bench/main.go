@@ -35,7 +35,78 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "sync" {
+		os.Exit(syncBench(os.Args[2:]))
+	}
 	os.Exit(run())
+}
+
+// syncBench runs the iptables sync benchmark in a private network
+// namespace: the command re-executes itself with CLONE_NEWNET (the
+// namespace dies with the child), so no rule is ever written to the
+// machine's own tables.
+func syncBench(args []string) int {
+	fs := flag.NewFlagSet("sync", flag.ExitOnError)
+	sizes := fs.String("sizes", "1000,10000", "service counts, comma-separated")
+	backends := fs.String("backends", "nft,legacy", "iptables backends, comma-separated")
+	rounds := fs.Int("rounds", 3, "rounds per backend and size (medians are reported)")
+	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-sync/")
+	fs.Parse(args)
+	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
+		if os.Geteuid() != 0 {
+			fmt.Fprintln(os.Stderr, "sluice-bench sync: needs root (it creates a private network namespace and programs iptables inside it)")
+			return 1
+		}
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), "SLUICE_SYNC_NETNS=1")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Run(); err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return ee.ExitCode()
+			}
+			fmt.Fprintln(os.Stderr, "sluice-bench sync:", err)
+			return 1
+		}
+		return 0
+	}
+	var ns []int
+	for _, s := range strings.Split(*sizes, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n < 1 || n > 60000 {
+			fmt.Fprintf(os.Stderr, "sluice-bench sync: --sizes: %q is not a service count (1-60000)\n", s)
+			return 1
+		}
+		ns = append(ns, n)
+	}
+	var bes []string
+	for _, b := range strings.Split(*backends, ",") {
+		b = strings.TrimSpace(b)
+		if b != "nft" && b != "legacy" {
+			fmt.Fprintf(os.Stderr, "sluice-bench sync: --backends: %q is not nft or legacy\n", b)
+			return 1
+		}
+		if _, err := exec.LookPath("iptables-" + b + "-restore"); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench sync: iptables-%s-restore is not installed (apt-get install iptables)\n", b)
+			return 1
+		}
+		bes = append(bes, b)
+	}
+	res, err := harness.RunSyncBench(bes, ns, max(1, *rounds), func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench sync:", err)
+		return 1
+	}
+	dir := filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-sync")
+	md, err := harness.WriteSyncResults(dir, res, harness.Machine())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench sync:", err)
+		return 1
+	}
+	fmt.Print(md)
+	fmt.Println("\nwrote", dir)
+	return 0
 }
 
 func run() int {

@@ -1,0 +1,196 @@
+package harness
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// The iptables sync benchmark: how long the iptables mode takes to render
+// and apply (one real iptables-restore) its rules for N services with 10
+// endpoints each, for a full sync onto empty tables, a partial sync after
+// one service's endpoints changed, and a full resync of an unchanged
+// state (the hourly one). It programs real iptables, so the caller runs it
+// in a private network namespace (sluice-bench sync re-executes itself
+// with CLONE_NEWNET); nothing here touches the root namespace by itself.
+
+// SyncResult is one measured sync.
+type SyncResult struct {
+	Backend  string  `json:"backend"`
+	Services int     `json:"services"`
+	Kind     string  `json:"kind"` // full, partial, full-resync
+	RenderMS float64 `json:"renderMs"`
+	ApplyMS  float64 `json:"applyMs"` // iptables-restore, jump rules and canaries
+	TotalMS  float64 `json:"totalMs"`
+	Bytes    int     `json:"bytes"`
+	Lines    int     `json:"lines"`
+}
+
+// SyncSnapshot is n services with 10 ready endpoints each, a NodePort and
+// an external IP.
+func SyncSnapshot(n int) *lb.Snapshot {
+	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	for i := 0; i < n; i++ {
+		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "p", Protocol: lb.TCP},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80, NodePort: uint16(30000 + i%2768)}
+		for j := 0; j < 10; j++ {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + i>>12), byte(i >> 4), byte(j + 16*(i&15))}), 8080), Ready: true, Serving: true})
+		}
+		s.Ports[sp.Name] = sp
+	}
+	return s
+}
+
+// timedRunner measures the time spent in the real runner.
+type timedRunner struct {
+	iptables.Runner
+	spent time.Duration
+}
+
+func (t *timedRunner) Restore(data []byte) error {
+	start := time.Now()
+	err := t.Runner.Restore(data)
+	t.spent += time.Since(start)
+	return err
+}
+
+func (t *timedRunner) EnsureRule(table, chain string, args ...string) error {
+	start := time.Now()
+	err := t.Runner.EnsureRule(table, chain, args...)
+	t.spent += time.Since(start)
+	return err
+}
+
+func (t *timedRunner) EnsureChain(table, chain string) error {
+	start := time.Now()
+	err := t.Runner.EnsureChain(table, chain)
+	t.spent += time.Since(start)
+	return err
+}
+
+func (t *timedRunner) Chains(table string) ([]string, error) {
+	start := time.Now()
+	c, err := t.Runner.Chains(table)
+	t.spent += time.Since(start)
+	return c, err
+}
+
+// RunSyncBench measures each backend and size, rounds times each, and
+// leaves the tables clean after each size.
+func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, ...any)) ([]SyncResult, error) {
+	var out []SyncResult
+	o := iptables.Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.128.0.0/9")}
+	for _, be := range backends {
+		for _, n := range sizes {
+			base := SyncSnapshot(n)
+			changed := SyncSnapshot(n)
+			one := changed.Sorted()[n/2]
+			one.Endpoints = one.Endpoints[1:]
+			r := &timedRunner{Runner: &iptables.Exec{Command: "iptables-" + be, Timeout: 10 * time.Minute}}
+			measure := func(kind string, p *iptables.Proxier, snap *lb.Snapshot, prev iptables.Bodies) error {
+				rs := time.Now()
+				data, _, _ := iptables.RenderPartial(snap, p.Options, prev)
+				render := time.Since(rs)
+				r.spent = 0
+				start := time.Now()
+				st, err := p.SyncStats(snap)
+				total := time.Since(start)
+				if err != nil {
+					return fmt.Errorf("%s %d services, %s sync: %w", be, n, kind, err)
+				}
+				if want := kind == "partial"; st.Full == want {
+					return fmt.Errorf("%s %d services: %s sync came out full=%v", be, n, kind, st.Full)
+				}
+				res := SyncResult{Backend: be, Services: n, Kind: kind, RenderMS: ms(render), ApplyMS: ms(r.spent), TotalMS: ms(total),
+					Bytes: len(data), Lines: strings.Count(string(data), "\n")}
+				logf("%-6s %6d services  %-11s render %8.1f ms  apply %9.1f ms  total %9.1f ms  %d lines", be, n, kind, res.RenderMS, res.ApplyMS, res.TotalMS, res.Lines)
+				out = append(out, res)
+				return nil
+			}
+			for round := 0; round < rounds; round++ {
+				if err := iptables.Cleanup(r, o); err != nil {
+					return out, fmt.Errorf("%s: cleanup before %d services: %w", be, n, err)
+				}
+				p := &iptables.Proxier{Runner: r, Options: o}
+				if err := measure("full", p, base, nil); err != nil {
+					return out, err
+				}
+				_, applied, _ := iptables.RenderPartial(base, o, nil)
+				if err := measure("partial", p, changed, applied); err != nil {
+					return out, err
+				}
+				p.Invalidate()
+				if err := measure("full-resync", p, changed, nil); err != nil {
+					return out, err
+				}
+			}
+			if err := iptables.Cleanup(r, o); err != nil {
+				return out, fmt.Errorf("%s: cleanup after %d services: %w", be, n, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// WriteSyncResults writes results.md (medians per backend, size and kind,
+// with the partial/full ratio), results.json and machine.txt into dir.
+func WriteSyncResults(dir string, res []SyncResult, machine string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	type key struct {
+		be   string
+		n    int
+		kind string
+	}
+	groups := map[key][]SyncResult{}
+	var keys []key
+	for _, r := range res {
+		k := key{r.Backend, r.Services, r.Kind}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	med := func(rs []SyncResult, f func(SyncResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	var b strings.Builder
+	b.WriteString("# iptables sync benchmark\n\n")
+	b.WriteString("Real `iptables-restore --noflush` in a private network namespace; N services x 10 endpoints, each with a NodePort. ")
+	b.WriteString("full: onto empty tables; partial: after one service's endpoints changed; full-resync: the same state rewritten whole (the hourly sync). Medians of the rounds.\n\n")
+	b.WriteString("| backend | services | sync | render ms | apply ms | total ms | restore lines | vs full |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
+	for _, k := range keys {
+		rs := groups[k]
+		total := med(rs, func(r SyncResult) float64 { return r.TotalMS })
+		vs := ""
+		if full, ok := groups[key{k.be, k.n, "full-resync"}]; ok && k.kind == "partial" {
+			vs = fmt.Sprintf("%.2fx", total/med(full, func(r SyncResult) float64 { return r.TotalMS }))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %.1f | %.1f | %.1f | %d | %s |\n", k.be, k.n, k.kind,
+			med(rs, func(r SyncResult) float64 { return r.RenderMS }), med(rs, func(r SyncResult) float64 { return r.ApplyMS }), total, rs[0].Lines, vs)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.String()), 0o644); err != nil {
+		return "", err
+	}
+	js, _ := json.MarshalIndent(res, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
+		return "", err
+	}
+	return b.String(), os.WriteFile(filepath.Join(dir, "machine.txt"), []byte(machine), 0o644)
+}
