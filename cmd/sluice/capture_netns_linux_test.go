@@ -26,7 +26,7 @@ func TestUserspaceCaptureInNetns(t *testing.T) {
 
 func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 	b := newNetnsBed(t)
-	b.startBackends("b", "10.244.0.5", "10.244.0.6")
+	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
 	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
 		b.in(b.node, cmd, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "REDIRECT", "--to-ports", "22")
 	}
@@ -35,6 +35,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
 	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=userspace", "--userspace-capture="+method, "--iptables-backend="+backend,
 		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
 	p.waitLog(logLine)
@@ -65,6 +66,18 @@ func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 		}
 		if got := b.tries("tcp", "10.96.0.12:80", 1)[0]; !strings.HasPrefix(got, "error: ") {
 			t.Fatalf("no endpoints: %q, want an error", got)
+		}
+	}
+	if method == "bind" {
+		// The bind capture serves IPv6 ClusterIPs too: the VIP is an
+		// address of the node, listened on directly. (The iptables capture
+		// redirects to proxy ports on --bind-address's family only.)
+		for _, a := range []string{"[fd00:96::10]:80", "[fd00:96::10]:53"} {
+			proto := map[bool]string{true: "udp", false: "tcp"}[strings.HasSuffix(a, ":53")]
+			d := distinct(b.tries(proto, a, 10))
+			if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
+				t.Fatalf("IPv6 ClusterIP %s %s: %v, want both IPv6 backends", proto, a, d)
+			}
 		}
 	}
 	if method == "iptables" {

@@ -39,13 +39,13 @@ func runHelper() bool {
 	case "backend": // name,ip...: HTTP on ip:8080 and UDP echo on ip:5353
 		name := args[0]
 		for _, ip := range args[1:] {
-			ln, err := net.Listen("tcp", ip+":8080")
+			ln, err := net.Listen("tcp", net.JoinHostPort(ip, "8080"))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
 			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name+"@"+ip) }))
-			pc, err := net.ListenPacket("udp", ip+":5353")
+			pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, "5353"))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
@@ -57,7 +57,7 @@ func runHelper() bool {
 					if err != nil {
 						return
 					}
-					pc.WriteTo(append([]byte(name+"@"+ip+":"), buf[:n]...), from)
+					pc.WriteTo(append([]byte(name+"@"+ip+"|"), buf[:n]...), from)
 				}
 			}()
 		}
@@ -93,7 +93,7 @@ func clientTry(proto, addr string) string {
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		name, _, _ := strings.Cut(string(buf[:n]), ":")
+		name, _, _ := strings.Cut(string(buf[:n]), "|")
 		return name
 	}
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -128,8 +128,9 @@ func (b *netnsBed) in(ns string, args ...string) string {
 }
 
 // newNetnsBed builds client <-> node <-> backend. The client is
-// 192.168.10.2 (node side 192.168.10.1); backends are 10.244.0.5 and
-// 10.244.0.6 (node side 10.244.0.1).
+// 192.168.10.2 and fd00:10::2 (node side .1 and ::1); backends are
+// 10.244.0.5, 10.244.0.6, fd00:244::5 and fd00:244::6 (node side
+// 10.244.0.1 and fd00:244::1).
 func newNetnsBed(t *testing.T) *netnsBed {
 	if os.Geteuid() != 0 {
 		kubetest.Require(t, errors.New("network namespace tests need root"))
@@ -158,6 +159,16 @@ func newNetnsBed(t *testing.T) *netnsBed {
 	}
 	b.ip("-n", b.client, "route", "add", "default", "via", "192.168.10.1")
 	b.ip("-n", b.backend, "route", "add", "default", "via", "10.244.0.1")
+	// IPv6: the same shape (nodad: usable at once).
+	b.ip("-n", b.node, "addr", "add", "fd00:10::1/64", "dev", "c0", "nodad")
+	b.ip("-n", b.node, "addr", "add", "fd00:244::1/64", "dev", "b0", "nodad")
+	b.ip("-n", b.client, "addr", "add", "fd00:10::2/64", "dev", "c1", "nodad")
+	b.ip("-n", b.backend, "addr", "add", "fd00:244::5/64", "dev", "b1", "nodad")
+	b.ip("-n", b.backend, "addr", "add", "fd00:244::6/64", "dev", "b1", "nodad")
+	b.ip("-n", b.client, "-6", "route", "add", "default", "via", "fd00:10::1")
+	b.ip("-n", b.backend, "-6", "route", "add", "default", "via", "fd00:244::1")
+	b.ip("-n", b.node, "-6", "route", "add", "fd00:96::/112", "via", "fd00:244::5")
+	b.in(b.node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 	// Service and external ranges lead into the backend namespace, which
 	// does not forward: an undecided packet dies inside the sandbox.
 	b.ip("-n", b.node, "route", "add", "10.96.0.0/16", "via", "10.244.0.5")
@@ -283,6 +294,32 @@ spec:
   - {name: http, port: 80, protocol: TCP}
 `
 
+// ipv6Manifest is an IPv6 single-stack Service for the ip6tables rules.
+const ipv6Manifest = `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: e2e}
+spec:
+  type: NodePort
+  ipFamilies: [IPv6]
+  clusterIP: fd00:96::10
+  ports:
+  - {name: http, port: 80, nodePort: 30081, protocol: TCP}
+  - {name: dns, port: 53, nodePort: 30054, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6-1, namespace: e2e, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv6
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: dns, port: 5353, protocol: UDP}
+endpoints:
+- addresses: ["fd00:244::5"]
+- addresses: ["fd00:244::6"]
+`
+
 func TestIPTablesModeInNetns(t *testing.T) {
 	for _, backend := range []string{"nft", "legacy"} {
 		t.Run(backend, func(t *testing.T) { iptablesModeInNetns(t, backend) })
@@ -291,7 +328,7 @@ func TestIPTablesModeInNetns(t *testing.T) {
 
 func iptablesModeInNetns(t *testing.T, backend string) {
 	b := newNetnsBed(t)
-	b.startBackends("b", "10.244.0.5", "10.244.0.6")
+	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
 	// Rules of someone else's, in every table sluice touches: --cleanup
 	// must leave them exactly as they were.
 	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
@@ -303,6 +340,7 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
 	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=iptables", "--iptables-backend="+backend, "--manifests", dir,
 		"--cluster-cidr=10.244.0.0/16", "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
 	p.waitLog("state applied")
@@ -318,6 +356,16 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 20))
 	want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 20))
 	want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 20))
+	want6 := func(what string, answers []string) {
+		t.Helper()
+		d := distinct(answers)
+		if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
+			t.Fatalf("%s: %v, want both IPv6 backends", what, d)
+		}
+	}
+	want6("IPv6 ClusterIP TCP", b.tries("tcp", "[fd00:96::10]:80", 20))
+	want6("IPv6 ClusterIP UDP", b.tries("udp", "[fd00:96::10]:53", 20))
+	want6("IPv6 NodePort TCP", b.tries("tcp", "[fd00:10::1]:30081", 20))
 	if d := distinct(b.tries("tcp", "10.96.0.11:80", 15)); len(d) != 1 || d["error"] > 0 {
 		t.Fatalf("ClientIP affinity: %v, want 15 hits on one backend", d)
 	}
