@@ -13,18 +13,25 @@ import (
 // userspace listeners from the client namespace; --cleanup restores the
 // tables and lo's addresses exactly.
 func TestUserspaceCaptureInNetns(t *testing.T) {
-	for _, tc := range []struct{ name, method, backend, logs string }{
-		{"iptables-nft", "iptables", "nft", "userspace VIP capture: iptables"},
-		{"iptables-legacy", "iptables", "legacy", "userspace VIP capture: iptables"},
-		{"auto", "auto", "nft", "userspace VIP capture: iptables"},
-		{"bind", "bind", "nft", "userspace VIP capture: bind"},
-		{"none", "none", "nft", "userspace VIP capture: none"},
+	for _, tc := range []struct {
+		name, method, backend string
+		env                   []string
+		logs                  []string
+	}{
+		{"iptables-nft", "iptables", "nft", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
+		{"iptables-legacy", "iptables", "legacy", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
+		{"auto", "auto", "nft", nil, []string{"userspace VIP capture: iptables", "iptables can program the nat table"}},
+		// With no iptables on PATH, auto falls back to bind and says why.
+		{"auto-without-iptables", "auto", "nft", []string{"PATH=/var/empty"}, []string{"userspace VIP capture: bind", "iptables unusable"}},
+		{"bind-nft", "bind", "nft", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
+		{"bind-legacy", "bind", "legacy", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
+		{"none", "none", "legacy", nil, []string{"userspace VIP capture: none", "forced by --userspace-capture"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.logs) })
+		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.env, tc.logs) })
 	}
 }
 
-func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
+func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine []string) {
 	b := newNetnsBed(t)
 	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
 	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
@@ -36,10 +43,13 @@ func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
-	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=userspace", "--userspace-capture="+method, "--iptables-backend="+backend,
+	p := b.start(b.node, env, sluiceBin, "--proxy-mode=userspace", "--userspace-capture="+method, "--iptables-backend="+backend,
 		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
-	p.waitLog(logLine)
+	p.waitLog(logLine...)
 	p.waitLog("state applied")
+	if method == "auto" && len(env) > 0 {
+		method = "bind"
+	}
 
 	want2 := func(what string, answers []string) {
 		t.Helper()
@@ -49,6 +59,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 		}
 	}
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 10))
+	want2("NodePort UDP", b.tries("udp", "192.168.10.1:30053", 10))
 	if method == "none" {
 		// Nothing captured: the packets follow the node's route into the
 		// backend namespace, which does not forward them.
@@ -61,6 +72,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend, logLine string) {
 		want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 10))
 		want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 10))
 		want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 10))
+		want2("externalIP UDP", b.tries("udp", "203.0.113.10:53", 10))
 		if d := distinct(b.tries("tcp", "10.96.0.11:80", 10)); len(d) != 1 || d["error"] > 0 {
 			t.Fatalf("ClientIP affinity: %v, want 10 hits on one backend", d)
 		}

@@ -146,6 +146,9 @@ func newNetnsBed(t *testing.T) *netnsBed {
 		b.ip("netns", "add", ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 		b.ip("-n", ns, "link", "set", "lo", "up")
+		// No duplicate address detection on the links made below: their
+		// IPv6 addresses, link-local ones included, are usable at once.
+		b.in(ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
 	}
 	b.ip("-n", b.node, "link", "add", "c0", "type", "veth", "peer", "name", "c1", "netns", b.client)
 	b.ip("-n", b.node, "link", "add", "b0", "type", "veth", "peer", "name", "b1", "netns", b.backend)
@@ -356,11 +359,13 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 20))
 	want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 20))
 	want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 20))
+	want2("NodePort UDP", b.tries("udp", "192.168.10.1:30053", 20))
+	want2("externalIP UDP", b.tries("udp", "203.0.113.10:53", 20))
 	want6 := func(what string, answers []string) {
 		t.Helper()
 		d := distinct(answers)
 		if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
-			t.Fatalf("%s: %v, want both IPv6 backends", what, d)
+			t.Fatalf("%s: %v, want both IPv6 backends\n%s", what, d, strings.Join(answers, "\n"))
 		}
 	}
 	want6("IPv6 ClusterIP TCP", b.tries("tcp", "[fd00:96::10]:80", 20))
