@@ -24,6 +24,7 @@ type Metrics struct {
 	rejected       *prometheus.CounterVec
 	listenerErrors prometheus.Counter
 	restoreFails   prometheus.Counter
+	partialFails   prometheus.Counter
 
 	connections *prometheus.CounterVec
 	active      *prometheus.GaugeVec
@@ -58,6 +59,8 @@ func NewMetrics() *Metrics {
 			Help: "Updates refused because they were invalid, per offending object (\"Kind ns/name\"; empty when a file could not be decoded); the last good state kept serving."}, []string{"source", "object"}),
 		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "iptables-restore runs that failed."}),
+		partialFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
+			Help: "Partial iptables-restore runs that failed (the next sync is full)."}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
 			Help: "Listeners that could not be opened (e.g. port in use)."}),
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
@@ -77,7 +80,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -106,8 +109,14 @@ func (m *Metrics) Rejected(source string, objects []string) {
 // ListenerError counts a listener that could not be opened.
 func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
 
-// RestoreFailed counts a failed iptables-restore.
-func (m *Metrics) RestoreFailed() { m.restoreFails.Inc() }
+// RestoreFailed counts a failed iptables-restore, and a failed partial
+// one separately as well, as kube-proxy does.
+func (m *Metrics) RestoreFailed(partial bool) {
+	m.restoreFails.Inc()
+	if partial {
+		m.partialFails.Inc()
+	}
+}
 
 // PortCounters returns the data-path counters of one service port. Its
 // methods match listeners.Counters; the label lookups happen once, here.

@@ -127,6 +127,23 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 		}
 		lbips = append(lbips, parseIPs(e, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), []string{ing.IP})...)
 	}
+	var ranges []netip.Prefix
+	for i, r := range svc.Spec.LoadBalancerSourceRanges {
+		pf, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			e.add(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), "invalid CIDR %q", r)
+			continue
+		}
+		ranges = append(ranges, pf.Masked())
+	}
+	var hcnp uint16
+	if n := svc.Spec.HealthCheckNodePort; n != 0 {
+		if n < 1 || n > 65535 {
+			e.add("spec.healthCheckNodePort", "must be 1-65535, got %d", n)
+		} else if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+			hcnp = uint16(n) // only meaningful, and only set by the API server, for externalTrafficPolicy Local
+		}
+	}
 	aff := lb.Affinity{}
 	switch svc.Spec.SessionAffinity {
 	case "", corev1.ServiceAffinityNone:
@@ -188,14 +205,16 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 		}
 		portProtos[pp] = i
 		out = append(out, &lb.ServicePort{
-			Name:            lb.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: proto},
-			ClusterIPs:      cips,
-			Port:            uint16(p.Port),
-			NodePort:        uint16(p.NodePort),
-			ExternalIPs:     eips,
-			LoadBalancerIPs: lbips,
-			Affinity:        aff,
-			InternalLocal:   internalLocal,
+			Name:                lb.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: proto},
+			ClusterIPs:          cips,
+			Port:                uint16(p.Port),
+			NodePort:            uint16(p.NodePort),
+			ExternalIPs:         eips,
+			LoadBalancerIPs:     lbips,
+			SourceRanges:        ranges,
+			HealthCheckNodePort: hcnp,
+			Affinity:            aff,
+			InternalLocal:       internalLocal,
 			// kube-proxy applies the external policy only to ports that
 			// are reachable from outside.
 			ExternalLocal: externalLocal && (p.NodePort != 0 || len(eips) > 0 || len(lbips) > 0),

@@ -136,6 +136,7 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 		{"slice to unknown service", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: ghost}}\naddressType: IPv4\nendpoints: []\n", `EndpointSlice default/x: metadata.labels[kubernetes.io/service-name]: Service default/ghost not found`},
 		{"slice bad address", svc + "  ports: [{port: 80}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [fe80::1]}]\n", `test.yaml#2: EndpointSlice default/x: endpoints[0].addresses[0]: address fe80::1 is not of addressType IPv4`},
 		{"missing name", "apiVersion: v1\nkind: Service\nmetadata: {}\n", `metadata.name: required`},
+		{"bad source range", svc + "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, 300.0.0.0/8]\n  ports: [{port: 80}]\n", `Service default/s: spec.loadBalancerSourceRanges[1]: invalid CIDR "300.0.0.0/8"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,6 +156,30 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 				t.Fatalf("culprits %v for %q", culprits, err)
 			}
 		})
+	}
+}
+
+func TestBuildSourceRangesAndHealthCheckNodePort(t *testing.T) {
+	snap, err := build(t, `apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.20
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  loadBalancerSourceRanges: [" 192.168.1.7/24 ", "fd00::/64"]
+  ports: [{name: http, port: 80, nodePort: 30080}]
+status:
+  loadBalancer: {ingress: [{ip: 198.51.100.1}]}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "lb", Port: "http", Protocol: lb.TCP}]
+	if sp == nil || sp.HealthCheckNodePort != 32000 || len(sp.SourceRanges) != 2 ||
+		sp.SourceRanges[0] != netip.MustParsePrefix("192.168.1.0/24") || sp.LoadBalancerIPs[0] != netip.MustParseAddr("198.51.100.1") {
+		t.Fatalf("%+v", sp)
 	}
 }
 

@@ -67,7 +67,13 @@ type ServicePort struct {
 	NodePort        uint16
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
-	Affinity        Affinity
+	// SourceRanges is loadBalancerSourceRanges: when set, traffic to the
+	// load-balancer IPs is accepted only from these prefixes.
+	SourceRanges []netip.Prefix
+	// HealthCheckNodePort is the Service's healthCheckNodePort (0: none),
+	// served per Service by the node's health check server.
+	HealthCheckNodePort uint16
+	Affinity            Affinity
 	// InternalLocal is internalTrafficPolicy Local: traffic to the
 	// ClusterIP goes only to local endpoints.
 	InternalLocal bool

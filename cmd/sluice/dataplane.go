@@ -145,10 +145,12 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 	p.last = snap
 	var errs []error
 	nodePortAddrs := p.nodePortAddrs()
+	nodeIPs := p.local.list()
 	for _, px := range p.proxiers {
 		px.Options.NodePortAddresses = nodePortAddrs
-		if err := px.Sync(snap); err != nil {
-			p.metrics.RestoreFailed()
+		px.Options.NodeIPs = nodeIPs
+		if st, err := px.SyncStats(snap); err != nil {
+			p.metrics.RestoreFailed(!st.Full)
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
 			continue
 		}

@@ -323,6 +323,32 @@ endpoints:
 - addresses: ["fd00:244::6"]
 `
 
+// lbManifest is a LoadBalancer Service with externalTrafficPolicy Local,
+// a health check node port and source ranges (RANGE) that admit the client
+// namespace; 10.244.0.5 is on this node (--hostname-override=node-a).
+const lbManifest = `apiVersion: v1
+kind: Service
+metadata: {name: guarded, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.13
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  loadBalancerSourceRanges: [RANGE]
+  ports: [{name: http, port: 80, nodePort: 30090, protocol: TCP}]
+status:
+  loadBalancer: {ingress: [{ip: 203.0.113.20}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: guarded-1, namespace: e2e, labels: {kubernetes.io/service-name: guarded}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.0.5], nodeName: node-a}
+- {addresses: [10.244.0.6], nodeName: node-b}
+`
+
 func TestIPTablesModeInNetns(t *testing.T) {
 	for _, backend := range []string{"nft", "legacy"} {
 		t.Run(backend, func(t *testing.T) { iptablesModeInNetns(t, backend) })
@@ -344,7 +370,8 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
-	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=iptables", "--iptables-backend="+backend, "--manifests", dir,
+	writeFile(t, filepath.Join(dir, "lb.yaml"), strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
+	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=iptables", "--hostname-override=node-a", "--iptables-backend="+backend, "--manifests", dir,
 		"--cluster-cidr=10.244.0.0/16", "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
 	p.waitLog("state applied")
 
@@ -376,6 +403,22 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	}
 	if got := b.tries("tcp", "10.96.0.12:80", 1)[0]; !strings.Contains(got, "connection refused") {
 		t.Fatalf("no endpoints: %q, want connection refused (REJECT), not a timeout", got)
+	}
+
+	// LoadBalancer IP with externalTrafficPolicy Local and source ranges:
+	// the client is inside the range and reaches only the local endpoint;
+	// the health check node port says there is one.
+	if d := distinct(b.tries("tcp", "203.0.113.20:80", 6)); d["b@10.244.0.5"] != 6 {
+		t.Fatalf("LB IP from an allowed source: %v, want the local endpoint only", d)
+	}
+	if got := b.tries("tcp", "192.168.10.1:32100", 1)[0]; !strings.Contains(got, `"localEndpoints":1`) || !strings.Contains(got, `"name":"guarded"`) {
+		t.Fatalf("health check node port: %q", got)
+	}
+	// The range no longer admits the client: its packets are dropped.
+	writeFile(t, filepath.Join(dir, "lb.yaml"), strings.Replace(lbManifest, "RANGE", "10.0.0.0/8", 1))
+	p.waitLog("state applied")
+	if got := b.tries("tcp", "203.0.113.20:80", 1)[0]; !strings.Contains(got, "Timeout") {
+		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
 	}
 
 	// A firewall reload flushes nat: the canary is gone, sluice resyncs.

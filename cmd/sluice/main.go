@@ -180,7 +180,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			}
 		}
 	}
-	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+	svcHealth := &admin.ServiceHealth{
+		Addrs:        func() []netip.Addr { return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list()) },
+		ProxyHealthy: func() bool { ok, _, _ := health.Healthy(); return ok },
+	}
+	defer svcHealth.Close()
+	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: cfg.Mode(), Profiling: cfg.KubeProxy.EnableProfiling,
 		Dump: plane.Dump}
@@ -311,6 +316,36 @@ func newKubeClient(cfg *config.Config) (kubernetes.Interface, string, error) {
 	return client, rc.Host, nil
 }
 
+// healthCheckServices lists the Services with a healthCheckNodePort and
+// how many distinct ready local endpoint addresses each has.
+func healthCheckServices(snap *lb.Snapshot) []admin.HealthCheckService {
+	type key struct {
+		ns, name string
+		port     uint16
+	}
+	local := map[key]map[netip.Addr]bool{}
+	for _, sp := range snap.Ports {
+		if sp.HealthCheckNodePort == 0 {
+			continue
+		}
+		k := key{sp.Name.Namespace, sp.Name.Name, sp.HealthCheckNodePort}
+		if local[k] == nil {
+			local[k] = map[netip.Addr]bool{}
+		}
+		for _, ep := range sp.Endpoints {
+			if ep.Local && ep.Ready {
+				local[k][ep.Addr.Addr()] = true
+			}
+		}
+	}
+	out := make([]admin.HealthCheckService, 0, len(local))
+	for k, eps := range local {
+		out = append(out, admin.HealthCheckService{Namespace: k.ns, Name: k.name, Port: k.port, LocalEndpoints: len(eps)})
+	}
+	slices.SortFunc(out, func(a, b admin.HealthCheckService) int { return int(a.Port) - int(b.Port) })
+	return out
+}
+
 // applier is the control plane's sink: it applies snapshots to the
 // listeners and keeps health and metrics up to date.
 type applier struct {
@@ -320,6 +355,8 @@ type applier struct {
 	metrics *admin.Metrics
 	log     *slog.Logger
 	source  string        // the metric label of rejected updates
+	// svcHealth serves healthCheckNodePorts (nil: none).
+	svcHealth *admin.ServiceHealth
 	first   chan struct{} // closed by the first Publish
 
 	mu        sync.Mutex
@@ -334,6 +371,13 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	if err != nil {
 		for _, e := range unjoin(err) {
 			a.log.Error("part of the state not applied", "err", e)
+		}
+	}
+	if a.svcHealth != nil {
+		if herr := a.svcHealth.Sync(healthCheckServices(snap)); herr != nil {
+			for _, e := range unjoin(herr) {
+				a.log.Warn("FailedToStartServiceHealthcheck", "err", e)
+			}
 		}
 	}
 	a.mu.Lock()

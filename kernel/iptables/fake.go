@@ -358,30 +358,39 @@ type Outcome struct {
 	Masq     bool
 }
 
-// Trace follows a packet from a built-in chain ("PREROUTING" or "OUTPUT")
-// of the nat table, and first through the filter table's chain for the
-// same path (FORWARD/INPUT for PREROUTING, OUTPUT for OUTPUT) as far as the
-// service rules decide it. Where a rule matches at random (statistic) or
-// by history (recent), both branches are followed, so the result is the
-// set of possible outcomes, sorted and without duplicates.
+// Trace follows a packet as the kernel does: through the nat table from a
+// built-in chain ("PREROUTING" or "OUTPUT"), then, with the destination the
+// nat table gave it, through the filter table's chains on the same path
+// (INPUT and FORWARD for PREROUTING, OUTPUT for OUTPUT), whose REJECT or
+// DROP wins. Where a rule matches at random (statistic) or by history
+// (recent), both branches are followed, so the result is the set of
+// possible outcomes, sorted and without duplicates.
 func (f *Fake) Trace(hook string, p Packet) []Outcome {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p.Local == nil {
 		p.Local = func(netip.Addr) bool { return false }
 	}
-	// The filter table's service chains decide REJECT and DROP; they are
-	// hooked from INPUT/FORWARD/OUTPUT with ctstate NEW.
-	filterChain := map[string][]string{"PREROUTING": {"INPUT", "FORWARD"}, "OUTPUT": {"OUTPUT"}}[hook]
+	filterChains := map[string][]string{"PREROUTING": {"INPUT", "FORWARD"}, "OUTPUT": {"OUTPUT"}}[hook]
 	var out []Outcome
-	for _, fc := range filterChain {
-		for _, o := range f.walk("filter", fc, p, state{}, 0) {
-			if o.Verdict != "" {
-				return []Outcome{o}
+	for _, o := range f.walk("nat", hook, p, state{}, 0) {
+		after := p
+		if o.DNAT.IsValid() {
+			after.Dst, after.DPort = o.DNAT.Addr(), o.DNAT.Port()
+		}
+		verdict := ""
+		for _, fc := range filterChains {
+			for _, fo := range f.walk("filter", fc, after, state{}, 0) {
+				if fo.Verdict != "" && verdict == "" {
+					verdict = fo.Verdict
+				}
 			}
 		}
+		if verdict != "" {
+			o = Outcome{Verdict: verdict}
+		}
+		out = append(out, o)
 	}
-	out = f.walk("nat", hook, p, state{}, 0)
 	slices.SortFunc(out, func(a, b Outcome) int {
 		return strings.Compare(fmt.Sprint(a), fmt.Sprint(b))
 	})

@@ -232,3 +232,48 @@ func TestCanaryAndCleanup(t *testing.T) {
 		}
 	}
 }
+
+// loadBalancerSourceRanges: KUBE-FW lets allowed sources through to the
+// endpoints; others are not translated and KUBE-PROXY-FIREWALL drops them.
+// The health check node port is accepted in the filter table.
+func TestLoadBalancerSourceRangesAndHealthCheckNodePort(t *testing.T) {
+	lbIP := netip.MustParseAddr("198.51.100.1")
+	web := svcPort("web", "10.96.0.10", readyEP("10.244.1.1:8080", true))
+	web.LoadBalancerIPs = []netip.Addr{lbIP}
+	web.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24")}
+	web.NodePort = 30080
+	web.HealthCheckNodePort = 32000
+	web.ExternalLocal = true
+	f := NewFake()
+	o := opts()
+	o.NodeIPs = []netip.Addr{nodeIP}
+	syncTo(t, f, o, snap(web))
+	allowed := Packet{Src: clientIP, Dst: lbIP, Proto: "tcp", DPort: 80, Local: isLocal}
+	if got := dnats(f.Trace("PREROUTING", allowed)); !slices.Equal(got, []string{"10.244.1.1:8080"}) {
+		t.Fatalf("allowed source: %v", got)
+	}
+	denied := allowed
+	denied.Src = netip.MustParseAddr("203.0.113.5")
+	if got := dnats(f.Trace("PREROUTING", denied)); !slices.Equal(got, []string{"DROP"}) {
+		t.Fatalf("source outside the ranges: %v, want DROP", got)
+	}
+	// The node is inside the range, so its hairpin (source = LB IP) passes.
+	hairpin := allowed
+	hairpin.Src = lbIP
+	if got := dnats(f.Trace("OUTPUT", hairpin)); !slices.Equal(got, []string{"10.244.1.1:8080+masq"}) && !slices.Equal(got, []string{"10.244.1.1:8080"}) {
+		t.Fatalf("node hairpin: %v", got)
+	}
+	if !strings.Contains(f.Dump(), "--dport 32000 -j ACCEPT") {
+		t.Fatalf("no health check node port rule:\n%s", f.Dump())
+	}
+	// Without ranges no KUBE-FW chain is used.
+	web2 := *web
+	web2.SourceRanges = nil
+	syncTo(t, f, o, snap(&web2))
+	if got := dnats(f.Trace("PREROUTING", denied)); !slices.Equal(got, []string{"10.244.1.1:8080"}) {
+		t.Fatalf("no ranges: %v", got)
+	}
+	if strings.Contains(f.Dump(), FirewallChain(web.Name)) {
+		t.Fatal("stale KUBE-FW chain left")
+	}
+}

@@ -33,6 +33,9 @@ type Options struct {
 	// NodePortAddresses are the addresses NodePorts answer on; nil means
 	// every local address.
 	NodePortAddresses []netip.Addr
+	// NodeIPs are the node's addresses: an LB IP is allowed through
+	// KUBE-FW-* as a source when a source range contains one of them.
+	NodeIPs []netip.Addr
 	// RandomFully adds --random-fully to MASQUERADE.
 	RandomFully bool
 	// ExistingNATChains are the nat table's chains now (from iptables-save):
@@ -308,19 +311,35 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 			filterRules.line(slices.Concat([]string{"-A", ChainServices}, comment(c), match, []string{"-d", cip.String(), "--dport", port, "-j", target})...)
 		}
 	}
+	var ranges []netip.Prefix
+	for _, r := range sp.SourceRanges {
+		if r.Addr().Is6() == o.IPv6 {
+			ranges = append(ranges, r)
+		}
+	}
+	fw := FirewallChain(name)
+	usesFW := hasEndpoints && len(lbips) > 0 && len(ranges) > 0
 	for _, set := range []struct {
 		ips  []netip.Addr
 		what string
 	}{{eips, "external IP"}, {lbips, "loadbalancer IP"}} {
 		for _, ip := range set.ips {
 			if usesExt {
-				natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" "+set.what)), match, []string{"-d", ip.String(), "--dport", port, "-j", ext})...)
+				to := ext
+				if usesFW && set.what == "loadbalancer IP" {
+					to = fw
+					filterRules.line(slices.Concat([]string{"-A", ChainProxyFirewall}, comment(quote(s+" traffic not accepted by "+fw)), match, []string{"-d", ip.String(), "--dport", port, "-j", "DROP"})...)
+				}
+				natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" "+set.what)), match, []string{"-d", ip.String(), "--dport", port, "-j", to})...)
 			}
 			if !hasExternal {
 				target, c := refuse()
 				filterRules.line(slices.Concat([]string{"-A", ChainExternalServices}, comment(c), match, []string{"-d", ip.String(), "--dport", port, "-j", target})...)
 			}
 		}
+	}
+	if sp.HealthCheckNodePort != 0 {
+		filterRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(quote(s+" health check node port")), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
 	}
 	if sp.NodePort != 0 {
 		np := strconv.Itoa(int(sp.NodePort))
@@ -393,6 +412,26 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		if hasExternal {
 			body.line("-A", ext, "-j", externalChain)
 		}
+	}
+	if usesExt && usesFW {
+		chain(fw)
+		for _, r := range ranges {
+			body.line(slices.Concat([]string{"-A", fw}, comment(quote(s+" loadbalancer IP")), []string{"-s", r.String(), "-j", ext})...)
+		}
+		// Traffic the node itself hairpins to the LB IP comes from the LB
+		// IP when the node is inside an allowed range.
+		nodeAllowed := false
+		for _, r := range ranges {
+			for _, n := range o.NodeIPs {
+				nodeAllowed = nodeAllowed || r.Contains(n)
+			}
+		}
+		if nodeAllowed {
+			for _, ip := range lbips {
+				body.line(slices.Concat([]string{"-A", fw}, comment(quote(s+" loadbalancer IP")), []string{"-s", ip.String(), "-j", ext})...)
+			}
+		}
+		body.line(slices.Concat([]string{"-A", fw}, comment(quote("other traffic to "+s+" will be dropped by KUBE-PROXY-FIREWALL")))...)
 	}
 	// One KUBE-SEP chain per endpoint, shared by SVC and SVL.
 	seps := map[netip.AddrPort]bool{}

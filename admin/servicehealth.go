@@ -1,0 +1,175 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HealthCheckService is one Service with a healthCheckNodePort
+// (externalTrafficPolicy Local): a cloud load balancer probes the port to
+// learn whether this node has a local endpoint for it.
+type HealthCheckService struct {
+	Namespace, Name string
+	Port            uint16
+	LocalEndpoints  int
+}
+
+// ServiceHealth serves kube-proxy's per-service health checks: an HTTP
+// listener per healthCheckNodePort, answering any path with 200 when the
+// Service has local endpoints and the proxy is healthy, else 503, and a
+// JSON body saying so. Sync opens, updates and closes listeners; a port
+// whose Service changes keeps its listener.
+type ServiceHealth struct {
+	// Addrs are the addresses to listen on (--nodeport-addresses); nil or
+	// empty means every address.
+	Addrs func() []netip.Addr
+	// ProxyHealthy reports the proxy's own health (healthz).
+	ProxyHealthy func() bool
+	// Listen opens a listener; default net.Listen.
+	Listen func(network, addr string) (net.Listener, error)
+
+	mu      sync.Mutex
+	servers map[uint16]*hcServer
+}
+
+type hcState struct {
+	namespace, name string
+	local           int
+}
+
+type hcServer struct {
+	state atomic.Pointer[hcState]
+	addrs []netip.Addr
+	srvs  []*http.Server
+	wg    sync.WaitGroup // the Serve goroutines
+}
+
+func (h *ServiceHealth) listen(network, addr string) (net.Listener, error) {
+	if h.Listen != nil {
+		return h.Listen(network, addr)
+	}
+	return net.Listen(network, addr)
+}
+
+func (s *hcServer) ServeHTTP(w http.ResponseWriter, _ *http.Request, healthy bool) {
+	st := s.state.Load()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if st.local > 0 && healthy {
+		w.WriteHeader(http.StatusOK)
+	} else {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	json.NewEncoder(w).Encode(map[string]any{
+		"service":             map[string]string{"namespace": st.namespace, "name": st.name},
+		"localEndpoints":      st.local,
+		"serviceProxyHealthy": healthy,
+	})
+}
+
+// Sync makes the listeners match svcs. A port that cannot be opened is
+// reported (naming Service and port) and the rest go ahead.
+func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.servers == nil {
+		h.servers = map[uint16]*hcServer{}
+	}
+	var addrs []netip.Addr
+	if h.Addrs != nil {
+		addrs = h.Addrs()
+	}
+	want := map[uint16]HealthCheckService{}
+	var errs []error
+	for _, s := range svcs {
+		if o, dup := want[s.Port]; dup && (o.Namespace != s.Namespace || o.Name != s.Name) {
+			errs = append(errs, fmt.Errorf("health check node port %d: claimed by %s/%s and %s/%s", s.Port, o.Namespace, o.Name, s.Namespace, s.Name))
+			continue
+		}
+		want[s.Port] = s
+	}
+	for port, srv := range h.servers {
+		if _, ok := want[port]; !ok || !slices.Equal(srv.addrs, addrs) {
+			srv.close()
+			delete(h.servers, port)
+		}
+	}
+	for port, s := range want {
+		st := &hcState{namespace: s.Namespace, name: s.Name, local: s.LocalEndpoints}
+		if srv, ok := h.servers[port]; ok {
+			srv.state.Store(st)
+			continue
+		}
+		srv := &hcServer{addrs: addrs}
+		srv.state.Store(st)
+		hosts := []string{""}
+		if len(addrs) > 0 {
+			hosts = nil
+			for _, a := range addrs {
+				hosts = append(hosts, a.String())
+			}
+		}
+		var failed error
+		for _, host := range hosts {
+			ln, err := h.listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+			if err != nil {
+				failed = fmt.Errorf("health check for %s/%s on port %d: %w", s.Namespace, s.Name, port, err)
+				break
+			}
+			hs := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				healthy := h.ProxyHealthy == nil || h.ProxyHealthy()
+				srv.ServeHTTP(w, r, healthy)
+			})}
+			srv.srvs = append(srv.srvs, hs)
+			srv.wg.Add(1)
+			go func() {
+				defer srv.wg.Done()
+				hs.Serve(ln)
+			}()
+		}
+		if failed != nil {
+			srv.close()
+			errs = append(errs, failed)
+			continue
+		}
+		h.servers[port] = srv
+	}
+	return errors.Join(errs...)
+}
+
+func (s *hcServer) close() {
+	for _, hs := range s.srvs {
+		hs.Close()
+	}
+	s.wg.Wait()
+}
+
+// Ports lists the open health check ports, sorted.
+func (h *ServiceHealth) Ports() []uint16 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []uint16
+	for p := range h.servers {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Close closes every listener.
+func (h *ServiceHealth) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for port, srv := range h.servers {
+		srv.close()
+		delete(h.servers, port)
+	}
+}

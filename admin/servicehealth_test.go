@@ -1,0 +1,92 @@
+package admin
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// listenLoopback stands in for "every address": each requested port opens
+// on 127.0.0.1 at a free port, remembered for the test to dial.
+type listenLoopback struct {
+	mu   sync.Mutex
+	addr map[string]string
+}
+
+func (l *listenLoopback) listen(network, addr string) (net.Listener, error) {
+	ln, err := net.Listen(network, "127.0.0.1:0")
+	if err == nil {
+		l.mu.Lock()
+		l.addr[addr] = ln.Addr().String()
+		l.mu.Unlock()
+	}
+	return ln, err
+}
+
+func (l *listenLoopback) get(t *testing.T, port string) (int, map[string]any) {
+	t.Helper()
+	l.mu.Lock()
+	a := l.addr[":"+port]
+	l.mu.Unlock()
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Get("http://" + a + "/any/path")
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("X-Content-Type-Options") != "nosniff" || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("headers %v", resp.Header)
+	}
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body
+}
+
+func TestServiceHealthPerServicePorts(t *testing.T) {
+	l := &listenLoopback{addr: map[string]string{}}
+	healthy := true
+	var mu sync.Mutex
+	h := &ServiceHealth{Listen: l.listen, ProxyHealthy: func() bool { mu.Lock(); defer mu.Unlock(); return healthy }}
+	defer h.Close()
+	if err := h.Sync([]HealthCheckService{{Namespace: "ns", Name: "web", Port: 32000, LocalEndpoints: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	code, body := l.get(t, "32000")
+	if code != 200 || body["localEndpoints"] != 2.0 || body["serviceProxyHealthy"] != true ||
+		body["service"].(map[string]any)["name"] != "web" || body["service"].(map[string]any)["namespace"] != "ns" {
+		t.Fatalf("%d %v", code, body)
+	}
+	first := l.addr[":32000"]
+	// No local endpoint: 503 on the same listener.
+	if err := h.Sync([]HealthCheckService{{Namespace: "ns", Name: "web", Port: 32000}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := l.get(t, "32000"); code != 503 || body["localEndpoints"] != 0.0 || l.addr[":32000"] != first {
+		t.Fatalf("no local endpoints: %d %v (listener %s, was %s)", code, body, l.addr[":32000"], first)
+	}
+	// The proxy unhealthy: 503 even with endpoints.
+	h.Sync([]HealthCheckService{{Namespace: "ns", Name: "web", Port: 32000, LocalEndpoints: 1}})
+	mu.Lock()
+	healthy = false
+	mu.Unlock()
+	if code, body := l.get(t, "32000"); code != 503 || body["serviceProxyHealthy"] != false {
+		t.Fatalf("proxy unhealthy: %d %v", code, body)
+	}
+	// Two Services claiming one port: an error naming both; the first stays.
+	err := h.Sync([]HealthCheckService{{Namespace: "ns", Name: "web", Port: 32000, LocalEndpoints: 1}, {Namespace: "ns", Name: "other", Port: 32000}})
+	if err == nil || !strings.Contains(err.Error(), "ns/web") || !strings.Contains(err.Error(), "ns/other") {
+		t.Fatalf("conflict: %v", err)
+	}
+	// Removed: the port closes.
+	if err := h.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := l.get(t, "32000"); code != 0 {
+		t.Fatalf("removed port still answers %d", code)
+	}
+	if len(h.Ports()) != 0 {
+		t.Fatalf("ports %v", h.Ports())
+	}
+}
