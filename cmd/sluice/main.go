@@ -354,10 +354,10 @@ type applier struct {
 	health  *admin.Health
 	metrics *admin.Metrics
 	log     *slog.Logger
-	source  string        // the metric label of rejected updates
+	source  string // the metric label of rejected updates
 	// svcHealth serves healthCheckNodePorts (nil: none).
 	svcHealth *admin.ServiceHealth
-	first   chan struct{} // closed by the first Publish
+	first     chan struct{} // closed by the first Publish
 
 	mu        sync.Mutex
 	err       error
