@@ -71,6 +71,12 @@ type Config struct {
 	// UserspaceCapture is the userspace VIP capture: auto, iptables, bind
 	// or none.
 	UserspaceCapture string
+	// ModeFallback lets an unavailable kernel mode fall back (ipvs to
+	// iptables to userspace) instead of failing start-up.
+	ModeFallback bool
+	// IPVSDrainInterval is how often quiesced IPVS real servers are checked
+	// for remaining connections (kube-proxy: one minute).
+	IPVSDrainInterval time.Duration
 
 	// Changed lists the flags set on the command line, for the start-up
 	// report of flags the chosen mode ignores.
@@ -119,18 +125,20 @@ func Defaults() *Config {
 	kp.ClientConnection.QPS = 5
 	kp.ClientConnection.Burst = 10
 	return &Config{
-		KubeProxy:        kp,
-		UDPTimeout:       250 * time.Millisecond,
-		Engine:           defaultEngine(),
-		ConnectTimeouts:  []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
-		ConnectAttempts:  4,
-		ConnectBudget:    3750 * time.Millisecond,
-		EjectAfter:       2,
-		EjectBackoff:     5 * time.Second,
-		EjectMaxBackoff:  time.Minute,
-		DrainTimeout:     30 * time.Second,
-		ManifestCoalesce: 100 * time.Millisecond,
-		LogFormat:        "text",
+		KubeProxy:         kp,
+		UDPTimeout:        250 * time.Millisecond,
+		Engine:            defaultEngine(),
+		ModeFallback:      true,
+		IPVSDrainInterval: time.Minute,
+		ConnectTimeouts:   []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
+		ConnectAttempts:   4,
+		ConnectBudget:     3750 * time.Millisecond,
+		EjectAfter:        2,
+		EjectBackoff:      5 * time.Second,
+		EjectMaxBackoff:   time.Minute,
+		DrainTimeout:      30 * time.Second,
+		ManifestCoalesce:  100 * time.Millisecond,
+		LogFormat:         "text",
 	}
 }
 
@@ -350,6 +358,9 @@ func (c *Config) Validate() error {
 	case "goroutine":
 	default:
 		p.add("engine", "", c.Engine, "want eventloop or goroutine")
+	}
+	if c.IPVSDrainInterval <= 0 {
+		p.add("ipvs-drain-interval", "", c.IPVSDrainInterval, "must be greater than 0")
 	}
 	if c.ConnectAttempts < 1 {
 		p.add("connect-attempts", "", c.ConnectAttempts, "must be at least 1")

@@ -107,6 +107,8 @@ var flagModes = map[string][]string{
 	"engine":                       {ModeUserspace},
 	"iptables-backend":             {ModeIPTables, ModeUserspace},
 	"userspace-capture":            {ModeUserspace},
+	"mode-fallback":                {ModeIPVS, ModeIPTables},
+	"ipvs-drain-interval":          {ModeIPVS},
 	"connect-timeouts":             {ModeUserspace},
 	"connect-attempts":             {ModeUserspace},
 	"connect-budget":               {ModeUserspace},
@@ -235,6 +237,8 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "A file or directory of Service, EndpointSlice and Endpoints manifests (YAML or JSON, as kubectl apply -f takes them), watched for changes.")
 	fs.StringVar(&c.IPTablesBackend, "iptables-backend", "auto", "iptables mode and --cleanup: auto (the iptables command, as the system's alternatives choose), nft (iptables-nft) or legacy (iptables-legacy).")
 	fs.StringVar(&c.UserspaceCapture, "userspace-capture", "auto", "How userspace mode captures traffic to ClusterIPs and non-local external IPs: iptables (REDIRECT rules in KUBE-PORTALS-CONTAINER/HOST), bind (the VIPs are assigned to a dummy interface, or lo, and listened on directly), none, or auto (iptables if it works, else bind, else none; the choice is logged).")
+	fs.BoolVar(&c.ModeFallback, "mode-fallback", c.ModeFallback, "When the kernel lacks what --proxy-mode needs, fall back (ipvs to iptables to userspace) with one log line saying why; false makes it a start-up error.")
+	fs.DurationVar(&c.IPVSDrainInterval, "ipvs-drain-interval", c.IPVSDrainInterval, "IPVS mode: how often a removed TCP real server (weight 0) is checked for remaining connections before it is deleted.")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "Userspace engine: eventloop (epoll, Linux) or goroutine (standard library, every OS).")
 	fs.Var(durationList{&c.ConnectTimeouts}, "connect-timeouts", "Per-try connect timeouts, comma-separated; the last repeats.")
 	fs.IntVar(&c.ConnectAttempts, "connect-attempts", c.ConnectAttempts, "Most endpoints one connection tries.")

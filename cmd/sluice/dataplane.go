@@ -262,6 +262,9 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 		}
 		log.Info("cleanup: iptables chains and jump rules removed (iptables mode and userspace portals)", "command", fam.cmd)
 	}
+	if err := cleanupIPVS(cfg, log); err != nil {
+		errs = append(errs, fmt.Errorf("IPVS: %w", err))
+	}
 	if runtime.GOOS == "linux" {
 		if err := portals.CleanupAddrs(portals.Netlink{}, ""); err != nil {
 			errs = append(errs, fmt.Errorf("bind capture: %w", err))

@@ -355,7 +355,7 @@ func TestEndToEndBadInputAtStartupExitsNonZero(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--manifests", bad, "--healthz-bind-address=", "--metrics-bind-address="}, []string{"bad.yaml", "Service default/s", "spec.ports[1].name", "duplicate"}},
-		{[]string{"--proxy-mode=ipvs", "--manifests", bad}, []string{`proxy mode ipvs is not built yet`}},
+		{[]string{"--proxy-mode=nftables", "--manifests", bad}, []string{`proxy mode nftables is not built yet`}},
 		{[]string{"--udp-timeout=fast"}, []string{"--udp-timeout", "fast"}},
 		{[]string{"--bind-address=1.2.3"}, []string{"--bind-address", "1.2.3"}},
 		{[]string{"--healthz-bind-address="}, []string{"--manifests"}},
@@ -375,6 +375,29 @@ func TestEndToEndBadInputAtStartupExitsNonZero(t *testing.T) {
 				t.Errorf("%v: output %q lacks %q", tc.args, out, w)
 			}
 		}
+	}
+}
+
+// This kernel has no IPVS: IPVS mode says so and falls back (to iptables,
+// or on to userspace), or, with --mode-fallback=false, refuses to start.
+func TestEndToEndIPVSUnavailable(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "svc.yaml")
+	writeFile(t, good, "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n")
+	p := start(t, "--proxy-mode=ipvs", "--manifests", good, "--healthz-bind-address=", "--metrics-bind-address=", "--userspace-capture=none")
+	p.waitLog("proxy mode ipvs is unavailable; falling back to iptables mode", "IPVS is not available")
+	p.waitLog("state applied")
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	hard := start(t, "--proxy-mode=ipvs", "--mode-fallback=false", "--manifests", good, "--healthz-bind-address=", "--metrics-bind-address=")
+	var all []string
+	for l := range hard.lines {
+		all = append(all, l)
+	}
+	if code := hard.exitCode(); code == 0 || !strings.Contains(strings.Join(all, "\n"), "IPVS is not available") {
+		t.Fatalf("--mode-fallback=false: exit %d, output %q", code, all)
 	}
 }
 

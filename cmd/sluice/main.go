@@ -87,8 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if unused := cfg.UnusedFlags(); len(unused) > 0 {
 		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
 	}
-	if m := cfg.Mode(); m != config.ModeUserspace && m != config.ModeIPTables {
-		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace or iptables", m))
+	if m := cfg.Mode(); m != config.ModeUserspace && m != config.ModeIPTables && m != config.ModeIPVS {
+		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace, iptables or ipvs", m))
 		return 1
 	}
 	if cfg.InitOnly {
@@ -134,17 +134,44 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	var (
 		plane    dataPlane
 		srv      *listeners.Server
-		engineOf = cfg.Mode()
-		drain    = func() {}
+		engineOf = "kernel"
+
+		drain = func() {}
 	)
-	if cfg.Mode() == config.ModeIPTables {
+	mode := cfg.Mode()
+	// fallback moves to the next mode when the kernel lacks what this one
+	// needs, saying why, unless --mode-fallback=false.
+	fallback := func(err error, to string) error {
+		if !cfg.ModeFallback {
+			return fmt.Errorf("--proxy-mode=%s: %w (--mode-fallback=false)", mode, err)
+		}
+		log.Warn(fmt.Sprintf("proxy mode %s is unavailable; falling back to %s mode", mode, to), "why", err.Error())
+		mode = to
+		return nil
+	}
+	if mode == config.ModeIPVS {
+		pv, err := newIPVSPlane(cfg, local, metrics, log)
+		if err != nil {
+			if ferr := fallback(err, config.ModeIPTables); ferr != nil {
+				return ferr
+			}
+		} else {
+			plane = pv
+			defer pv.Close()
+		}
+	}
+	if mode == config.ModeIPTables {
 		ipt, err := newIPTablesPlane(cfg, local, metrics, log)
 		if err != nil {
-			return err
+			if ferr := fallback(err, config.ModeUserspace); ferr != nil {
+				return ferr
+			}
+		} else {
+			plane = ipt
+			defer ipt.Close()
 		}
-		plane = ipt
-		defer ipt.Close()
-	} else {
+	}
+	if mode == config.ModeUserspace {
 		engine, err := listeners.New(cfg.Engine, listeners.Options{})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
@@ -187,7 +214,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	defer svcHealth.Close()
 	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth}
 
-	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: cfg.Mode(), Profiling: cfg.KubeProxy.EnableProfiling,
+	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
 		Dump: plane.Dump}
 	hz, err := admin.Serve(cfg.HealthzAddress(), ep.HealthzHandler())
 	if err != nil {
@@ -278,7 +305,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 		nListeners = len(fes)
 	}
-	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, cfg.Mode(), engineOf, nListeners, source)
+	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, mode, engineOf, nListeners, source)
 
 	<-ctx.Done()
 	log.Info("shutting down: no new connections; draining open ones", "timeout", cfg.DrainTimeout)

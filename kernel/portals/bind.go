@@ -44,6 +44,8 @@ type AddrTable interface {
 type Binder struct {
 	Table     AddrTable
 	Interface string // default DefaultInterface
+	// DummyOnly refuses the lo fallback (IPVS mode needs kube-ipvs0).
+	DummyOnly bool
 	link      int
 	ready     bool
 }
@@ -62,7 +64,7 @@ func (b *Binder) Init() (string, error) {
 		b.link, b.ready = idx, true
 		return "dummy interface " + b.name(), nil
 	}
-	if !errors.Is(err, ErrNoDummy) {
+	if !errors.Is(err, ErrNoDummy) || b.DummyOnly {
 		return "", fmt.Errorf("create dummy interface %s: %w", b.name(), err)
 	}
 	idx, lerr := b.Table.LinkIndex("lo")
@@ -94,6 +96,14 @@ func (b *Binder) Ensure(want []netip.Addr) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Owned lists the addresses sluice has assigned to the interface.
+func (b *Binder) Owned() ([]netip.Addr, error) {
+	if !b.ready {
+		return nil, nil
+	}
+	return b.Table.Owned(b.link)
 }
 
 // Prune removes sluice's addresses that are not in keep.

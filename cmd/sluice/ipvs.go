@@ -1,0 +1,248 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/ipvs"
+	"github.com/sluice-proxy/sluice/kernel/portals"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// ipvsInterface is kube-proxy's dummy interface for IPVS service addresses.
+const ipvsInterface = "kube-ipvs0"
+
+// ipvsPlane programs IPVS for both families, binds service addresses to
+// kube-ipvs0, drains removed TCP real servers every --ipvs-drain-interval
+// and resyncs every --ipvs-sync-period (repairing what others changed).
+type ipvsPlane struct {
+	kernel   *ipvs.Netlink
+	proxiers []*ipvs.Proxier
+	binder   *portals.Binder
+	cfg      *config.Config
+	local    *localAddrs
+	metrics  *admin.Metrics
+	log      *slog.Logger
+	stop     chan struct{}
+	done     chan struct{}
+
+	mu   sync.Mutex
+	last *lb.Snapshot
+}
+
+// newIPVSPlane returns an error wrapping ipvs.ErrUnavailable when the
+// kernel cannot do IPVS mode (no ip_vs, no scheduler, no dummy link type).
+func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*ipvsPlane, error) {
+	k, err := ipvs.NewNetlink()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ipvs.ErrUnavailable, err)
+	}
+	if err := ipvs.Detect(k, cfg.KubeProxy.IPVS.Scheduler); err != nil {
+		k.Close()
+		return nil, err
+	}
+	b := &portals.Binder{Table: portals.Netlink{}, Interface: ipvsInterface, DummyOnly: true}
+	if _, err := b.Init(); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("%w: %v", ipvs.ErrUnavailable, err)
+	}
+	sysctls := map[string]string{
+		"net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1",
+		"net/ipv4/vs/expire_quiescent_template": "1", "net/ipv4/ip_forward": "1",
+	}
+	if cfg.KubeProxy.IPVS.StrictARP {
+		sysctls["net/ipv4/conf/all/arp_ignore"] = "1"
+		sysctls["net/ipv4/conf/all/arp_announce"] = "2"
+	}
+	for k, v := range sysctls {
+		if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+			log.Warn("IPVS mode: sysctl not set", "sysctl", k, "value", v, "err", err)
+		}
+	}
+	ip := cfg.KubeProxy.IPVS
+	if ip.TCPTimeout.Duration > 0 || ip.TCPFinTimeout.Duration > 0 || ip.UDPTimeout.Duration > 0 {
+		if err := k.SetTimeouts(int64(ip.TCPTimeout.Seconds()), int64(ip.TCPFinTimeout.Seconds()), int64(ip.UDPTimeout.Seconds())); err != nil {
+			log.Warn("IPVS mode: timeouts not set", "err", err)
+		}
+	}
+	var exclude []netip.Prefix
+	for _, c := range ip.ExcludeCIDRs {
+		if pf, err := netip.ParsePrefix(c); err == nil {
+			exclude = append(exclude, pf)
+		}
+	}
+	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	for _, v6 := range []bool{false, true} {
+		p.proxiers = append(p.proxiers, &ipvs.Proxier{Kernel: k, ExcludeCIDRs: exclude,
+			Options: ipvs.Options{IPv6: v6, Scheduler: ip.Scheduler}})
+	}
+	sched := ip.Scheduler
+	if sched == "" {
+		sched = "rr"
+	}
+	log.Info("IPVS mode", "scheduler", sched, "interface", ipvsInterface)
+	go p.loop()
+	return p, nil
+}
+
+// nodeIPs are the addresses NodePorts get virtual servers on: the
+// --nodeport-addresses selection, else every local address but loopback,
+// link-local and the service addresses on kube-ipvs0.
+func (p *ipvsPlane) nodeIPs(snap *lb.Snapshot) []netip.Addr {
+	all := p.local.list()
+	if sel := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, all); sel != nil {
+		all = sel
+	}
+	svc := map[netip.Addr]bool{}
+	for _, a := range serviceIPs(snap) {
+		svc[a] = true
+	}
+	var out []netip.Addr
+	for _, a := range all {
+		if !a.IsLoopback() && !a.IsLinkLocalUnicast() && !svc[a] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (p *ipvsPlane) Apply(snap *lb.Snapshot) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last = snap
+	nodeIPs := p.nodeIPs(snap)
+	var errs []error
+	var bind []netip.Addr
+	owned, _ := p.binder.Owned()
+	for _, px := range p.proxiers {
+		px.Options.NodeIPs = nodeIPs
+		// Local on another interface than kube-ipvs0.
+		px.Options.IsLocal = func(a netip.Addr) bool { return p.local.has(a) && !slices.Contains(owned, a) }
+		b, err := px.Sync(snap)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		bind = append(bind, b...)
+	}
+	if err := p.binder.Ensure(bind); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", ipvsInterface, err))
+	}
+	if err := p.binder.Prune(bind); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", ipvsInterface, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (p *ipvsPlane) loop() {
+	defer close(p.done)
+	drain := time.NewTicker(p.cfg.IPVSDrainInterval)
+	defer drain.Stop()
+	every := p.cfg.KubeProxy.IPVS.SyncPeriod.Duration
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	resync := time.NewTicker(every)
+	defer resync.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-drain.C:
+			for _, px := range p.proxiers {
+				if n, err := px.Drain(); err != nil {
+					p.log.Warn("IPVS: draining real servers", "err", err)
+				} else if n > 0 {
+					p.log.Info("IPVS: drained real servers deleted", "count", n)
+				}
+			}
+		case <-resync.C:
+			p.mu.Lock()
+			last := p.last
+			p.mu.Unlock()
+			if last != nil {
+				if err := p.Apply(last); err != nil {
+					p.log.Error("IPVS resync failed", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// Close stops the loops; virtual servers stay until --cleanup, as
+// kube-proxy's do.
+func (p *ipvsPlane) Close() {
+	close(p.stop)
+	<-p.done
+	p.kernel.Close()
+}
+
+func (p *ipvsPlane) Dump() any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	draining := map[string][]string{}
+	for _, px := range p.proxiers {
+		for k, as := range px.Draining() {
+			for _, a := range as {
+				draining[k.String()] = append(draining[k.String()], a.String())
+			}
+		}
+	}
+	n := 0
+	if p.last != nil {
+		n = len(p.last.Ports)
+	}
+	return map[string]any{"mode": "ipvs", "servicePorts": n, "draining": draining}
+}
+
+func (p *ipvsPlane) Tick() {}
+
+// cleanupIPVS deletes every virtual server outside --ipvs-exclude-cidrs (as
+// kube-proxy's cleanup flushes IPVS) and kube-ipvs0, when the kernel has
+// IPVS at all.
+func cleanupIPVS(cfg *config.Config, log *slog.Logger) error {
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		return nil // no IPVS here: nothing can have been installed
+	}
+	k, err := ipvs.NewNetlink()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	var exclude []netip.Prefix
+	for _, c := range cfg.KubeProxy.IPVS.ExcludeCIDRs {
+		if pf, err := netip.ParsePrefix(c); err == nil {
+			exclude = append(exclude, pf)
+		}
+	}
+	svcs, err := k.Services()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range svcs {
+		skip := false
+		for _, c := range exclude {
+			skip = skip || c.Contains(s.Addr)
+		}
+		if !skip {
+			if err := k.DeleteService(s.Key); err != nil {
+				errs = append(errs, fmt.Errorf("delete virtual server %s: %w", s.Key, err))
+			}
+		}
+	}
+	if err := (portals.Netlink{}).DeleteLink(ipvsInterface); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		log.Info("cleanup: IPVS virtual servers and kube-ipvs0 removed", "virtualServers", len(svcs))
+	}
+	return errors.Join(errs...)
+}
