@@ -25,6 +25,7 @@ type Metrics struct {
 	listenerErrors prometheus.Counter
 	restoreFails   prometheus.Counter
 	partialFails   prometheus.Counter
+	sctpSkipped    prometheus.Gauge
 
 	connections *prometheus.CounterVec
 	active      *prometheus.GaugeVec
@@ -59,6 +60,8 @@ func NewMetrics() *Metrics {
 			Help: "Updates refused because they were invalid, per offending object (\"Kind ns/name\"; empty when a file could not be decoded); the last good state kept serving."}, []string{"source", "object"}),
 		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "iptables-restore runs that failed."}),
+		sctpSkipped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "sctp_ports_skipped",
+			Help: "SCTP service ports not served because this kernel has no SCTP (userspace mode)."}),
 		partialFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
 			Help: "Partial iptables-restore runs that failed (the next sync is full)."}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
@@ -80,7 +83,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -117,6 +120,9 @@ func (m *Metrics) RestoreFailed(partial bool) {
 		m.partialFails.Inc()
 	}
 }
+
+// SCTPSkipped sets how many SCTP service ports are not served.
+func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 
 // PortCounters returns the data-path counters of one service port. Its
 // methods match listeners.Counters; the label lookups happen once, here.

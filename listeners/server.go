@@ -45,7 +45,17 @@ type Frontend struct {
 // addresses a port listens on change. The zero value is not usable: set
 // Engine and call Apply.
 type Server struct {
-	Engine      Engine
+	Engine Engine
+	// SCTP serves SCTP ports (nil: they are skipped with a warning, as on
+	// a kernel without SCTP).
+	SCTP interface {
+		Listen(addr netip.AddrPort, t *Target) (Listener, error)
+	}
+	// SCTPSkipped, when set, is told after each Apply how many SCTP
+	// ports are not served.
+	SCTPSkipped func(n int)
+	// SCTPWhy says why SCTP is not served, for the warning.
+	SCTPWhy string
 	BindAddress netip.Addr // NodePorts and proxy ports; default 0.0.0.0
 	ProxyPorts  *PortAllocator
 	// IsLocal reports whether an external or load-balancer IP is an address
@@ -129,9 +139,13 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			p.setEndpoints(sp)
 			continue
 		}
-		if sp.Name.Protocol == lb.SCTP {
+		if sp.Name.Protocol == lb.SCTP && s.SCTP == nil {
 			if p == nil {
-				s.log().Warn("SCTP service port not served: the userspace SCTP listener is not built yet", "service", sp.Name.String())
+				why := s.SCTPWhy
+				if why == "" {
+					why = "no SCTP listener"
+				}
+				s.log().Warn("SCTP service port not served", "service", sp.Name.String(), "why", why)
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
 			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.Ejection)}}
@@ -167,6 +181,17 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		s.ports[sp.Name] = np
 		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
 	}
+	if s.SCTPSkipped != nil {
+		n := 0
+		if s.SCTP == nil {
+			for name := range s.ports {
+				if name.Protocol == lb.SCTP {
+					n++
+				}
+			}
+		}
+		s.SCTPSkipped(n)
+	}
 	return errors.Join(errs...)
 }
 
@@ -197,7 +222,15 @@ func (s *Server) openPort(p *servedPort) []error {
 		if fe.Role == RoleProxyPort || fe.Role == RoleClusterIP {
 			t = p.target
 		}
-		ln, err := s.Engine.Listen(sp.Name.Protocol, fe.Addr, t)
+		var (
+			ln  Listener
+			err error
+		)
+		if sp.Name.Protocol == lb.SCTP {
+			ln, err = s.SCTP.Listen(fe.Addr, t)
+		} else {
+			ln, err = s.Engine.Listen(sp.Name.Protocol, fe.Addr, t)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			return false

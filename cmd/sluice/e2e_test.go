@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/listeners"
 )
 
 // End-to-end tests: the built binary, driven from outside as a user would.
@@ -421,5 +423,43 @@ func TestEndToEndVersionAndWriteConfig(t *testing.T) {
 		if out, err := exec.Command(sluiceBin, flag).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v %s", flag, err, out)
 		}
+	}
+}
+
+// This kernel has no SCTP: the SCTP port of a Service is skipped with a
+// warning that says why and a metric, and its TCP port serves on.
+func TestEndToEndSCTPSkippedWithoutKernelSupport(t *testing.T) {
+	if listeners.SCTPSupported() == nil {
+		t.Skip("this kernel has SCTP; the VM suite covers serving it") // never the case on the CI machine
+	}
+	bport, np, sp, mp := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
+	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "tcp-ok")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: mixed}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.40
+  ports:
+  - {name: web, port: 80, nodePort: %d, protocol: TCP}
+  - {name: sig, port: 9000, nodePort: %d, protocol: SCTP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: mixed-1, labels: {kubernetes.io/service-name: mixed}}
+addressType: IPv4
+ports: [{name: web, port: %d, protocol: TCP}, {name: sig, port: 9000, protocol: SCTP}]
+endpoints: [{addresses: [127.0.0.1]}]
+`, np, sp, bport))
+	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--userspace-capture=none",
+		"--healthz-bind-address=", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
+	p.waitLog("SCTP service port not served", "default/mixed:sig", "the kernel has no SCTP")
+	p.waitLog("state applied")
+	if got := get(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); got != "tcp-ok" {
+		t.Fatalf("TCP port of the same Service: %q", got)
+	}
+	if m := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); !strings.Contains(m, "sluice_sctp_ports_skipped 1") {
+		t.Fatalf("metrics lack sluice_sctp_ports_skipped 1")
 	}
 }

@@ -193,6 +193,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 			Log:        log,
 		}
+		srv.SCTPSkipped = metrics.SCTPSkipped
+		var sctpEngine *listeners.SCTP
+		if err := listeners.SCTPSupported(); err != nil {
+			srv.SCTPWhy = err.Error()
+		} else {
+			sctpEngine = listeners.NewSCTP(listeners.Options{}, nil)
+			srv.SCTP = sctpEngine
+		}
 		capture, err := chooseCapture(cfg, srv, local, log)
 		if err != nil {
 			return err
@@ -204,6 +212,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			defer cancel()
 			if err := engine.Shutdown(dctx); err != nil {
 				log.Warn("drain cut open connections", "after", cfg.DrainTimeout)
+			}
+			if sctpEngine != nil {
+				if err := sctpEngine.Shutdown(dctx); err != nil {
+					log.Warn("drain cut open SCTP associations", "after", cfg.DrainTimeout)
+				}
 			}
 		}
 	}

@@ -1,0 +1,244 @@
+package listeners
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/ishidawataru/sctp"
+	"golang.org/x/sys/unix"
+)
+
+// SCTPSupported reports why this kernel cannot serve SCTP, or nil.
+func SCTPSupported() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	if err != nil {
+		return fmt.Errorf("the kernel has no SCTP (socket: %w; load the sctp module)", err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// SCTPDialFunc connects to an SCTP endpoint within timeout.
+type SCTPDialFunc func(ep netip.AddrPort, timeout time.Duration) (net.Conn, error)
+
+// DialSCTP is the real SCTPDialFunc. The library has no deadlines, so the
+// INIT retransmissions are bounded instead (one attempt, its timeout the
+// try's), and a timer abandons a connect that outlives the try.
+func DialSCTP(ep netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	type result struct {
+		c   *sctp.SCTPConn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		ms := max(int(timeout/time.Millisecond), 1)
+		c, err := sctp.DialSCTPExt("sctp", nil, &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: ep.Addr().AsSlice()}}, Port: int(ep.Port())},
+			sctp.InitMsg{NumOstreams: 10, MaxInstreams: 10, MaxAttempts: 1, MaxInitTimeout: uint16(min(ms, 65535))})
+		ch <- result{c, err}
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return r.c, nil
+	case <-t.C:
+		go func() { // close it if it ever connects
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("connect to %s: timed out after %s", ep, timeout)
+	}
+}
+
+// SCTP serves SCTP service ports: gnet and the event loop have no SCTP, so
+// it is a goroutine per association, with the same picker, affinity, retry
+// and ejection as TCP. SCTP has no half-close: when one side ends, both are
+// closed.
+type SCTP struct {
+	opts Options
+	dial SCTPDialFunc
+
+	mu        sync.Mutex
+	listeners map[*sctpListener]struct{}
+	conns     map[io.Closer]struct{}
+	closing   bool
+	wg        sync.WaitGroup
+	loops     sync.WaitGroup
+}
+
+// NewSCTP returns an SCTP engine; dial nil means DialSCTP.
+func NewSCTP(opts Options, dial SCTPDialFunc) *SCTP {
+	if dial == nil {
+		dial = DialSCTP
+	}
+	return &SCTP{opts: opts.withDefaults(), dial: dial, listeners: map[*sctpListener]struct{}{}, conns: map[io.Closer]struct{}{}}
+}
+
+type sctpListener struct {
+	s    *SCTP
+	ln   *sctp.SCTPListener
+	addr netip.AddrPort
+	t    *Target
+	once sync.Once
+}
+
+// Listen opens an SCTP listener on addr.
+func (s *SCTP) Listen(addr netip.AddrPort, t *Target) (Listener, error) {
+	ln, err := sctp.ListenSCTP("sctp", &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: addr.Addr().AsSlice()}}, Port: int(addr.Port())})
+	if err != nil {
+		return nil, err
+	}
+	bound := addr
+	if a, ok := ln.Addr().(*sctp.SCTPAddr); ok {
+		bound = netip.AddrPortFrom(addr.Addr(), uint16(a.Port))
+	}
+	l := &sctpListener{s: s, ln: ln, addr: bound, t: t}
+	s.mu.Lock()
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	s.loops.Add(1)
+	go l.serve()
+	return l, nil
+}
+
+func (l *sctpListener) Addr() netip.AddrPort { return l.addr }
+
+func (l *sctpListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		err = l.ln.Close()
+		l.s.mu.Lock()
+		delete(l.s.listeners, l)
+		l.s.mu.Unlock()
+	})
+	return err
+}
+
+func (l *sctpListener) serve() {
+	defer l.s.loops.Done()
+	var backoff time.Duration
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			l.s.mu.Lock()
+			_, open := l.s.listeners[l]
+			l.s.mu.Unlock()
+			if !open || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		l.s.mu.Lock()
+		if l.s.closing {
+			l.s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.s.conns[c] = struct{}{}
+		l.s.wg.Add(1)
+		l.s.mu.Unlock()
+		go l.handle(c)
+	}
+}
+
+func (l *sctpListener) handle(client net.Conn) {
+	defer func() {
+		l.s.mu.Lock()
+		delete(l.s.conns, client)
+		l.s.mu.Unlock()
+		l.s.wg.Done()
+	}()
+	t, ctr := l.t, l.t.counters()
+	ctr.Opened()
+	var src netip.Addr
+	if a, ok := client.RemoteAddr().(*sctp.SCTPAddr); ok && a != nil && len(a.IPAddrs) > 0 {
+		src, _ = netip.AddrFromSlice(a.IPAddrs[0].IP)
+		src = src.Unmap()
+	}
+	order, err := t.Picker.Order(src)
+	if err != nil {
+		ctr.Refused()
+		client.Close()
+		return
+	}
+	start := l.s.opts.Now()
+	walk := t.Retry.Walk(order, start)
+	var backend net.Conn
+	for backend == nil {
+		ep, timeout, ok := walk.Next(l.s.opts.Now())
+		if !ok {
+			ctr.Refused()
+			client.Close()
+			return
+		}
+		c, err := l.s.dial(ep, timeout)
+		if err != nil {
+			t.Picker.Failed(src, ep)
+			ctr.ConnectFailed()
+			continue
+		}
+		backend = c
+		t.Picker.Connected(src, ep)
+		ctr.Connected(l.s.opts.Now().Sub(start), walk.Tries())
+	}
+	l.s.mu.Lock()
+	l.s.conns[backend] = struct{}{}
+	l.s.mu.Unlock()
+	defer func() {
+		l.s.mu.Lock()
+		delete(l.s.conns, backend)
+		l.s.mu.Unlock()
+	}()
+	var up, down int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	closeBoth := func() { once.Do(func() { client.Close(); backend.Close() }) }
+	wg.Add(2)
+	go func() { defer wg.Done(); up, _ = io.Copy(backend, client); closeBoth() }()
+	go func() { defer wg.Done(); down, _ = io.Copy(client, backend); closeBoth() }()
+	wg.Wait()
+	ctr.Closed(uint64(up), uint64(down))
+}
+
+// Shutdown closes the listeners and waits for associations until ctx
+// ends, then closes what is left.
+func (s *SCTP) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	var ls []*sctpListener
+	for l := range s.listeners {
+		ls = append(ls, l)
+	}
+	s.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	s.loops.Wait()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	<-done
+	return ctx.Err()
+}
