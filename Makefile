@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,18 +29,22 @@ test: test-deps verify test-race fuzz ## everything CI runs: installs the test b
 
 TEST_PACKAGES := etcd-server iproute2 iptables
 
-test-deps: ## install etcd, iproute2 and iptables (Debian) and build kube-apiserver once into ~/.cache/sluice
+test-deps: ## install etcd, iproute2, iptables and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
 	@missing=""; for t in etcd ip iptables-legacy iptables-nft; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
 	fi
 	@GO=$(GO) ./scripts/build-kube-apiserver.sh >/dev/null
+	@./scripts/build-vm-kernel.sh >/dev/null
 
 test-unit: ## tests without -race (quick)
 	$(GO) test -count=1 ./...
 
-test-race: ## every test with the race detector
+test-vm: ## the VM suite alone: IPVS mode and SCTP under qemu (Debian cloud kernel cached in ~/.cache/sluice/vm)
+	$(GO) test -count=1 -timeout 15m -v -run TestVMSuite ./vmtest
+
+test-race: ## every test with the race detector (the VM suite included)
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 fuzz: ## short runs of each fuzz target
@@ -57,6 +61,7 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags vmguest ./vmtest/...
 
 $(STATICCHECK):
 	mkdir -p $(TOOLS_DIR)
@@ -65,6 +70,7 @@ $(STATICCHECK):
 
 staticcheck: $(STATICCHECK)
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags vmguest ./vmtest/...
 
 windows: ## the userspace mode must build for Windows nodes
 	GOOS=windows $(GO) build ./...

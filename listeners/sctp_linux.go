@@ -2,12 +2,13 @@ package listeners
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ishidawataru/sctp"
@@ -24,6 +25,32 @@ func SCTPSupported() error {
 	return nil
 }
 
+// sctpClose shuts a socket down before closing it: the library's calls
+// block in the kernel rather than in Go's poller, and on Linux only
+// shutdown(2) wakes a thread blocked in accept or read on that socket.
+func sctpClose(c any) error {
+	if sc, ok := c.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	}); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		}
+	}
+	if cl, ok := c.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
+}
+
+// sctpNetwork pins the socket family to the address's: the library would
+// otherwise pick from the address's length and the host's IPv6 support.
+func sctpNetwork(a netip.Addr) string {
+	if a.Is4() {
+		return "sctp4"
+	}
+	return "sctp6"
+}
+
 // SCTPDialFunc connects to an SCTP endpoint within timeout.
 type SCTPDialFunc func(ep netip.AddrPort, timeout time.Duration) (net.Conn, error)
 
@@ -38,7 +65,7 @@ func DialSCTP(ep netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	ch := make(chan result, 1)
 	go func() {
 		ms := max(int(timeout/time.Millisecond), 1)
-		c, err := sctp.DialSCTPExt("sctp", nil, &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: ep.Addr().AsSlice()}}, Port: int(ep.Port())},
+		c, err := sctp.DialSCTPExt(sctpNetwork(ep.Addr()), nil, &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: ep.Addr().AsSlice()}}, Port: int(ep.Port())},
 			sctp.InitMsg{NumOstreams: 10, MaxInstreams: 10, MaxAttempts: 1, MaxInitTimeout: uint16(min(ms, 65535))})
 		ch <- result{c, err}
 	}()
@@ -84,9 +111,13 @@ func NewSCTP(opts Options, dial SCTPDialFunc) *SCTP {
 	return &SCTP{opts: opts.withDefaults(), dial: dial, listeners: map[*sctpListener]struct{}{}, conns: map[io.Closer]struct{}{}}
 }
 
+// sctpListener accepts through Go's poller: the library's Accept is a
+// blocking accept(2) that neither close(2) nor shutdown(2) wakes, so the
+// listening socket is made non-blocking and owned by an *os.File whose
+// Close does wake the accept loop.
 type sctpListener struct {
 	s    *SCTP
-	ln   *sctp.SCTPListener
+	f    *os.File
 	addr netip.AddrPort
 	t    *Target
 	once sync.Once
@@ -94,7 +125,7 @@ type sctpListener struct {
 
 // Listen opens an SCTP listener on addr.
 func (s *SCTP) Listen(addr netip.AddrPort, t *Target) (Listener, error) {
-	ln, err := sctp.ListenSCTP("sctp", &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: addr.Addr().AsSlice()}}, Port: int(addr.Port())})
+	ln, err := sctp.ListenSCTP(sctpNetwork(addr.Addr()), &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: addr.Addr().AsSlice()}}, Port: int(addr.Port())})
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +133,19 @@ func (s *SCTP) Listen(addr netip.AddrPort, t *Target) (Listener, error) {
 	if a, ok := ln.Addr().(*sctp.SCTPAddr); ok {
 		bound = netip.AddrPortFrom(addr.Addr(), uint16(a.Port))
 	}
-	l := &sctpListener{s: s, ln: ln, addr: bound, t: t}
+	var fd int
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	rc.Control(func(f uintptr) { fd = int(f) })
+	if err := unix.SetNonblock(fd, true); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "sctp-listener "+bound.String()) // owns the fd from here on
+	l := &sctpListener{s: s, f: f, addr: bound, t: t}
 	s.mu.Lock()
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
@@ -116,31 +159,37 @@ func (l *sctpListener) Addr() netip.AddrPort { return l.addr }
 func (l *sctpListener) Close() error {
 	var err error
 	l.once.Do(func() {
-		err = l.ln.Close()
 		l.s.mu.Lock()
 		delete(l.s.listeners, l)
 		l.s.mu.Unlock()
+		err = l.f.Close()
 	})
 	return err
 }
 
 func (l *sctpListener) serve() {
 	defer l.s.loops.Done()
+	rc, err := l.f.SyscallConn()
+	if err != nil {
+		return
+	}
 	var backoff time.Duration
 	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			l.s.mu.Lock()
-			_, open := l.s.listeners[l]
-			l.s.mu.Unlock()
-			if !open || errors.Is(err, net.ErrClosed) {
-				return
-			}
+		var nfd int
+		var aerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+			return aerr != unix.EAGAIN
+		}); err != nil {
+			return // closed
+		}
+		if aerr != nil {
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			time.Sleep(backoff)
 			continue
 		}
 		backoff = 0
+		c := sctp.NewSCTPConn(nfd, nil)
 		l.s.mu.Lock()
 		if l.s.closing {
 			l.s.mu.Unlock()
@@ -205,7 +254,7 @@ func (l *sctpListener) handle(client net.Conn) {
 	var up, down int64
 	var wg sync.WaitGroup
 	var once sync.Once
-	closeBoth := func() { once.Do(func() { client.Close(); backend.Close() }) }
+	closeBoth := func() { once.Do(func() { sctpClose(client); sctpClose(backend) }) }
 	wg.Add(2)
 	go func() { defer wg.Done(); up, _ = io.Copy(backend, client); closeBoth() }()
 	go func() { defer wg.Done(); down, _ = io.Copy(client, backend); closeBoth() }()
@@ -236,7 +285,7 @@ func (s *SCTP) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	for c := range s.conns {
-		c.Close()
+		sctpClose(c)
 	}
 	s.mu.Unlock()
 	<-done

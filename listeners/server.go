@@ -55,7 +55,7 @@ type Server struct {
 	// ports are not served.
 	SCTPSkipped func(n int)
 	// SCTPWhy says why SCTP is not served, for the warning.
-	SCTPWhy string
+	SCTPWhy     string
 	BindAddress netip.Addr // NodePorts and proxy ports; default 0.0.0.0
 	ProxyPorts  *PortAllocator
 	// IsLocal reports whether an external or load-balancer IP is an address

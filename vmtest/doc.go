@@ -1,0 +1,8 @@
+// Package vmtest owns the VM test suite: it boots a stock Debian cloud
+// kernel under qemu (TCG) with an initramfs holding busybox, the IPVS,
+// SCTP, dummy and veth modules, a static sluice binary and the guest test
+// binary (package vmtest/guest, build tag vmguest), runs the guest tests
+// there, and passes or fails on the result marker the guest prints. The
+// host's kernel has neither IPVS nor SCTP; the VM has both, and its network
+// is its own (qemu runs with no NIC).
+package vmtest

@@ -1,0 +1,259 @@
+//go:build linux && vmguest
+
+package guest
+
+import (
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/kernel/ipvs"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/vishvananda/netlink"
+)
+
+// The Netlink kernel against real IPVS: detection with every scheduler,
+// and a reconcile read back, then cleaned up.
+func TestIPVSKernelForReal(t *testing.T) {
+	k, err := ipvs.NewNetlink()
+	must(t, err)
+	defer k.Close()
+	for _, s := range []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh"} {
+		if err := ipvs.Detect(k, s); err != nil {
+			t.Errorf("scheduler %s: %v", s, err)
+		}
+	}
+	sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Protocol: lb.SCTP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")}, Port: 9000,
+		Affinity:  lb.Affinity{ClientIP: true, Timeout: 600e9},
+		Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.9.1:9000"), Ready: true, Serving: true}}}
+	p := &ipvs.Proxier{Kernel: k, Options: ipvs.Options{Scheduler: "sh"}}
+	if _, err := p.Sync(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}}); err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := k.Services()
+	must(t, err)
+	if len(svcs) != 1 || svcs[0].Scheduler != "sh" || svcs[0].Flags&ipvs.FlagPersistent == 0 || svcs[0].Timeout != 600 || svcs[0].Proto != lb.SCTP {
+		t.Fatalf("read back %+v", svcs)
+	}
+	reals, err := k.Reals(svcs[0].Key)
+	if err != nil || len(reals) != 1 || reals[0].Weight != 1 {
+		t.Fatalf("reals %+v %v", reals, err)
+	}
+	must(t, ipvs.Cleanup(k))
+	if svcs, _ := k.Services(); len(svcs) != 0 {
+		t.Fatalf("after cleanup: %+v", svcs)
+	}
+}
+
+const ipvsManifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: vm}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports:
+  - {name: http, port: 80, nodePort: 30080, protocol: TCP}
+  - {name: dns, port: 53, nodePort: 30053, protocol: UDP}
+  - {name: sig, port: 9000, nodePort: 30090, protocol: SCTP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: vm, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: dns, port: 8080, protocol: UDP}
+- {name: sig, port: 8080, protocol: SCTP}
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [ENDPOINT2]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: vm}
+spec:
+  clusterIP: 10.96.0.11
+  sessionAffinity: ClientIP
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-1, namespace: vm, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+`
+
+func both(t *testing.T, what string, m map[string]int) {
+	t.Helper()
+	if len(m) != 2 || m["b@10.244.0.5"] == 0 || m["b@10.244.0.6"] == 0 {
+		t.Fatalf("%s: %v, want both backends", what, m)
+	}
+}
+
+func TestIPVSModeInVM(t *testing.T) {
+	b := newBed(t)
+	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
+	k, err := ipvs.NewNetlink()
+	must(t, err)
+	defer k.Close()
+	foreign := ipvs.Service{Key: ipvs.Key{Addr: netip.MustParseAddr("172.30.0.1"), Port: 443, Proto: lb.TCP}, Scheduler: "wrr"}
+	must(t, k.AddService(foreign))
+
+	dir := t.TempDir()
+	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	args := []string{"--proxy-mode=ipvs", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
+		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=1s"}
+	p := startSluice(t, args...)
+	p.waitLog("IPVS mode", "scheduler=rr")
+	p.waitLog("state applied")
+
+	both(t, "ClusterIP TCP", b.tally("tcp", "10.96.0.10:80", 10))
+	both(t, "ClusterIP UDP", b.tally("udp", "10.96.0.10:53", 10))
+	both(t, "ClusterIP SCTP", b.tally("sctp", "10.96.0.10:9000", 6))
+	both(t, "NodePort TCP", b.tally("tcp", "192.168.10.1:30080", 10))
+	both(t, "NodePort SCTP", b.tally("sctp", "192.168.10.1:30090", 6))
+	if m := b.tally("tcp", "10.96.0.11:80", 10); len(m) != 1 || m["error"] > 0 {
+		t.Fatalf("ClientIP persistence: %v, want one backend", m)
+	}
+	ipvs0, err := netlink.LinkByName("kube-ipvs0")
+	must(t, err)
+	addrs, _ := netlink.AddrList(ipvs0, netlink.FAMILY_V4)
+	var bound []string
+	for _, a := range addrs {
+		bound = append(bound, a.IP.String())
+	}
+	if !slices.Contains(bound, "10.96.0.10") || !slices.Contains(bound, "10.96.0.11") {
+		t.Fatalf("kube-ipvs0 holds %v", bound)
+	}
+
+	// Graceful termination: the tallies above left connections of both
+	// real servers in IPVS's table (closing, TIME_WAIT), so a removed one
+	// is quiesced (weight 0) while they drain, not deleted; new
+	// connections skip it; when it comes back it has weight 1 again.
+	key := ipvs.Key{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: lb.TCP}
+	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "- addresses: [ENDPOINT2]\n", "", 1))
+	p.waitLog("state applied")
+	weight := func() (int, []ipvs.Real) {
+		reals, err := k.Reals(key)
+		must(t, err)
+		for _, r := range reals {
+			if r.Addr.Addr().String() == "10.244.0.6" {
+				return r.Weight, reals
+			}
+		}
+		return -1, reals
+	}
+	if w, reals := weight(); w != 0 {
+		t.Fatalf("removed real server with connections: weight %d, want 0 (kept while draining): %+v", w, reals)
+	}
+	if m := b.tally("tcp", "10.96.0.10:80", 6); m["b@10.244.0.5"] != 6 {
+		t.Fatalf("after removal: %v, want only 10.244.0.5", m)
+	}
+	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	p.waitLog("state applied")
+	if w, reals := weight(); w != 1 {
+		t.Fatalf("returned real server: weight %d, want 1: %+v", w, reals)
+	}
+	both(t, "ClusterIP TCP after the endpoint came back", b.tally("tcp", "10.96.0.10:80", 10))
+	p.stop()
+
+	// The scheduler flag reaches the kernel.
+	p2 := startSluice(t, append(args, "--ipvs-scheduler=sh")...)
+	p2.waitLog("IPVS mode", "scheduler=sh")
+	p2.waitLog("state applied")
+	svcs, err := k.Services()
+	must(t, err)
+	for _, s := range svcs {
+		if s.Key != foreign.Key && s.Scheduler != "sh" {
+			t.Fatalf("virtual server %s has scheduler %s, want sh", s.Key, s.Scheduler)
+		}
+	}
+	if m := b.tally("tcp", "10.96.0.10:80", 6); len(m) != 1 || m["error"] > 0 {
+		t.Fatalf("sh scheduler: %v, want one backend for one client", m)
+	}
+	p2.stop()
+
+	// --cleanup removes sluice's virtual servers and kube-ipvs0, twice;
+	// the excluded one stays.
+	for i := 0; i < 2; i++ {
+		c := startSluice(t, "--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16")
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("--cleanup #%d: %v", i+1, err)
+		}
+	}
+	svcs, _ = k.Services()
+	if len(svcs) != 1 || svcs[0].Key != foreign.Key {
+		t.Fatalf("after --cleanup: %+v, want only the excluded one", svcs)
+	}
+	if _, err := netlink.LinkByName("kube-ipvs0"); err == nil {
+		t.Fatal("kube-ipvs0 left after --cleanup")
+	}
+	k.DeleteService(foreign.Key)
+}
+
+const sctpManifest = `apiVersion: v1
+kind: Service
+metadata: {name: sig, namespace: vm}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.20
+  ports: [{name: sig, port: 9000, nodePort: 30091, protocol: SCTP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sig-1, namespace: vm, labels: {kubernetes.io/service-name: sig}}
+addressType: IPv4
+ports: [{name: sig, port: 8080, protocol: SCTP}]
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+- addresses: [10.244.0.7]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky-sig, namespace: vm}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.21
+  sessionAffinity: ClientIP
+  ports: [{name: sig, port: 9000, nodePort: 30092, protocol: SCTP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-sig-1, namespace: vm, labels: {kubernetes.io/service-name: sticky-sig}}
+addressType: IPv4
+ports: [{name: sig, port: 8080, protocol: SCTP}]
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+`
+
+// Userspace SCTP: round robin over the live endpoints while a black-holed
+// one (10.244.0.7: no host has it) is retried past with no client error,
+// and ClientIP affinity.
+func TestUserspaceSCTPInVM(t *testing.T) {
+	b := newBed(t)
+	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
+	dir := t.TempDir()
+	sh(t, dir, "svc.yaml", sctpManifest)
+	p := startSluice(t, "--proxy-mode=userspace", "--engine=goroutine", "--userspace-capture=none", "--manifests", dir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--connect-timeouts=300ms", "--eject-after=1")
+	p.waitLog("state applied")
+	m := b.tally("sctp", "192.168.10.1:30091", 9)
+	if m["error"] > 0 || m["b@10.244.0.5"] == 0 || m["b@10.244.0.6"] == 0 {
+		t.Fatalf("SCTP round robin past a dead endpoint: %v, want both live backends and no error", m)
+	}
+	if m := b.tally("sctp", "192.168.10.1:30092", 6); len(m) != 1 || m["error"] > 0 {
+		t.Fatalf("SCTP ClientIP affinity: %v, want one backend", m)
+	}
+	p.stop()
+	if os.Getenv("SLUICE_BIN") == "" {
+		t.Fatal("SLUICE_BIN unset")
+	}
+}
