@@ -17,7 +17,15 @@ import (
 // guestModules are the modules the guest loads, with their dependencies
 // resolved by modprobe against the unpacked kernel.
 var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sed", "ip_vs_nq",
-	"ip_vs_dh", "ip_vs_mh", "sctp", "dummy", "veth", "nf_conntrack_netlink"}
+	"ip_vs_dh", "ip_vs_mh", "sctp", "dummy", "veth", "nf_conntrack_netlink",
+	// iptables (legacy) and ipset, for IPVS mode's masquerade rules.
+	"ip_tables", "ip6_tables", "iptable_nat", "iptable_filter", "iptable_mangle", "ip6table_nat", "ip6table_filter", "ip6table_mangle",
+	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_bitmap_port",
+	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat"}
+
+// guestTools are host binaries copied into the image with their shared
+// libraries and the loader (the image has no package manager).
+var guestTools = []string{"/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset"}
 
 const marker = "SLUICE-VM-RESULT"
 
@@ -77,6 +85,20 @@ func TestVMSuite(t *testing.T) {
 		}
 	}
 	run(t, img, nil, "mknod", "-m", "600", "dev/console", "c", "5", "1")
+	// iptables-legacy and ipset, with their libraries and the xtables
+	// extensions; legacy only (nft would need nf_tables too).
+	for _, tool := range guestTools {
+		run(t, img, nil, "cp", "--parents", tool, ".")
+		for _, l := range strings.Split(run(t, img, nil, "ldd", tool), "\n") {
+			f := strings.Fields(l)
+			for _, w := range f {
+				if strings.HasPrefix(w, "/") {
+					run(t, img, nil, "cp", "-L", "--parents", w, ".")
+				}
+			}
+		}
+	}
+	run(t, img, nil, "sh", "-c", "cp -L --parents /etc/protocols /etc/services /usr/lib/x86_64-linux-gnu/xtables/*.so . && for n in iptables-legacy iptables-legacy-restore iptables-legacy-save ip6tables-legacy ip6tables-legacy-restore ip6tables-legacy-save; do ln -s xtables-legacy-multi usr/sbin/$n; done && ln -s /usr/sbin/ipset bin/ipset && mkdir -p run/xtables")
 	// Modules in load order.
 	var insmods []string
 	seen := map[string]bool{}
@@ -103,6 +125,7 @@ mount -t tmpfs run /run
 ip link set lo up
 ` + strings.Join(insmods, " || echo insmod failed\n") + ` || echo insmod failed
 echo "guest: kernel $(uname -r), modules loaded: $(cut -d' ' -f1 /proc/modules | tr '\n' ' ')"
+export PATH=/bin:/usr/sbin
 SLUICE_BIN=/sluice /guest.test -test.v -test.timeout=120s
 echo "` + marker + ` $?"
 poweroff -f

@@ -247,6 +247,9 @@ func (p *iptablesPlane) Tick() {}
 func cleanup(cfg *config.Config, log *slog.Logger) error {
 	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
 	var errs []error
+	if err := cleanupIPVS(cfg, log); err != nil {
+		errs = append(errs, fmt.Errorf("IPVS: %w", err))
+	}
 	for _, fam := range []struct {
 		cmd string
 		v6  bool
@@ -261,9 +264,6 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 			continue
 		}
 		log.Info("cleanup: iptables chains and jump rules removed (iptables mode and userspace portals)", "command", fam.cmd)
-	}
-	if err := cleanupIPVS(cfg, log); err != nil {
-		errs = append(errs, fmt.Errorf("IPVS: %w", err))
 	}
 	if runtime.GOOS == "linux" {
 		if err := portals.CleanupAddrs(portals.Netlink{}, ""); err != nil {

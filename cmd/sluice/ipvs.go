@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/iptables"
 	"github.com/sluice-proxy/sluice/kernel/ipvs"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
@@ -26,6 +27,7 @@ const ipvsInterface = "kube-ipvs0"
 type ipvsPlane struct {
 	kernel   *ipvs.Netlink
 	proxiers []*ipvs.Proxier
+	filters  []*ipvs.Netfilter // per family, beside proxiers
 	binder   *portals.Binder
 	cfg      *config.Config
 	local    *localAddrs
@@ -80,9 +82,30 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 		}
 	}
 	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
-	for _, v6 := range []bool{false, true} {
+	sets := &ipvs.IPSetExec{}
+	if _, err := sets.List(); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("%w: IPVS mode needs ipset for its masquerade rules: %v", ipvs.ErrUnavailable, err)
+	}
+	v4cmd, v6cmd := iptablesCommands(cfg.IPTablesBackend)
+	for _, fam := range []struct {
+		cmd string
+		v6  bool
+	}{{v4cmd, false}, {v6cmd, true}} {
+		r := &iptables.Exec{Command: fam.cmd}
+		if _, err := r.Chains("nat"); err != nil {
+			if !fam.v6 {
+				k.Close()
+				return nil, fmt.Errorf("%w: IPVS mode needs iptables for its masquerade rules: %v", ipvs.ErrUnavailable, err)
+			}
+			log.Warn("IPVS mode: IPv6 disabled", "err", err)
+			continue
+		}
+		o := iptablesOptions(cfg, fam.v6)
 		p.proxiers = append(p.proxiers, &ipvs.Proxier{Kernel: k, ExcludeCIDRs: exclude,
-			Options: ipvs.Options{IPv6: v6, Scheduler: ip.Scheduler}})
+			Options: ipvs.Options{IPv6: fam.v6, Scheduler: ip.Scheduler}})
+		p.filters = append(p.filters, &ipvs.Netfilter{Sets: sets, IPTables: r, IPv6: fam.v6,
+			MasqueradeBit: o.MasqueradeBit, MasqueradeAll: o.MasqueradeAll, ClusterCIDR: o.ClusterCIDR})
 	}
 	sched := ip.Scheduler
 	if sched == "" {
@@ -137,6 +160,12 @@ func (p *ipvsPlane) Apply(snap *lb.Snapshot) error {
 	}
 	if err := p.binder.Prune(bind); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", ipvsInterface, err))
+	}
+	for i, nf := range p.filters {
+		if err := nf.Sync(snap, p.proxiers[i].Options, bind); err != nil {
+			p.metrics.RestoreFailed(false)
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -204,12 +233,32 @@ func (p *ipvsPlane) Dump() any {
 
 func (p *ipvsPlane) Tick() {}
 
-// cleanupIPVS deletes every virtual server outside --ipvs-exclude-cidrs (as
-// kube-proxy's cleanup flushes IPVS) and kube-ipvs0, when the kernel has
-// IPVS at all.
+// cleanupIPVS removes IPVS mode's iptables rules and ipsets, then deletes
+// every virtual server outside --ipvs-exclude-cidrs (as kube-proxy's
+// cleanup flushes IPVS) and kube-ipvs0, when the kernel has IPVS at all.
+// It runs before the iptables mode's clean-up: IPVS mode's chains jump to
+// chains the two modes share.
 func cleanupIPVS(cfg *config.Config, log *slog.Logger) error {
+	var nfErrs []error
+	var sets ipvs.SetRunner
+	if _, err := (&ipvs.IPSetExec{}).List(); err == nil {
+		sets = &ipvs.IPSetExec{}
+	}
+	v4cmd, v6cmd := iptablesCommands(cfg.IPTablesBackend)
+	for _, fam := range []struct {
+		cmd string
+		v6  bool
+	}{{v4cmd, false}, {v6cmd, true}} {
+		r := &iptables.Exec{Command: fam.cmd}
+		if _, err := r.Chains("nat"); err != nil {
+			continue
+		}
+		if err := ipvs.CleanupNetfilter(r, sets, fam.v6); err != nil {
+			nfErrs = append(nfErrs, err)
+		}
+	}
 	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-		return nil // no IPVS here: nothing can have been installed
+		return errors.Join(nfErrs...) // no IPVS here: no virtual server can have been installed
 	}
 	k, err := ipvs.NewNetlink()
 	if err != nil {
@@ -226,7 +275,7 @@ func cleanupIPVS(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	errs := nfErrs
 	for _, s := range svcs {
 		skip := false
 		for _, c := range exclude {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -147,7 +148,23 @@ func (b *bed) backends(name string, port int, ips ...string) {
 			}
 			return nil
 		}))
-		b.t.Cleanup(func() { tl.Close(); ul.Close(); sl.Close() })
+		var src net.Listener // port+1: answers the source address it sees
+		must(b.t, inNS(b.backend, func() error {
+			var err error
+			src, err = net.Listen("tcp", fmt.Sprintf("%s:%d", ip, port+1))
+			return err
+		}))
+		b.t.Cleanup(func() { tl.Close(); ul.Close(); sl.Close(); src.Close() })
+		go func() {
+			for {
+				c, err := src.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte(c.RemoteAddr().(*net.TCPAddr).IP.String()))
+				c.Close()
+			}
+		}()
 		answer := name + "@" + ip
 		go func() {
 			for {
@@ -258,6 +275,9 @@ type proc struct {
 	t     *testing.T
 	cmd   *exec.Cmd
 	lines chan string
+
+	mu  sync.Mutex
+	all []string // every line, for dump
 }
 
 func startSluice(t *testing.T, args ...string) *proc {
@@ -269,6 +289,9 @@ func startSluice(t *testing.T, args ...string) *proc {
 	go func() {
 		s := bufio.NewScanner(stderr)
 		for s.Scan() {
+			p.mu.Lock()
+			p.all = append(p.all, s.Text())
+			p.mu.Unlock()
 			p.lines <- s.Text()
 		}
 		close(p.lines)
@@ -296,6 +319,15 @@ func (p *proc) waitLog(subs ...string) {
 		case <-deadline:
 			p.t.Fatalf("no log line with %q in 60s", subs)
 		}
+	}
+}
+
+// dump logs what sluice has printed so far (for a failure's context).
+func (p *proc) dump() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.all {
+		p.t.Log("sluice| " + l)
 	}
 }
 

@@ -5,6 +5,7 @@ package guest
 import (
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -58,6 +59,7 @@ spec:
   - {name: http, port: 80, nodePort: 30080, protocol: TCP}
   - {name: dns, port: 53, nodePort: 30053, protocol: UDP}
   - {name: sig, port: 9000, nodePort: 30090, protocol: SCTP}
+  - {name: src, port: 81, nodePort: 30081, protocol: TCP}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -67,6 +69,7 @@ ports:
 - {name: http, port: 8080, protocol: TCP}
 - {name: dns, port: 8080, protocol: UDP}
 - {name: sig, port: 8080, protocol: SCTP}
+- {name: src, port: 8081, protocol: TCP}
 endpoints:
 - addresses: [10.244.0.5]
 - addresses: [ENDPOINT2]
@@ -108,6 +111,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	dir := t.TempDir()
 	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
 	args := []string{"--proxy-mode=ipvs", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
+		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16",
 		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=1s"}
 	p := startSluice(t, args...)
 	p.waitLog("IPVS mode", "scheduler=rr")
@@ -120,6 +124,18 @@ func TestIPVSModeInVM(t *testing.T) {
 	both(t, "NodePort SCTP", b.tally("sctp", "192.168.10.1:30090", 6))
 	if m := b.tally("tcp", "10.96.0.11:80", 10); len(m) != 1 || m["error"] > 0 {
 		t.Fatalf("ClientIP persistence: %v, want one backend", m)
+	}
+	// Masquerade (ipsets + iptables): the client is outside --cluster-cidr,
+	// so backends see the node's address, through the ClusterIP and the
+	// NodePort alike.
+	for _, a := range []string{"10.96.0.10:81", "192.168.10.1:30081"} {
+		if m := b.tally("tcp", a, 4); m["10.244.0.1"] != 4 {
+			p.dump()
+			out, _ := exec.Command("iptables-legacy-save").CombinedOutput()
+			sets, _ := exec.Command("ipset", "list").CombinedOutput()
+			t.Logf("iptables:\n%s\nipsets:\n%s", out, sets)
+			t.Fatalf("source seen by the backends via %s: %v, want the node's 10.244.0.1 (masqueraded)", a, m)
+		}
 	}
 	ipvs0, err := netlink.LinkByName("kube-ipvs0")
 	must(t, err)
@@ -182,7 +198,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	// --cleanup removes sluice's virtual servers and kube-ipvs0, twice;
 	// the excluded one stays.
 	for i := 0; i < 2; i++ {
-		c := startSluice(t, "--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16")
+		c := startSluice(t, "--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16", "--iptables-backend=legacy")
 		if err := c.cmd.Wait(); err != nil {
 			t.Fatalf("--cleanup #%d: %v", i+1, err)
 		}
@@ -190,6 +206,12 @@ func TestIPVSModeInVM(t *testing.T) {
 	svcs, _ = k.Services()
 	if len(svcs) != 1 || svcs[0].Key != foreign.Key {
 		t.Fatalf("after --cleanup: %+v, want only the excluded one", svcs)
+	}
+	if out, err := exec.Command("ipset", "list", "-n").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Fatalf("ipsets after --cleanup: %q %v", out, err)
+	}
+	if out, _ := exec.Command("iptables-legacy-save").CombinedOutput(); strings.Contains(string(out), "KUBE-") {
+		t.Fatalf("iptables rules after --cleanup:\n%s", out)
 	}
 	if _, err := netlink.LinkByName("kube-ipvs0"); err == nil {
 		t.Fatal("kube-ipvs0 left after --cleanup")

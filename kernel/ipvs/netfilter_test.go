@@ -1,0 +1,124 @@
+package ipvs
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+func netfilterBed() (*iptables.Fake, *FakeIPSet, *Netfilter) {
+	ipt := iptables.NewFake()
+	sets := NewFakeIPSet()
+	sets.Referenced = func(name string) bool { return strings.Contains(ipt.Dump(), "--match-set "+name+" ") }
+	return ipt, sets, &Netfilter{Sets: sets, IPTables: ipt, MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}
+}
+
+func TestNetfilterSetsRulesAndCleanup(t *testing.T) {
+	ipt, sets, nf := netfilterBed()
+	pristine := ipt.Dump()
+	web := port("web", "10.96.0.10", lb.TCP, "10.244.0.5:8080")
+	web.Endpoints[0].Local = true
+	web.NodePort, web.HealthCheckNodePort, web.ExternalLocal = 30080, 32000, true
+	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
+	sig := port("sig", "10.96.0.11", lb.SCTP, "10.244.0.6:9000")
+	sig.NodePort = 30090
+	dns := port("dns", "fd00::10", lb.UDP, "[fd00::5]:53")
+	o := Options{NodeIPs: []netip.Addr{node}}
+	bound := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")}
+	if err := nf.Sync(snap(web, sig, dns), o, bound); err != nil {
+		t.Fatal(err)
+	}
+	for set, want := range map[string][]string{
+		SetClusterIP:        {"10.96.0.10,tcp:80", "10.96.0.11,sctp:80"},
+		SetNodePortTCP:      {"30080"},
+		SetNodePortLocalTCP: {"30080"},
+		SetNodePortSCTP:     {"192.168.0.2,sctp:30090"},
+		SetExternalIPLocal:  {"203.0.113.10,tcp:80"},
+		SetLoopBack:         {"10.244.0.5,tcp:8080,10.244.0.5"},
+		SetHealthCheck:      {"32000"},
+		SetIPVSIPs:          {"10.96.0.10", "10.96.0.11"},
+		SetNodePortUDP:      nil,
+	} {
+		if got := sets.Entries(set); !slices.Equal(got, want) {
+			t.Errorf("%s = %v, want %v", set, got, want)
+		}
+	}
+	if got := sets.Entries(SetName(SetClusterIP, false)); slices.Contains(got, "fd00::10,udp:80") {
+		t.Error("an IPv6 entry in the IPv4 set")
+	}
+	rules := ipt.Dump()
+	if !strings.Contains(rules, "! -s 10.244.0.0/16 -m comment --comment Kubernetes service cluster ip + port for masquerade purpose -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ") {
+		t.Fatalf("no cluster IP masquerade rule:\n%s", rules)
+	}
+	// Fewer services: sets shrink to exactly the new state.
+	if err := nf.Sync(snap(sig), o, bound[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := sets.Entries(SetClusterIP); !slices.Equal(got, []string{"10.96.0.11,sctp:80"}) {
+		t.Fatalf("after shrinking: %v", got)
+	}
+	// A set still referenced by a rule cannot be destroyed.
+	if err := sets.Destroy(SetClusterIP); err == nil {
+		t.Fatal("destroyed a referenced set")
+	}
+	for i := 0; i < 2; i++ {
+		if err := CleanupNetfilter(ipt, sets, false); err != nil {
+			t.Fatal(err)
+		}
+		// The chains shared with iptables mode go with its clean-up.
+		if err := iptables.Cleanup(ipt, iptables.Options{MasqueradeBit: 14}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left, _ := sets.List(); len(left) != 0 {
+		t.Fatalf("sets left: %v", left)
+	}
+	if ipt.Dump() != pristine {
+		t.Fatalf("rules left:\n%s", ipt.Dump())
+	}
+}
+
+// Rules of iptables mode (which shares chain names) are left to its own
+// clean-up: CleanupNetfilter touches nothing when IPVS mode's chains are
+// absent, and the two clean-ups together leave nothing.
+func TestNetfilterCleanupLeavesIPTablesModeAlone(t *testing.T) {
+	ipt, sets, _ := netfilterBed()
+	pristine := ipt.Dump()
+	web := port("web", "10.96.0.10", lb.TCP, "10.244.0.5:8080")
+	if err := (&iptables.Proxier{Runner: ipt, Options: iptables.Options{MasqueradeBit: 14}}).Sync(snap(web)); err != nil {
+		t.Fatal(err)
+	}
+	before := ipt.Dump()
+	if err := CleanupNetfilter(ipt, sets, false); err != nil || ipt.Dump() != before {
+		t.Fatalf("touched iptables mode's rules: %v", err)
+	}
+	if err := iptables.Cleanup(ipt, iptables.Options{MasqueradeBit: 14}); err != nil || ipt.Dump() != pristine {
+		t.Fatalf("iptables cleanup: %v\n%s", err, ipt.Dump())
+	}
+}
+
+func TestFakeIPSetRefuses(t *testing.T) {
+	s := NewFakeIPSet()
+	for _, bad := range []string{
+		"add KUBE-CLUSTER-IP 10.0.0.1,tcp:80\n",
+		"create X hash:ip,port family inet\nadd X 10.0.0.1\n",
+		"create X hash:ip,port family inet\nadd X fd00::1,tcp:80\n",
+		"create Y bitmap:port range 0-65535\nadd Y 70000\n",
+		"create Z hash:ip family inet\ncreate Z bitmap:port range 0-65535 -exist\n",
+		"create A hash:ip family inet\ncreate B bitmap:port range 0-65535\nswap A B\n",
+	} {
+		if err := NewFakeIPSet().Restore([]byte(bad)); err == nil {
+			t.Errorf("accepted:\n%s", bad)
+		}
+	}
+	if err := s.Destroy("nope"); err == nil {
+		t.Error("destroyed a missing set")
+	}
+	if SetName(SetNodePortLocalSCTP, true) != "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS" {
+		t.Errorf("IPv6 name %q", SetName(SetNodePortLocalSCTP, true))
+	}
+}
