@@ -105,7 +105,7 @@ var flagModes = map[string][]string{
 	"proxy-port-range":             {ModeUserspace},
 	"udp-timeout":                  {ModeUserspace},
 	"engine":                       {ModeUserspace},
-	"iptables-backend":             {ModeIPTables, ModeUserspace},
+	"iptables-backend":             {ModeIPTables, ModeUserspace, ModeIPVS},
 	"userspace-capture":            {ModeUserspace},
 	"mode-fallback":                {ModeIPVS, ModeIPTables},
 	"ipvs-drain-interval":          {ModeIPVS},

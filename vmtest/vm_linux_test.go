@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,8 @@ var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs
 	// iptables (legacy) and ipset, for IPVS mode's masquerade rules.
 	"ip_tables", "ip6_tables", "iptable_nat", "iptable_filter", "iptable_mangle", "ip6table_nat", "ip6table_filter", "ip6table_mangle",
 	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_bitmap_port",
-	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat"}
+	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat",
+	"xt_statistic", "xt_recent", "xt_REDIRECT"}
 
 // guestTools are host binaries copied into the image with their shared
 // libraries and the loader (the image has no package manager).
@@ -87,8 +89,9 @@ func TestVMSuite(t *testing.T) {
 	run(t, img, nil, "mknod", "-m", "600", "dev/console", "c", "5", "1")
 	// iptables-legacy and ipset, with their libraries and the xtables
 	// extensions; legacy only (nft would need nf_tables too).
-	for _, tool := range guestTools {
-		run(t, img, nil, "cp", "--parents", tool, ".")
+	exts, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/xtables/*.so")
+	for _, tool := range append(slices.Clone(guestTools), exts...) {
+		run(t, img, nil, "cp", "-L", "--parents", tool, ".")
 		for _, l := range strings.Split(run(t, img, nil, "ldd", tool), "\n") {
 			f := strings.Fields(l)
 			for _, w := range f {

@@ -188,7 +188,7 @@ func Detect(k Kernel, scheduler string) error {
 	}
 	s := Service{Key: probe, Scheduler: scheduler}
 	if err := k.AddService(s); err != nil {
-		return fmt.Errorf("%w: add a probe virtual server with scheduler %s: %v", ErrUnavailable, scheduler, err)
+		return fmt.Errorf("%w: add a probe virtual server with scheduler %s: %v (are the ip_vs and ip_vs_%s modules loaded?)", ErrUnavailable, scheduler, err, scheduler)
 	}
 	defer k.DeleteService(probe)
 	svcs, err = k.Services()

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 
 	mobyipvs "github.com/moby/ipvs"
 
@@ -105,6 +106,15 @@ func (n *Netlink) AddReal(k Key, r Real) error    { return n.h.NewDestination(ke
 func (n *Netlink) UpdateReal(k Key, r Real) error { return n.h.UpdateDestination(keyOnly(k), dest(r)) }
 func (n *Netlink) DeleteReal(k Key, a netip.AddrPort) error {
 	return n.h.DelDestination(keyOnly(k), dest(Real{Addr: a}))
+}
+
+// Timeouts reads the TCP, TCP FIN and UDP timeouts (ipvsadm -L --timeout).
+func (n *Netlink) Timeouts() (tcp, tcpfin, udp time.Duration, err error) {
+	c, err := n.h.GetConfig()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return c.TimeoutTCP, c.TimeoutTCPFin, c.TimeoutUDP, nil
 }
 
 // SetTimeouts is ipvsadm --set (tcp, tcpfin, udp); zero keeps a value.

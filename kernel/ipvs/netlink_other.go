@@ -5,6 +5,7 @@ package ipvs
 import (
 	"errors"
 	"net/netip"
+	"time"
 )
 
 // Netlink is the kernel's IPVS table on Linux; elsewhere there is none.
@@ -25,3 +26,6 @@ func (*Netlink) AddReal(Key, Real) error                  { return errNotLinux }
 func (*Netlink) UpdateReal(Key, Real) error               { return errNotLinux }
 func (*Netlink) DeleteReal(Key, netip.AddrPort) error     { return errNotLinux }
 func (*Netlink) SetTimeouts(tcp, tcpfin, udp int64) error { return errNotLinux }
+
+// Timeouts fails: IPVS is Linux's.
+func (*Netlink) Timeouts() (tcp, tcpfin, udp time.Duration, err error) { return 0, 0, 0, errNotLinux }

@@ -124,6 +124,12 @@ func newBed(t *testing.T) *bed {
 	link(t, "c0", "c1", b.client, "192.168.10.1/24", "192.168.10.2/24")
 	link(t, "b0", "b1", b.backend, "10.244.0.1/24", "10.244.0.5/24", "10.244.0.6/24")
 	must(t, os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644))
+	// Service addresses lead into the backend namespace, which does not
+	// forward: an undecided packet dies there (as in the host's bed).
+	b0, err := netlink.LinkByName("b0")
+	must(t, err)
+	_, svcNet, _ := net.ParseCIDR("10.96.0.0/16")
+	must(t, netlink.RouteAdd(&netlink.Route{LinkIndex: b0.Attrs().Index, Dst: svcNet, Gw: net.ParseIP("10.244.0.5")}))
 	return b
 }
 

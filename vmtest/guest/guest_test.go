@@ -9,11 +9,45 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/kernel/ipvs"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/vishvananda/netlink"
 )
+
+// iptables mode serves SCTP (and TCP and UDP) through ClusterIP and
+// NodePort. It runs first: no IPVS state of other tests is around.
+func TestSCTPInIPTablesModeInVM(t *testing.T) {
+	b := newBed(t)
+	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
+	dir := t.TempDir()
+	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	p := startSluice(t, "--proxy-mode=iptables", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
+		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16")
+	p.waitLog("state applied")
+	t.Cleanup(func() {
+		if t.Failed() {
+			p.dump()
+			out, _ := exec.Command("iptables-legacy-save", "-c").CombinedOutput()
+			snmp, _ := os.ReadFile("/proc/net/sctp/snmp")
+			t.Logf("iptables:\n%s\nsctp snmp:\n%s", out, snmp)
+		}
+	})
+	both(t, "iptables mode ClusterIP TCP", b.tally("tcp", "10.96.0.10:80", 10))
+	both(t, "iptables mode ClusterIP SCTP", b.tally("sctp", "10.96.0.10:9000", 8))
+	both(t, "iptables mode NodePort SCTP", b.tally("sctp", "192.168.10.1:30090", 8))
+	p.stop()
+	c := startSluice(t, "--cleanup", "--iptables-backend=legacy")
+	for range c.lines {
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("--cleanup: %v", err)
+	}
+	if out, _ := exec.Command("iptables-legacy-save").CombinedOutput(); strings.Contains(string(out), "KUBE-") {
+		t.Fatalf("iptables rules after --cleanup:\n%s", out)
+	}
+}
 
 // The Netlink kernel against real IPVS: detection with every scheduler,
 // and a reconcile read back, then cleaned up.
@@ -112,10 +146,18 @@ func TestIPVSModeInVM(t *testing.T) {
 	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
 	args := []string{"--proxy-mode=ipvs", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
 		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16",
-		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=1s"}
+		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=7s", "--ipvs-tcpfin-timeout=9s", "--ipvs-strict-arp"}
 	p := startSluice(t, args...)
 	p.waitLog("IPVS mode", "scheduler=rr")
 	p.waitLog("state applied")
+	if _, fin, udp, err := k.Timeouts(); err != nil || fin != 9*time.Second || udp != 7*time.Second {
+		t.Fatalf("IPVS timeouts: tcpfin %s udp %s (%v), want 9s and 7s", fin, udp, err)
+	}
+	for sysctl, want := range map[string]string{"net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2", "net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1"} {
+		if got, _ := os.ReadFile("/proc/sys/" + sysctl); strings.TrimSpace(string(got)) != want {
+			t.Errorf("%s = %q, want %s", sysctl, got, want)
+		}
+	}
 
 	both(t, "ClusterIP TCP", b.tally("tcp", "10.96.0.10:80", 10))
 	both(t, "ClusterIP UDP", b.tally("udp", "10.96.0.10:53", 10))
@@ -199,6 +241,8 @@ func TestIPVSModeInVM(t *testing.T) {
 	// the excluded one stays.
 	for i := 0; i < 2; i++ {
 		c := startSluice(t, "--cleanup", "--ipvs-exclude-cidrs=172.30.0.0/16", "--iptables-backend=legacy")
+		for range c.lines {
+		}
 		if err := c.cmd.Wait(); err != nil {
 			t.Fatalf("--cleanup #%d: %v", i+1, err)
 		}
@@ -277,5 +321,44 @@ func TestUserspaceSCTPInVM(t *testing.T) {
 	p.stop()
 	if os.Getenv("SLUICE_BIN") == "" {
 		t.Fatal("SLUICE_BIN unset")
+	}
+}
+
+// Without the scheduler's module (and no modprobe to load it), IPVS mode
+// falls back to iptables mode and says why; --mode-fallback=false refuses.
+func TestIPVSFallbackInVM(t *testing.T) {
+	if out, err := exec.Command("rmmod", "ip_vs_mh").CombinedOutput(); err != nil {
+		t.Fatalf("rmmod ip_vs_mh: %v %s", err, out)
+	}
+	b := newBed(t)
+	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
+	dir := t.TempDir()
+	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	base := []string{"--proxy-mode=ipvs", "--ipvs-scheduler=mh", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
+		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16"}
+	hard := startSluice(t, append(base, "--mode-fallback=false")...)
+	for range hard.lines { // read it all before Wait, as os/exec requires
+	}
+	werr := hard.cmd.Wait()
+	if werr == nil {
+		t.Fatal("--mode-fallback=false started without the scheduler")
+	}
+	hard.mu.Lock()
+	out := strings.Join(hard.all, "\n")
+	hard.mu.Unlock()
+	if !strings.Contains(out, "IPVS is not available") || !strings.Contains(out, "ip_vs_mh") {
+		t.Fatalf("refusal does not say why (%v):\n%s", werr, out)
+	}
+	p := startSluice(t, base...)
+	p.waitLog("proxy mode ipvs is unavailable; falling back to iptables mode", "ip_vs_mh")
+	p.waitLog("state applied")
+	both(t, "after the fallback, ClusterIP TCP", b.tally("tcp", "10.96.0.10:80", 10))
+	both(t, "after the fallback, ClusterIP UDP", b.tally("udp", "10.96.0.10:53", 10))
+	p.stop()
+	c := startSluice(t, "--cleanup", "--iptables-backend=legacy")
+	for range c.lines {
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("--cleanup: %v", err)
 	}
 }
