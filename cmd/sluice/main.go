@@ -255,12 +255,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		run, source = src.Run, cfg.Manifests
 	} else {
 		sink.source = "kubernetes"
+		minSync := cfg.KubeProxy.IPTables.MinSyncPeriod.Duration
+		if mode == config.ModeIPVS {
+			minSync = cfg.KubeProxy.IPVS.MinSyncPeriod.Duration // kube-proxy's knob in IPVS mode
+		}
 		client, host, err := newKubeClient(cfg)
 		if err != nil {
 			return err
 		}
 		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
-			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: cfg.KubeProxy.IPTables.MinSyncPeriod.Duration,
+			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible,
 			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
 		run, source = src.Run, "the Kubernetes API at "+host

@@ -136,8 +136,8 @@ func (p *Proxier) syncReals(vs *VirtualServer) error {
 		}
 	}
 	for _, r := range cur {
-		if want[r.Addr] {
-			continue
+		if want[r.Addr] || p.draining[vs.Key][r.Addr] {
+			continue // wanted, or already quiesced: Drain deletes it
 		}
 		if vs.Proto == lb.TCP && r.Active+r.Inactive > 0 {
 			if r.Weight != 0 {

@@ -138,6 +138,7 @@ func newBed(t *testing.T) *bed {
 func (b *bed) backends(name string, port int, ips ...string) {
 	for _, ip := range ips {
 		ip := ip
+		answer := name + "@" + ip
 		var tl net.Listener
 		var ul net.PacketConn
 		var sl *sctp.SCTPListener
@@ -154,13 +155,26 @@ func (b *bed) backends(name string, port int, ips ...string) {
 			}
 			return nil
 		}))
-		var src net.Listener // port+1: answers the source address it sees
+		var src, hold net.Listener // port+1: answers the source address it sees; port+2: holds connections open
 		must(b.t, inNS(b.backend, func() error {
 			var err error
-			src, err = net.Listen("tcp", fmt.Sprintf("%s:%d", ip, port+1))
+			if src, err = net.Listen("tcp", fmt.Sprintf("%s:%d", ip, port+1)); err != nil {
+				return err
+			}
+			hold, err = net.Listen("tcp", fmt.Sprintf("%s:%d", ip, port+2))
 			return err
 		}))
-		b.t.Cleanup(func() { tl.Close(); ul.Close(); sl.Close(); src.Close() })
+		b.t.Cleanup(func() { tl.Close(); ul.Close(); sl.Close(); src.Close(); hold.Close() })
+		go func() {
+			for {
+				c, err := hold.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte(answer))
+				go func() { io.Copy(io.Discard, c); c.Close() }()
+			}
+		}()
 		go func() {
 			for {
 				c, err := src.Accept()
@@ -171,7 +185,6 @@ func (b *bed) backends(name string, port int, ips ...string) {
 				c.Close()
 			}
 		}()
-		answer := name + "@" + ip
 		go func() {
 			for {
 				c, err := tl.Accept()
@@ -261,6 +274,22 @@ func (b *bed) ask(proto, addr string) string {
 		return "error: " + err.Error()
 	}
 	return out
+}
+
+// holdTCP opens a connection from the client namespace that the backend
+// keeps open, and returns it with the backend's name.
+func (b *bed) holdTCP(addr string) (*net.TCPConn, string) {
+	var c net.Conn
+	must(b.t, inNS(b.client, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
+		return err
+	}))
+	buf := make([]byte, 64)
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, err := c.Read(buf)
+	must(b.t, err)
+	return c.(*net.TCPConn), string(buf[:n])
 }
 
 func (b *bed) tally(proto, addr string, n int) map[string]int {

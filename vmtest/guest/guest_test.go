@@ -22,7 +22,7 @@ func TestSCTPInIPTablesModeInVM(t *testing.T) {
 	b := newBed(t)
 	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
 	dir := t.TempDir()
-	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	sh(t, dir, "svc.yaml", strings.NewReplacer("ENDPOINT2", "10.244.0.6", "HOLD2", "10.244.0.6").Replace(ipvsManifest))
 	p := startSluice(t, "--proxy-mode=iptables", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
 		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16")
 	p.waitLog("state applied")
@@ -110,6 +110,22 @@ endpoints:
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: hold, namespace: vm}
+spec:
+  clusterIP: 10.96.0.12
+  ports: [{name: hold, port: 82, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: hold-1, namespace: vm, labels: {kubernetes.io/service-name: hold}}
+addressType: IPv4
+ports: [{name: hold, port: 8082, protocol: TCP}]
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [HOLD2]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: sticky, namespace: vm}
 spec:
   clusterIP: 10.96.0.11
@@ -143,7 +159,8 @@ func TestIPVSModeInVM(t *testing.T) {
 	must(t, k.AddService(foreign))
 
 	dir := t.TempDir()
-	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	full := strings.NewReplacer("ENDPOINT2", "10.244.0.6", "HOLD2", "10.244.0.6").Replace(ipvsManifest)
+	sh(t, dir, "svc.yaml", full)
 	args := []string{"--proxy-mode=ipvs", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
 		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16",
 		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=7s", "--ipvs-tcpfin-timeout=9s", "--ipvs-strict-arp"}
@@ -195,7 +212,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	// is quiesced (weight 0) while they drain, not deleted; new
 	// connections skip it; when it comes back it has weight 1 again.
 	key := ipvs.Key{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: lb.TCP}
-	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "- addresses: [ENDPOINT2]\n", "", 1))
+	sh(t, dir, "svc.yaml", strings.NewReplacer("- addresses: [ENDPOINT2]\n", "", "HOLD2", "10.244.0.6").Replace(ipvsManifest))
 	p.waitLog("state applied")
 	weight := func() (int, []ipvs.Real) {
 		reals, err := k.Reals(key)
@@ -213,12 +230,41 @@ func TestIPVSModeInVM(t *testing.T) {
 	if m := b.tally("tcp", "10.96.0.10:80", 6); m["b@10.244.0.5"] != 6 {
 		t.Fatalf("after removal: %v, want only 10.244.0.5", m)
 	}
-	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	sh(t, dir, "svc.yaml", full)
 	p.waitLog("state applied")
 	if w, reals := weight(); w != 1 {
 		t.Fatalf("returned real server: weight %d, want 1: %+v", w, reals)
 	}
 	both(t, "ClusterIP TCP after the endpoint came back", b.tally("tcp", "10.96.0.10:80", 10))
+
+	// ... and is deleted once its last connection is gone: hold one
+	// connection to each endpoint of a quiet service, remove one
+	// endpoint, reset its connection (IPVS's CLOSE state lasts 10 s), and
+	// the drain check deletes it.
+	holdKey := ipvs.Key{Addr: netip.MustParseAddr("10.96.0.12"), Port: 82, Proto: lb.TCP}
+	c1, n1 := b.holdTCP("10.96.0.12:82")
+	c2, n2 := b.holdTCP("10.96.0.12:82")
+	defer c1.Close()
+	defer c2.Close()
+	conn6 := c1
+	if n2 == "b@10.244.0.6" {
+		conn6 = c2
+	} else if n1 != "b@10.244.0.6" {
+		t.Fatalf("held connections went to %s and %s, want both endpoints", n1, n2)
+	}
+	sh(t, dir, "svc.yaml", strings.NewReplacer("ENDPOINT2", "10.244.0.6", "- addresses: [HOLD2]\n", "").Replace(ipvsManifest))
+	p.waitLog("state applied")
+	reals, err := k.Reals(holdKey)
+	must(t, err)
+	if len(reals) != 2 {
+		t.Fatalf("hold service right after the removal: %+v, want the removed one kept at weight 0", reals)
+	}
+	conn6.SetLinger(0)
+	conn6.Close() // RST
+	p.waitLog("IPVS: drained real servers deleted")
+	if reals, _ := k.Reals(holdKey); len(reals) != 1 || reals[0].Addr.Addr().String() != "10.244.0.5" {
+		t.Fatalf("after the drain: %+v, want only 10.244.0.5", reals)
+	}
 	p.stop()
 
 	// The scheduler flag reaches the kernel.
@@ -333,7 +379,7 @@ func TestIPVSFallbackInVM(t *testing.T) {
 	b := newBed(t)
 	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
 	dir := t.TempDir()
-	sh(t, dir, "svc.yaml", strings.Replace(ipvsManifest, "ENDPOINT2", "10.244.0.6", 1))
+	sh(t, dir, "svc.yaml", strings.NewReplacer("ENDPOINT2", "10.244.0.6", "HOLD2", "10.244.0.6").Replace(ipvsManifest))
 	base := []string{"--proxy-mode=ipvs", "--ipvs-scheduler=mh", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
 		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16"}
 	hard := startSluice(t, append(base, "--mode-fallback=false")...)
