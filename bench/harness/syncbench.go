@@ -2,6 +2,7 @@ package harness
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -32,6 +33,9 @@ type SyncResult struct {
 	TotalMS  float64 `json:"totalMs"`
 	Bytes    int     `json:"bytes"`
 	Lines    int     `json:"lines"`
+	// Failed says why the sync did not complete (e.g. it outlived the
+	// per-restore limit); the times are then not meaningful.
+	Failed string `json:"failed,omitempty"`
 }
 
 // SyncSnapshot is n services with 10 ready endpoints each, a NodePort and
@@ -84,8 +88,10 @@ func (t *timedRunner) Chains(table string) ([]string, error) {
 }
 
 // RunSyncBench measures each backend and size, rounds times each, and
-// leaves the tables clean after each size.
-func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, ...any)) ([]SyncResult, error) {
+// leaves the tables clean after each size. A sync that fails or outlives
+// limit (per iptables-restore) is recorded as failed, and the rest of that
+// backend and size is skipped.
+func RunSyncBench(backends []string, sizes []int, rounds int, limit time.Duration, logf func(string, ...any)) ([]SyncResult, error) {
 	var out []SyncResult
 	o := iptables.Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.128.0.0/9")}
 	for _, be := range backends {
@@ -94,7 +100,7 @@ func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, 
 			changed := SyncSnapshot(n)
 			one := changed.Sorted()[n/2]
 			one.Endpoints = one.Endpoints[1:]
-			r := &timedRunner{Runner: &iptables.Exec{Command: "iptables-" + be, Timeout: 10 * time.Minute}}
+			r := &timedRunner{Runner: &iptables.Exec{Command: "iptables-" + be, Timeout: limit}}
 			measure := func(kind string, p *iptables.Proxier, snap *lb.Snapshot, prev iptables.Bodies) error {
 				rs := time.Now()
 				data, _, _ := iptables.RenderPartial(snap, p.Options, prev)
@@ -104,7 +110,13 @@ func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, 
 				st, err := p.SyncStats(snap)
 				total := time.Since(start)
 				if err != nil {
-					return fmt.Errorf("%s %d services, %s sync: %w", be, n, kind, err)
+					why := err.Error()
+					if total >= limit {
+						why = fmt.Sprintf("did not finish within %s", limit)
+					}
+					logf("%-6s %6d services  %-11s FAILED: %s", be, n, kind, why)
+					out = append(out, SyncResult{Backend: be, Services: n, Kind: kind, TotalMS: ms(total), Bytes: len(data), Lines: strings.Count(string(data), "\n"), Failed: why})
+					return errSkip
 				}
 				if want := kind == "partial"; st.Full == want {
 					return fmt.Errorf("%s %d services: %s sync came out full=%v", be, n, kind, st.Full)
@@ -115,21 +127,24 @@ func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, 
 				out = append(out, res)
 				return nil
 			}
+		rounds:
 			for round := 0; round < rounds; round++ {
 				if err := iptables.Cleanup(r, o); err != nil {
 					return out, fmt.Errorf("%s: cleanup before %d services: %w", be, n, err)
 				}
 				p := &iptables.Proxier{Runner: r, Options: o}
-				if err := measure("full", p, base, nil); err != nil {
-					return out, err
-				}
 				_, applied, _ := iptables.RenderPartial(base, o, nil)
-				if err := measure("partial", p, changed, applied); err != nil {
-					return out, err
-				}
-				p.Invalidate()
-				if err := measure("full-resync", p, changed, nil); err != nil {
-					return out, err
+				for _, step := range []struct {
+					kind string
+					snap *lb.Snapshot
+					prev iptables.Bodies
+				}{{"full", base, nil}, {"partial", changed, applied}, {"full-resync", changed, nil}} {
+					if step.kind == "full-resync" {
+						p.Invalidate()
+					}
+					if err := measure(step.kind, p, step.snap, step.prev); err != nil {
+						break rounds
+					}
 				}
 			}
 			if err := iptables.Cleanup(r, o); err != nil {
@@ -139,6 +154,8 @@ func RunSyncBench(backends []string, sizes []int, rounds int, logf func(string, 
 	}
 	return out, nil
 }
+
+var errSkip = errors.New("skip")
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
@@ -177,6 +194,10 @@ func WriteSyncResults(dir string, res []SyncResult, machine string) (string, err
 	b.WriteString("| backend | services | sync | render ms | apply ms | total ms | restore lines | vs full |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, k := range keys {
 		rs := groups[k]
+		if rs[0].Failed != "" {
+			fmt.Fprintf(&b, "| %s | %d | %s | | | failed: %s | %d | |\n", k.be, k.n, k.kind, rs[0].Failed, rs[0].Lines)
+			continue
+		}
 		total := med(rs, func(r SyncResult) float64 { return r.TotalMS })
 		vs := ""
 		if full, ok := groups[key{k.be, k.n, "full-resync"}]; ok && k.kind == "partial" {

@@ -51,6 +51,7 @@ func syncBench(args []string) int {
 	backends := fs.String("backends", "nft,legacy", "iptables backends, comma-separated")
 	rounds := fs.Int("rounds", 3, "rounds per backend and size (medians are reported)")
 	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-sync/")
+	limit := fs.Duration("limit", 10*time.Minute, "longest one iptables-restore may take; a slower sync is reported as failed")
 	fs.Parse(args)
 	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
 		if os.Geteuid() != 0 {
@@ -93,7 +94,7 @@ func syncBench(args []string) int {
 		}
 		bes = append(bes, b)
 	}
-	res, err := harness.RunSyncBench(bes, ns, max(1, *rounds), func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
+	res, err := harness.RunSyncBench(bes, ns, max(1, *rounds), *limit, func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sluice-bench sync:", err)
 		return 1
