@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/config"
-	"github.com/sluice-proxy/sluice/kernel/iptables"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
@@ -116,14 +115,10 @@ func newIPTablesCapture(cfg *config.Config, local *localAddrs, log *slog.Logger)
 	if runtime.GOOS != "linux" {
 		return nil, errors.New("iptables needs Linux")
 	}
-	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
 	c := &iptablesCapture{local: local, log: log, stop: make(chan struct{}), done: make(chan struct{})}
-	for _, fam := range []struct {
-		cmd string
-		v6  bool
-	}{{v4, false}, {v6, true}} {
-		r := &iptables.Exec{Command: fam.cmd}
-		if _, err := r.Chains("nat"); err != nil {
+	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+		r := fam.runner
+		if err := fam.err; err != nil {
 			if !fam.v6 {
 				return nil, err
 			}

@@ -73,6 +73,29 @@ func iptablesCommands(backend string) (v4, v6 string) {
 	return "iptables", "ip6tables"
 }
 
+// ipFamily is one address family's iptables binary (of --iptables-backend)
+// and whether its nat table can be read (err nil).
+type ipFamily struct {
+	v6     bool
+	runner *iptables.Exec
+	err    error
+}
+
+// probeFamilies returns IPv4, then IPv6, probed.
+func probeFamilies(backend string) []ipFamily {
+	v4, v6 := iptablesCommands(backend)
+	var out []ipFamily
+	for _, f := range []struct {
+		cmd string
+		v6  bool
+	}{{v4, false}, {v6, true}} {
+		r := &iptables.Exec{Command: f.cmd}
+		_, err := r.Chains("nat")
+		out = append(out, ipFamily{v6: f.v6, runner: r, err: err})
+	}
+	return out
+}
+
 // iptablesPlane programs iptables per family. Each Apply is a full sync;
 // a failed sync is retried, and a vanished canary (a firewall reload)
 // forces a resync, every --iptables-sync-period.
@@ -107,16 +130,12 @@ func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
 }
 
 func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*iptablesPlane, error) {
-	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
 	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
-	for _, fam := range []struct {
-		cmd string
-		v6  bool
-	}{{v4, false}, {v6, true}} {
-		r := &iptables.Exec{Command: fam.cmd}
-		if _, err := r.Chains("nat"); err != nil {
+	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+		r := fam.runner
+		if err := fam.err; err != nil {
 			if !fam.v6 {
-				return nil, fmt.Errorf("iptables mode: %s cannot read the nat table: %w", fam.cmd, err)
+				return nil, fmt.Errorf("iptables mode: %s cannot read the nat table: %w", r.Command, err)
 			}
 			log.Warn("iptables mode: IPv6 rules disabled", "err", err)
 			continue
@@ -245,25 +264,21 @@ func (p *iptablesPlane) Tick() {}
 // addresses. A family whose binary is missing or whose kernel
 // support is absent has nothing to remove.
 func cleanup(cfg *config.Config, log *slog.Logger) error {
-	v4, v6 := iptablesCommands(cfg.IPTablesBackend)
 	var errs []error
 	if err := cleanupIPVS(cfg, log); err != nil {
 		errs = append(errs, fmt.Errorf("IPVS: %w", err))
 	}
-	for _, fam := range []struct {
-		cmd string
-		v6  bool
-	}{{v4, false}, {v6, true}} {
-		r := &iptables.Exec{Command: fam.cmd}
-		if _, err := r.Chains("nat"); err != nil {
-			log.Info("cleanup: skipping a family with no usable iptables", "command", fam.cmd, "err", err)
+	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+		r := fam.runner
+		if err := fam.err; err != nil {
+			log.Info("cleanup: skipping a family with no usable iptables", "command", r.Command, "err", err)
 			continue
 		}
 		if err := errors.Join(iptables.Cleanup(r, iptablesOptions(cfg, fam.v6)), portals.CleanupIPTables(r)); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", fam.cmd, err))
+			errs = append(errs, fmt.Errorf("%s: %w", r.Command, err))
 			continue
 		}
-		log.Info("cleanup: iptables chains and jump rules removed (iptables mode and userspace portals)", "command", fam.cmd)
+		log.Info("cleanup: iptables chains and jump rules removed (iptables mode and userspace portals)", "command", r.Command)
 	}
 	if runtime.GOOS == "linux" {
 		if err := portals.CleanupAddrs(portals.Netlink{}, ""); err != nil {

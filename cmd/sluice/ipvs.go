@@ -12,7 +12,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
-	"github.com/sluice-proxy/sluice/kernel/iptables"
 	"github.com/sluice-proxy/sluice/kernel/ipvs"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
@@ -87,13 +86,9 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 		k.Close()
 		return nil, fmt.Errorf("%w: IPVS mode needs ipset for its masquerade rules: %v", ipvs.ErrUnavailable, err)
 	}
-	v4cmd, v6cmd := iptablesCommands(cfg.IPTablesBackend)
-	for _, fam := range []struct {
-		cmd string
-		v6  bool
-	}{{v4cmd, false}, {v6cmd, true}} {
-		r := &iptables.Exec{Command: fam.cmd}
-		if _, err := r.Chains("nat"); err != nil {
+	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+		r := fam.runner
+		if err := fam.err; err != nil {
 			if !fam.v6 {
 				k.Close()
 				return nil, fmt.Errorf("%w: IPVS mode needs iptables for its masquerade rules: %v", ipvs.ErrUnavailable, err)
@@ -244,13 +239,9 @@ func cleanupIPVS(cfg *config.Config, log *slog.Logger) error {
 	if _, err := (&ipvs.IPSetExec{}).List(); err == nil {
 		sets = &ipvs.IPSetExec{}
 	}
-	v4cmd, v6cmd := iptablesCommands(cfg.IPTablesBackend)
-	for _, fam := range []struct {
-		cmd string
-		v6  bool
-	}{{v4cmd, false}, {v6cmd, true}} {
-		r := &iptables.Exec{Command: fam.cmd}
-		if _, err := r.Chains("nat"); err != nil {
+	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+		r := fam.runner
+		if err := fam.err; err != nil {
 			continue
 		}
 		if err := ipvs.CleanupNetfilter(r, sets, fam.v6); err != nil {
