@@ -179,7 +179,7 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
 		switch {
 		case err != nil:
-			p.log.Warn("conntrack: stale UDP entries not deleted", "family", family(px), "err", err)
+			p.log.Warn("conntrack: stale entries not deleted", "family", family(px), "err", err)
 		case n > 0:
 			p.log.Info("conntrack: deleted stale UDP entries", "family", family(px), "entries", n)
 		}

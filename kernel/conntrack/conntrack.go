@@ -23,19 +23,43 @@ type Flow struct {
 	ReplySrc netip.AddrPort
 }
 
-// ProtoUDP is UDP's IP protocol number.
-const ProtoUDP = 17
+// IP protocol numbers of the flows that are cleaned: UDP and SCTP, as
+// kube-proxy cleans them (TCP recovers by itself: a dead endpoint resets).
+const (
+	ProtoUDP  = 17
+	ProtoSCTP = 132
+)
+
+func protoNumber(p lb.Protocol) uint8 {
+	switch p {
+	case lb.UDP:
+		return ProtoUDP
+	case lb.SCTP:
+		return ProtoSCTP
+	}
+	return 0
+}
 
 // Table is what sluice needs of the kernel's conntrack table, for one
 // family.
 type Table interface {
-	// DeleteMatching deletes every UDP entry for which stale reports true,
-	// and returns how many it deleted.
+	// DeleteMatching deletes every UDP and SCTP entry for which stale
+	// reports true, and returns how many it deleted.
 	DeleteMatching(stale func(Flow) bool) (int, error)
 }
 
 type target struct {
 	endpoints map[netip.AddrPort]bool
+}
+
+type vipKey struct {
+	proto uint8
+	dst   netip.AddrPort
+}
+
+type nodePortKey struct {
+	proto uint8
+	port  uint16
 }
 
 // Stale returns a predicate that says which UDP flows no longer match
@@ -46,10 +70,11 @@ type target struct {
 // had no endpoints) and the port now has some. Flows to anything else are
 // never stale.
 func Stale(snap *lb.Snapshot, isLocal func(netip.Addr) bool) func(Flow) bool {
-	byVIP := map[netip.AddrPort]*target{}
-	byNodePort := map[uint16]*target{}
+	byVIP := map[vipKey]*target{}
+	byNodePort := map[nodePortKey]*target{}
 	for _, sp := range snap.Ports {
-		if sp.Name.Protocol != lb.UDP {
+		proto := protoNumber(sp.Name.Protocol)
+		if proto == 0 {
 			continue
 		}
 		t := &target{endpoints: map[netip.AddrPort]bool{}}
@@ -60,25 +85,25 @@ func Stale(snap *lb.Snapshot, isLocal func(netip.Addr) bool) func(Flow) bool {
 			t.endpoints[ep] = true
 		}
 		for _, ip := range sp.ClusterIPs {
-			byVIP[netip.AddrPortFrom(ip, sp.Port)] = t
+			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
 		for _, ip := range sp.ExternalIPs {
-			byVIP[netip.AddrPortFrom(ip, sp.Port)] = t
+			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
 		for _, ip := range sp.LoadBalancerIPs {
-			byVIP[netip.AddrPortFrom(ip, sp.Port)] = t
+			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
 		if sp.NodePort != 0 {
-			byNodePort[sp.NodePort] = t
+			byNodePort[nodePortKey{proto, sp.NodePort}] = t
 		}
 	}
 	return func(f Flow) bool {
-		if f.Proto != ProtoUDP {
+		if f.Proto != ProtoUDP && f.Proto != ProtoSCTP {
 			return false
 		}
-		t := byVIP[f.OrigDst]
+		t := byVIP[vipKey{f.Proto, f.OrigDst}]
 		if t == nil && isLocal != nil && isLocal(f.OrigDst.Addr()) {
-			t = byNodePort[f.OrigDst.Port()]
+			t = byNodePort[nodePortKey{f.Proto, f.OrigDst.Port()}]
 		}
 		if t == nil {
 			return false
@@ -95,12 +120,12 @@ type Fake struct {
 	Flows []Flow
 }
 
-// DeleteMatching removes the matching UDP flows.
+// DeleteMatching removes the matching UDP and SCTP flows.
 func (f *Fake) DeleteMatching(stale func(Flow) bool) (int, error) {
 	kept := f.Flows[:0]
 	n := 0
 	for _, fl := range f.Flows {
-		if fl.Proto == ProtoUDP && stale(fl) {
+		if (fl.Proto == ProtoUDP || fl.Proto == ProtoSCTP) && stale(fl) {
 			n++
 			continue
 		}

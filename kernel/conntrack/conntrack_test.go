@@ -21,6 +21,12 @@ func udpPort(eps ...string) *lb.ServicePort {
 	return sp
 }
 
+func sctpPort(eps ...string) *lb.ServicePort {
+	sp := udpPort(eps...)
+	sp.Name.Protocol = lb.SCTP
+	return sp
+}
+
 func snap(ports ...*lb.ServicePort) *lb.Snapshot {
 	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
 	for _, p := range ports {
@@ -53,6 +59,8 @@ func TestStaleFlows(t *testing.T) {
 		{"untranslated, still no endpoints", snap(udpPort()), flow("10.96.0.10:53", "10.96.0.10:53"), false},
 		{"service gone: not ours to judge", snap(), flow("10.96.0.10:53", "10.244.0.5:5353"), false},
 		{"another port of the VIP", snap(udpPort("10.244.0.6:5353")), flow("10.96.0.10:54", "10.244.0.5:5353"), false},
+		{"SCTP to a removed endpoint", snap(sctpPort("10.244.0.6:5353")), Flow{Proto: ProtoSCTP, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), ReplySrc: netip.MustParseAddrPort("10.244.0.5:5353")}, true},
+		{"UDP flow to an SCTP-only port", snap(sctpPort("10.244.0.6:5353")), flow("10.96.0.10:53", "10.244.0.5:5353"), false},
 		{"TCP is never touched", snap(udpPort("10.244.0.6:5353")), Flow{Proto: 6, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), ReplySrc: netip.MustParseAddrPort("10.244.0.5:5353")}, false},
 	}
 	for _, c := range cases {

@@ -15,7 +15,7 @@ type Netlink struct {
 type matcher func(Flow) bool
 
 func (m matcher) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
-	if c.Forward.Protocol != ProtoUDP {
+	if c.Forward.Protocol != ProtoUDP && c.Forward.Protocol != ProtoSCTP {
 		return false
 	}
 	ap := func(ip []byte, port uint16) netip.AddrPort {
