@@ -54,37 +54,68 @@ func sctpNetwork(a netip.Addr) string {
 // SCTPDialFunc connects to an SCTP endpoint within timeout.
 type SCTPDialFunc func(ep netip.AddrPort, timeout time.Duration) (net.Conn, error)
 
-// DialSCTP is the real SCTPDialFunc. The library has no deadlines, so the
-// INIT retransmissions are bounded instead (one attempt, its timeout the
-// try's), and a timer abandons a connect that outlives the try.
+// DialSCTP is the real SCTPDialFunc. It connects a one-to-one SCTP socket
+// itself, non-blocking through Go's poller, so the try's timeout is a real
+// deadline and a signal during connect(2) cannot turn into EISCONN (the
+// library's blocking connect retries after EINTR); the connected socket is
+// then handed to the library in blocking mode.
 func DialSCTP(ep netip.AddrPort, timeout time.Duration) (net.Conn, error) {
-	type result struct {
-		c   *sctp.SCTPConn
-		err error
+	family, sa := unix.AF_INET, unix.Sockaddr(nil)
+	if ep.Addr().Is4() {
+		sa = &unix.SockaddrInet4{Port: int(ep.Port()), Addr: ep.Addr().As4()}
+	} else {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(ep.Port()), Addr: ep.Addr().As16()}
 	}
-	ch := make(chan result, 1)
-	go func() {
-		ms := max(int(timeout/time.Millisecond), 1)
-		c, err := sctp.DialSCTPExt(sctpNetwork(ep.Addr()), nil, &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: ep.Addr().AsSlice()}}, Port: int(ep.Port())},
-			sctp.InitMsg{NumOstreams: 10, MaxInstreams: 10, MaxAttempts: 1, MaxInitTimeout: uint16(min(ms, 65535))})
-		ch <- result{c, err}
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, r.err
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", ep, err)
+	}
+	f := os.NewFile(uintptr(fd), "sctp-connect") // polls fd until connected
+	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+		f.Close()
+		return nil, fmt.Errorf("connect to %s: %w", ep, err)
+	}
+	f.SetWriteDeadline(time.Now().Add(timeout))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	var soErr int
+	waited := false
+	werr := rc.Write(func(fd uintptr) bool {
+		if !waited { // wait for writability: the connect has ended
+			waited = true
+			return false
 		}
-		return r.c, nil
-	case <-t.C:
-		go func() { // close it if it ever connects
-			if r := <-ch; r.c != nil {
-				r.c.Close()
-			}
-		}()
+		soErr, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		return true
+	})
+	if werr != nil {
+		f.Close()
 		return nil, fmt.Errorf("connect to %s: timed out after %s", ep, timeout)
 	}
+	if err == nil && soErr != 0 {
+		err = unix.Errno(soErr)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("connect to %s: %w", ep, err)
+	}
+	// Hand a blocking duplicate to the library (it reads and writes with
+	// plain syscalls) and let the poller's copy go.
+	nfd, err := unix.Dup(fd)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	unix.CloseOnExec(nfd)
+	if err := unix.SetNonblock(nfd, false); err != nil {
+		unix.Close(nfd)
+		return nil, err
+	}
+	return sctp.NewSCTPConn(nfd, nil), nil
 }
 
 // SCTP serves SCTP service ports: gnet and the event loop have no SCTP, so

@@ -21,7 +21,7 @@ var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs
 	"ip_vs_dh", "ip_vs_mh", "sctp", "dummy", "veth", "nf_conntrack_netlink",
 	// iptables (legacy) and ipset, for IPVS mode's masquerade rules.
 	"ip_tables", "ip6_tables", "iptable_nat", "iptable_filter", "iptable_mangle", "ip6table_nat", "ip6table_filter", "ip6table_mangle",
-	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_bitmap_port",
+	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_hash_ipportnet", "ip_set_bitmap_port",
 	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat",
 	"xt_statistic", "xt_recent", "xt_REDIRECT"}
 

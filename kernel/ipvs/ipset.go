@@ -97,6 +97,9 @@ func validEntry(s *fakeSet, e string) bool {
 		return len(f) == 2 && ip(f[0]) && protoPort(f[1])
 	case "hash:ip,port,ip":
 		return len(f) == 3 && ip(f[0]) && protoPort(f[1]) && ip(f[2])
+	case "hash:ip,port,net":
+		pf, err := netip.ParsePrefix(f[len(f)-1])
+		return len(f) == 3 && ip(f[0]) && protoPort(f[1]) && err == nil && pf.Addr().Is6() == s.v6
 	case "bitmap:port":
 		n, err := strconv.Atoi(e)
 		return len(f) == 1 && err == nil && n >= 0 && n <= 65535
@@ -125,7 +128,7 @@ func (f *FakeIPSet) Restore(data []byte) error {
 			if len(w) < 3 {
 				return bad("missing type")
 			}
-			if !slices.Contains([]string{"hash:ip", "hash:ip,port", "hash:ip,port,ip", "bitmap:port"}, w[2]) {
+			if !slices.Contains([]string{"hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net", "bitmap:port"}, w[2]) {
 				return bad("unknown type %s", w[2])
 			}
 			if len(w[1]) > 31 {

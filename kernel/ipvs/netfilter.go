@@ -17,6 +17,9 @@ const (
 	SetExternalIPLocal   = "KUBE-EXTERNAL-IP-LOCAL"
 	SetLoadBalancer      = "KUBE-LOAD-BALANCER"
 	SetLoadBalancerLocal = "KUBE-LOAD-BALANCER-LOCAL"
+	SetLoadBalancerFW    = "KUBE-LOAD-BALANCER-FW"
+	SetLBSourceCIDR      = "KUBE-LOAD-BALANCER-SOURCE-CIDR"
+	SetLBSourceIP        = "KUBE-LOAD-BALANCER-SOURCE-IP"
 	SetNodePortTCP       = "KUBE-NODE-PORT-TCP"
 	SetNodePortUDP       = "KUBE-NODE-PORT-UDP"
 	SetNodePortLocalTCP  = "KUBE-NODE-PORT-LOCAL-TCP"
@@ -33,6 +36,8 @@ const (
 	ChainNodePort     = "KUBE-NODE-PORT"
 	ChainLoadBalancer = "KUBE-LOAD-BALANCER"
 	ChainIPVSFilter   = "KUBE-IPVS-FILTER"
+	// ChainSourceRanges admits loadBalancerSourceRanges, dropping the rest.
+	ChainSourceRanges = "KUBE-SOURCE-RANGES-FIREWALL"
 )
 
 // SetSpec is one ipset: its type and, in Sets, its entries.
@@ -43,6 +48,7 @@ type SetSpec struct {
 var setTypes = []SetSpec{
 	{SetClusterIP, "hash:ip,port"}, {SetExternalIP, "hash:ip,port"}, {SetExternalIPLocal, "hash:ip,port"},
 	{SetLoadBalancer, "hash:ip,port"}, {SetLoadBalancerLocal, "hash:ip,port"},
+	{SetLoadBalancerFW, "hash:ip,port"}, {SetLBSourceCIDR, "hash:ip,port,net"}, {SetLBSourceIP, "hash:ip,port,ip"},
 	{SetNodePortTCP, "bitmap:port"}, {SetNodePortUDP, "bitmap:port"}, {SetNodePortLocalTCP, "bitmap:port"}, {SetNodePortLocalUDP, "bitmap:port"},
 	{SetNodePortSCTP, "hash:ip,port"}, {SetNodePortLocalSCTP, "hash:ip,port"},
 	{SetLoopBack, "hash:ip,port,ip"}, {SetHealthCheck, "bitmap:port"}, {SetIPVSIPs, "hash:ip"},
@@ -83,11 +89,32 @@ func Sets(snap *lb.Snapshot, o Options, bound []netip.Addr) (specs []SetSpec, en
 				}
 			}
 		}
+		var ranges []netip.Prefix
+		for _, r := range sp.SourceRanges {
+			if fam(r.Addr()) {
+				ranges = append(ranges, r)
+			}
+		}
+		nodeInRange := false
+		for _, r := range ranges {
+			for _, n := range o.NodeIPs {
+				nodeInRange = nodeInRange || r.Contains(n)
+			}
+		}
 		for _, ip := range sp.LoadBalancerIPs {
 			if fam(ip) {
 				add(SetLoadBalancer, ipPort(ip, sp.Port))
 				if sp.ExternalLocal {
 					add(SetLoadBalancerLocal, ipPort(ip, sp.Port))
+				}
+				if len(ranges) > 0 {
+					add(SetLoadBalancerFW, ipPort(ip, sp.Port))
+					for _, r := range ranges {
+						add(SetLBSourceCIDR, ipPort(ip, sp.Port)+","+r.String())
+					}
+					if nodeInRange { // the node's own hairpin comes from the LB IP
+						add(SetLBSourceIP, ipPort(ip, sp.Port)+","+ip.String())
+					}
 				}
 			}
 		}
@@ -214,9 +241,13 @@ func RenderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR n
 	l("-A KUBE-NODE-PORT -p sctp " + c("Kubernetes nodeport SCTP port for masquerade purpose") + " -m set --match-set " + set(SetNodePortSCTP) + " dst,dst -j KUBE-MARK-MASQ")
 	l("COMMIT")
 	l("*filter")
-	for _, ch := range []string{iptables.ChainForward, ChainNodePort, ChainIPVSFilter} {
+	for _, ch := range []string{iptables.ChainForward, ChainNodePort, ChainIPVSFilter, iptables.ChainProxyFirewall, ChainSourceRanges} {
 		l(":" + ch + " - [0:0]")
 	}
+	l("-A KUBE-PROXY-FIREWALL " + c("Kubernetes service load balancer ip + port for load balancer with sourceRange") + " -m set --match-set " + set(SetLoadBalancerFW) + " dst,dst -j " + ChainSourceRanges)
+	l("-A KUBE-SOURCE-RANGES-FIREWALL -m set --match-set " + set(SetLBSourceCIDR) + " dst,dst,src -j RETURN")
+	l("-A KUBE-SOURCE-RANGES-FIREWALL -m set --match-set " + set(SetLBSourceIP) + " dst,dst,src -j RETURN")
+	l("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
 	l("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP")
 	l("-A KUBE-FORWARD " + c("kubernetes forwarding rules") + " -m mark --mark " + mark + "/" + mark + " -j ACCEPT")
 	l("-A KUBE-FORWARD " + c("kubernetes forwarding conntrack rule") + " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
@@ -243,6 +274,7 @@ func RuleJumps() []iptables.Jump {
 		j("filter", "FORWARD", iptables.ChainForward, "kubernetes forwarding rules"),
 		j("filter", "INPUT", ChainNodePort, "kubernetes health check rules"),
 		j("filter", "INPUT", ChainIPVSFilter, "kubernetes ipvs access filter"),
+		{Table: "filter", Chain: "INPUT", Args: append([]string{"-m", "conntrack", "--ctstate", "NEW"}, append(cm("kubernetes load balancer firewall"), "-j", iptables.ChainProxyFirewall)...)},
 	}
 }
 
@@ -296,7 +328,7 @@ func CleanupNetfilter(r iptables.Runner, sets SetRunner, ipv6 bool) error {
 		}
 		chains[t] = cs
 	}
-	ipvsOnly := map[string][]string{"nat": {ChainNodePort, ChainLoadBalancer}, "filter": {ChainNodePort, ChainIPVSFilter}}
+	ipvsOnly := map[string][]string{"nat": {ChainNodePort, ChainLoadBalancer}, "filter": {ChainNodePort, ChainIPVSFilter, ChainSourceRanges}}
 	installed := false
 	for t, cs := range ipvsOnly {
 		for _, c := range cs {
@@ -320,6 +352,9 @@ func CleanupNetfilter(r iptables.Runner, sets SetRunner, ipv6 bool) error {
 			}
 		}
 		flush.WriteString("COMMIT\n")
+		if slices.Contains(chains["filter"], iptables.ChainProxyFirewall) {
+			flush.WriteString("*filter\n:" + iptables.ChainProxyFirewall + " - [0:0]\nCOMMIT\n")
+		}
 		if err := r.Restore([]byte(flush.String())); err != nil {
 			errs = append(errs, err.Error())
 		}

@@ -27,13 +27,19 @@ func TestNetfilterSetsRulesAndCleanup(t *testing.T) {
 	sig := port("sig", "10.96.0.11", lb.SCTP, "10.244.0.6:9000")
 	sig.NodePort = 30090
 	dns := port("dns", "fd00::10", lb.UDP, "[fd00::5]:53")
+	guarded := port("guarded", "10.96.0.12", lb.TCP, "10.244.0.7:8080")
+	guarded.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
+	guarded.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("fd00::/64")}
 	o := Options{NodeIPs: []netip.Addr{node}}
 	bound := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")}
-	if err := nf.Sync(snap(web, sig, dns), o, bound); err != nil {
+	if err := nf.Sync(snap(web, sig, dns, guarded), o, bound); err != nil {
 		t.Fatal(err)
 	}
 	for set, want := range map[string][]string{
-		SetClusterIP:        {"10.96.0.10,tcp:80", "10.96.0.11,sctp:80"},
+		SetClusterIP:        {"10.96.0.10,tcp:80", "10.96.0.11,sctp:80", "10.96.0.12,tcp:80"},
+		SetLoadBalancerFW:   {"198.51.100.1,tcp:80"},
+		SetLBSourceCIDR:     {"198.51.100.1,tcp:80,192.168.0.0/24"},
+		SetLBSourceIP:       {"198.51.100.1,tcp:80,198.51.100.1"}, // node 192.168.0.2 is inside the range
 		SetNodePortTCP:      {"30080"},
 		SetNodePortLocalTCP: {"30080"},
 		SetNodePortSCTP:     {"192.168.0.2,sctp:30090"},

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ishidawataru/sctp"
+	"github.com/sluice-proxy/sluice/listeners"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -247,21 +248,21 @@ func (b *bed) ask(proto, addr string) string {
 			out = string(buf[:n])
 			return err
 		case "sctp":
-			ap := netip.MustParseAddrPort(addr)
+			// listeners.DialSCTP: a poller-driven connect with a real deadline
+			// (the library's own connect retries after EINTR into EISCONN).
+			c, err := listeners.DialSCTP(netip.MustParseAddrPort(addr), 3*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
 			done := make(chan error, 1)
 			go func() {
-				c, err := sctp.DialSCTP("sctp4", nil, &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: ap.Addr().AsSlice()}}, Port: int(ap.Port())})
-				if err != nil {
-					done <- err
-					return
-				}
-				defer c.Close()
 				buf := make([]byte, 2048)
 				n, err := c.Read(buf)
 				out = string(buf[:n])
 				done <- err
 			}()
-			select { // the library has no deadlines: bound it with a timer
+			select { // the library has no read deadlines: bound it with a timer
 			case err := <-done:
 				return err
 			case <-time.After(5 * time.Second):

@@ -142,6 +142,27 @@ endpoints:
 - addresses: [10.244.0.6]
 `
 
+const lbManifest = `apiVersion: v1
+kind: Service
+metadata: {name: guarded, namespace: vm}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.13
+  loadBalancerSourceRanges: [RANGE]
+  ports: [{name: http, port: 80, nodePort: 30100, protocol: TCP}]
+status:
+  loadBalancer: {ingress: [{ip: 203.0.113.20}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: guarded-1, namespace: vm, labels: {kubernetes.io/service-name: guarded}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+`
+
 func both(t *testing.T, what string, m map[string]int) {
 	t.Helper()
 	if len(m) != 2 || m["b@10.244.0.5"] == 0 || m["b@10.244.0.6"] == 0 {
@@ -161,6 +182,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	dir := t.TempDir()
 	full := strings.NewReplacer("ENDPOINT2", "10.244.0.6", "HOLD2", "10.244.0.6").Replace(ipvsManifest)
 	sh(t, dir, "svc.yaml", full)
+	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
 	args := []string{"--proxy-mode=ipvs", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
 		"--iptables-backend=legacy", "--cluster-cidr=10.244.0.0/16",
 		"--ipvs-sync-period=1s", "--ipvs-drain-interval=1s", "--ipvs-exclude-cidrs=172.30.0.0/16", "--ipvs-udp-timeout=7s", "--ipvs-tcpfin-timeout=9s", "--ipvs-strict-arp"}
@@ -184,6 +206,17 @@ func TestIPVSModeInVM(t *testing.T) {
 	if m := b.tally("tcp", "10.96.0.11:80", 10); len(m) != 1 || m["error"] > 0 {
 		t.Fatalf("ClientIP persistence: %v, want one backend", m)
 	}
+	// loadBalancerSourceRanges: the client's range is admitted to the LB
+	// IP; once the range excludes it, its connections are dropped.
+	both(t, "LB IP from an allowed source", b.tally("tcp", "203.0.113.20:80", 10))
+	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "10.0.0.0/8", 1))
+	p.waitLog("state applied")
+	if got := b.ask("tcp", "203.0.113.20:80"); !strings.Contains(got, "timeout") {
+		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
+	}
+	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
+	p.waitLog("state applied")
+
 	// Masquerade (ipsets + iptables): the client is outside --cluster-cidr,
 	// so backends see the node's address, through the ClusterIP and the
 	// NodePort alike.
