@@ -129,7 +129,8 @@ func (sp *ServicePort) SameFrontend(o *ServicePort) bool {
 	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort && sp.SplitPolicy() == o.SplitPolicy() &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
 		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
-		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs)
+		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(sp.SourceRanges, o.SourceRanges) // the LB listeners' source check is set at open
 }
 
 // Snapshot is one immutable view of every service port. It is published by

@@ -47,6 +47,21 @@ type Target struct {
 	Retry      lb.RetryPolicy
 	UDPTimeout time.Duration
 	Counters   Counters // nil means none
+	// Admit, when set, says which client addresses may use this frontend
+	// (loadBalancerSourceRanges); others are refused like a port with no
+	// endpoints.
+	Admit func(netip.Addr) bool
+}
+
+// errNotAdmitted refuses a client outside the frontend's source ranges.
+var errNotAdmitted = errors.New("client address not in the source ranges")
+
+// order is the endpoint ordering for a client, after the source check.
+func (t *Target) order(src netip.Addr) ([]netip.AddrPort, error) {
+	if t.Admit != nil && !t.Admit(src) {
+		return nil, errNotAdmitted
+	}
+	return t.Picker.Order(src)
 }
 
 func (t *Target) counters() Counters {

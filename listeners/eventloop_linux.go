@@ -561,7 +561,7 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	c := &tcpConn{l: l, t: t, client: client, cs: side{fd: fd}, bs: side{fd: -1}, started: l.now}
 	c.up = pipe{src: &c.cs, dst: &c.bs}
 	c.down = pipe{src: &c.bs, dst: &c.cs}
-	order, err := t.Picker.Order(client.Addr())
+	order, err := t.order(client.Addr())
 	if err != nil {
 		ctr.Refused()
 		resetClose(fd)

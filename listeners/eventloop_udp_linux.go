@@ -130,7 +130,7 @@ func (ln *elUDPListener) flow(client netip.AddrPort, sa unix.Sockaddr, oob []byt
 		f.close() // its endpoint went away: re-pick
 	}
 	ctr := ln.t.counters()
-	order, err := ln.t.Picker.Order(client.Addr())
+	order, err := ln.t.order(client.Addr())
 	if err != nil {
 		ctr.Refused()
 		return nil

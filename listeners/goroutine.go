@@ -177,7 +177,7 @@ func (l *goTCPListener) handle(client *net.TCPConn) {
 	t, ctr := l.t, l.t.counters()
 	ctr.Opened()
 	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-	order, err := t.Picker.Order(src)
+	order, err := t.order(src)
 	if err != nil {
 		ctr.Refused()
 		refuse(client)

@@ -115,7 +115,7 @@ func (l *goUDPListener) flow(client netip.AddrPort, oob []byte) *goUDPFlow {
 		l.remove(f)
 	}
 	ctr := l.t.counters()
-	order, err := l.t.Picker.Order(client.Addr())
+	order, err := l.t.order(client.Addr())
 	if err != nil {
 		ctr.Refused()
 		return nil

@@ -248,7 +248,7 @@ func (l *sctpListener) handle(client net.Conn) {
 		src, _ = netip.AddrFromSlice(a.IPAddrs[0].IP)
 		src = src.Unmap()
 	}
-	order, err := t.Picker.Order(src)
+	order, err := t.order(src)
 	if err != nil {
 		ctr.Refused()
 		client.Close()

@@ -222,6 +222,20 @@ func (s *Server) openPort(p *servedPort) []error {
 		if fe.Role == RoleProxyPort || fe.Role == RoleClusterIP {
 			t = p.target
 		}
+		if fe.Role == RoleLoadBalancer && len(sp.SourceRanges) > 0 {
+			// loadBalancerSourceRanges: the same picker, behind a source check.
+			guarded := *t
+			ranges := sp.SourceRanges
+			guarded.Admit = func(a netip.Addr) bool {
+				for _, r := range ranges {
+					if r.Contains(a) {
+						return true
+					}
+				}
+				return false
+			}
+			t = &guarded
+		}
 		var (
 			ln  Listener
 			err error

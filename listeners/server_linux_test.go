@@ -352,3 +352,34 @@ func TestServerOpensExternalProxyPortForSplitPolicy(t *testing.T) {
 		}
 	})
 }
+
+// loadBalancerSourceRanges on a local LB IP: a client outside the ranges
+// is refused; once the ranges admit it, it is served. Other frontends of
+// the port are not filtered.
+func TestServerLoadBalancerSourceRanges(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		lbIP := netip.MustParseAddr("127.0.0.6")
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+			IsLocal: func(a netip.Addr) bool { return a == lbIP }}
+		defer srv.Close()
+		sp := webPort(0, serveTCP(t, nameHandler("lb")))
+		sp.Port = freePort(t)
+		sp.LoadBalancerIPs = []netip.Addr{lbIP}
+		sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		addr := netip.AddrPortFrom(lbIP, sp.Port)
+		if got, err := dialName(t, addr); err == nil && got == "lb" {
+			t.Fatal("client outside the source ranges was served")
+		}
+		sp2 := *sp
+		sp2.SourceRanges = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		if err := srv.Apply(snapshotOf(&sp2)); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := dialName(t, addr); err != nil || got != "lb" {
+			t.Fatalf("admitted client: %q %v", got, err)
+		}
+	})
+}

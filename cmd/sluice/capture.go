@@ -210,11 +210,11 @@ func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.
 		}
 	}
 	var out []portals.Portal
-	add := func(sp *lb.ServicePort, ip netip.Addr, to netip.AddrPort) {
+	add := func(sp *lb.ServicePort, ip netip.Addr, to netip.AddrPort, ranges []netip.Prefix) {
 		if !to.IsValid() || ip.Is4() != to.Addr().Is4() {
 			return
 		}
-		out = append(out, portals.Portal{Service: sp.Name.String(), Protocol: sp.Name.Protocol, IP: ip, Port: sp.Port, To: to})
+		out = append(out, portals.Portal{Service: sp.Name.String(), Protocol: sp.Name.Protocol, IP: ip, Port: sp.Port, To: to, SourceRanges: ranges})
 	}
 	for _, sp := range snap.Sorted() {
 		to, ok := proxy[sp.Name]
@@ -222,15 +222,20 @@ func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.
 			continue
 		}
 		for _, ip := range sp.ClusterIPs {
-			add(sp, ip, to)
+			add(sp, ip, to, nil)
 		}
 		eto := to
 		if e, ok := ext[sp.Name]; ok {
 			eto = e
 		}
-		for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		for _, ip := range sp.ExternalIPs {
 			if isLocal == nil || !isLocal(ip) {
-				add(sp, ip, eto)
+				add(sp, ip, eto, nil)
+			}
+		}
+		for _, ip := range sp.LoadBalancerIPs {
+			if isLocal == nil || !isLocal(ip) {
+				add(sp, ip, eto, sp.SourceRanges)
 			}
 		}
 	}

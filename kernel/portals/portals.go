@@ -49,6 +49,9 @@ type Portal struct {
 	IP       netip.Addr
 	Port     uint16
 	To       netip.AddrPort
+	// SourceRanges, when set, captures only clients inside them
+	// (loadBalancerSourceRanges); others are not redirected.
+	SourceRanges []netip.Prefix
 }
 
 func (p Portal) String() string {
@@ -92,8 +95,19 @@ func RenderIPTables(ps []Portal, ipv6 bool) []byte {
 		} else {
 			target = "-j DNAT --to-destination " + p.To.String()
 		}
-		b.WriteString("-A " + ChainContainer + " " + match + " " + target + "\n")
-		b.WriteString("-A " + ChainHost + " " + match + " " + target + "\n")
+		sources := []string{""}
+		if len(p.SourceRanges) > 0 {
+			sources = nil
+			for _, r := range p.SourceRanges {
+				if r.Addr().Is6() == ipv6 {
+					sources = append(sources, " -s "+r.String())
+				}
+			}
+		}
+		for _, src := range sources {
+			b.WriteString("-A " + ChainContainer + " " + match + src + " " + target + "\n")
+			b.WriteString("-A " + ChainHost + " " + match + src + " " + target + "\n")
+		}
 	}
 	b.WriteString("COMMIT\n")
 	return []byte(b.String())

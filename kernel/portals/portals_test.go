@@ -191,3 +191,24 @@ func TestBinderFallsBackToLoAndLeavesForeignAddresses(t *testing.T) {
 		t.Fatal("Ensure before Init succeeded")
 	}
 }
+
+// A load-balancer portal with source ranges captures only those sources.
+func TestPortalSourceRanges(t *testing.T) {
+	f := iptables.NewFake()
+	lbIP := netip.MustParseAddr("198.51.100.1")
+	p := Portal{Service: "demo/web:http", Protocol: lb.TCP, IP: lbIP, Port: 80, To: netip.MustParseAddrPort("0.0.0.0:30001"),
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	if err := (&IPTables{Runner: f}).Sync([]Portal{p}); err != nil {
+		t.Fatal(err)
+	}
+	in := pkt("tcp", lbIP, 80)
+	in.Src = netip.MustParseAddr("10.1.2.3")
+	if got := f.Trace("PREROUTING", in); len(got) != 1 || got[0].Redirect != 30001 {
+		t.Fatalf("allowed source: %+v", got)
+	}
+	out := in
+	out.Src = netip.MustParseAddr("192.0.2.9")
+	if got := f.Trace("PREROUTING", out); len(got) != 1 || got[0] != (iptables.Outcome{}) {
+		t.Fatalf("source outside the ranges was captured: %+v", got)
+	}
+}
