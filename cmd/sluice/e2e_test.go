@@ -284,7 +284,7 @@ func endToEnd(t *testing.T, engine string) {
 
 	// Hot reload: scale down to one endpoint.
 	writeFile(t, file, manifest(np, unp, bport, uport, "127.0.0.2"))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "e2e/web:")
 	for i := 0; i < 4; i++ {
 		if got := get(t, url); got != "b2" {
 			t.Fatalf("after scale-down got %q, want b2", got)

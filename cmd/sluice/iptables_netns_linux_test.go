@@ -416,7 +416,7 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	}
 	// The range no longer admits the client: its packets are dropped.
 	writeFile(t, filepath.Join(dir, "lb.yaml"), strings.Replace(lbManifest, "RANGE", "10.0.0.0/8", 1))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "e2e/guarded:http")
 	if got := b.tries("tcp", "203.0.113.20:80", 1)[0]; !strings.Contains(got, "Timeout") {
 		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
 	}

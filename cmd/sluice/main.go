@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -406,6 +407,27 @@ type applier struct {
 	mu        sync.Mutex
 	err       error
 	published bool
+	last      *lb.Snapshot // the previous Publish, for the changed-ports log
+}
+
+// changedPorts names the service ports that differ between two snapshots
+// (added, removed or changed), sorted.
+func changedPorts(prev, next *lb.Snapshot) []string {
+	var out []string
+	for name, sp := range next.Ports {
+		if prev == nil || !reflect.DeepEqual(prev.Ports[name], sp) {
+			out = append(out, name.String()+"/"+string(name.Protocol))
+		}
+	}
+	if prev != nil {
+		for name := range prev.Ports {
+			if _, ok := next.Ports[name]; !ok {
+				out = append(out, name.String()+"/"+string(name.Protocol))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (a *applier) Publish(snap *lb.Snapshot) {
@@ -425,6 +447,8 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 		}
 	}
 	a.mu.Lock()
+	changed := changedPorts(a.last, snap)
+	a.last = snap
 	a.err = err
 	if !a.published {
 		a.published = true
@@ -434,7 +458,11 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	took := time.Since(start)
 	a.metrics.Synced(took, time.Now())
 	a.health.Updated()
-	a.log.Info("state applied", "servicePorts", len(snap.Ports), "took", took)
+	shown := changed
+	if len(shown) > 8 {
+		shown = shown[:8]
+	}
+	a.log.Info("state applied", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
 }
 
 // Unchanged: a re-read found nothing new; what is applied is current.

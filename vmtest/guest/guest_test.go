@@ -210,12 +210,12 @@ func TestIPVSModeInVM(t *testing.T) {
 	// IP; once the range excludes it, its connections are dropped.
 	both(t, "LB IP from an allowed source", b.tally("tcp", "203.0.113.20:80", 10))
 	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "10.0.0.0/8", 1))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "vm/guarded:http")
 	if got := b.ask("tcp", "203.0.113.20:80"); !strings.Contains(got, "timeout") {
 		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
 	}
 	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "vm/guarded:http")
 
 	// Masquerade (ipsets + iptables): the client is outside --cluster-cidr,
 	// so backends see the node's address, through the ClusterIP and the
@@ -246,7 +246,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	// connections skip it; when it comes back it has weight 1 again.
 	key := ipvs.Key{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: lb.TCP}
 	sh(t, dir, "svc.yaml", strings.NewReplacer("- addresses: [ENDPOINT2]\n", "", "HOLD2", "10.244.0.6").Replace(ipvsManifest))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "vm/web:http")
 	weight := func() (int, []ipvs.Real) {
 		reals, err := k.Reals(key)
 		must(t, err)
@@ -264,7 +264,7 @@ func TestIPVSModeInVM(t *testing.T) {
 		t.Fatalf("after removal: %v, want only 10.244.0.5", m)
 	}
 	sh(t, dir, "svc.yaml", full)
-	p.waitLog("state applied")
+	p.waitLog("state applied", "vm/web:http")
 	if w, reals := weight(); w != 1 {
 		t.Fatalf("returned real server: weight %d, want 1: %+v", w, reals)
 	}
@@ -286,7 +286,7 @@ func TestIPVSModeInVM(t *testing.T) {
 		t.Fatalf("held connections went to %s and %s, want both endpoints", n1, n2)
 	}
 	sh(t, dir, "svc.yaml", strings.NewReplacer("ENDPOINT2", "10.244.0.6", "- addresses: [HOLD2]\n", "").Replace(ipvsManifest))
-	p.waitLog("state applied")
+	p.waitLog("state applied", "vm/hold:hold")
 	reals, err := k.Reals(holdKey)
 	must(t, err)
 	if len(reals) != 2 {
