@@ -96,6 +96,30 @@ func probeFamilies(backend string) []ipFamily {
 	return out
 }
 
+// loopbackWarner warns, once per service port, about endpoints on
+// loopback addresses: the kernel modes' DNAT cannot reach them (the API
+// server refuses them; manifests do not).
+type loopbackWarner struct {
+	mode   string
+	log    *slog.Logger
+	warned map[lb.ServicePortName]bool
+}
+
+func (w *loopbackWarner) check(snap *lb.Snapshot) {
+	if w.warned == nil {
+		w.warned = map[lb.ServicePortName]bool{}
+	}
+	for name, sp := range snap.Ports {
+		for _, ep := range sp.Endpoints {
+			if ep.Addr.Addr().IsLoopback() && !w.warned[name] {
+				w.warned[name] = true
+				w.log.Warn("endpoints on loopback addresses are not reachable in "+w.mode+" mode (use userspace mode for them)",
+					"service", name.String(), "endpoint", ep.Addr.String())
+			}
+		}
+	}
+}
+
 // iptablesPlane programs iptables per family. Each Apply is a full sync;
 // a failed sync is retried, and a vanished canary (a firewall reload)
 // forces a resync, every --iptables-sync-period.
@@ -108,9 +132,10 @@ type iptablesPlane struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu     sync.Mutex
-	last   *lb.Snapshot
-	failed bool
+	mu       sync.Mutex
+	last     *lb.Snapshot
+	failed   bool
+	loopback loopbackWarner
 }
 
 func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
@@ -162,6 +187,8 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last = snap
+	p.loopback.mode, p.loopback.log = "iptables", p.log
+	p.loopback.check(snap)
 	var errs []error
 	nodePortAddrs := p.nodePortAddrs()
 	nodeIPs := p.local.list()

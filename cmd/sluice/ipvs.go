@@ -36,8 +36,9 @@ type ipvsPlane struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu   sync.Mutex
-	last *lb.Snapshot
+	mu       sync.Mutex
+	last     *lb.Snapshot
+	loopback loopbackWarner
 }
 
 // newIPVSPlane returns an error wrapping ipvs.ErrUnavailable when the
@@ -137,6 +138,8 @@ func (p *ipvsPlane) Apply(snap *lb.Snapshot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last = snap
+	p.loopback.mode, p.loopback.log = "ipvs", p.log
+	p.loopback.check(snap)
 	nodeIPs := p.nodeIPs(snap)
 	var errs []error
 	var bind []netip.Addr
