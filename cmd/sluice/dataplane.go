@@ -187,6 +187,21 @@ func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last = snap
+	return p.applyLocked(snap)
+}
+
+// reapply applies the newest snapshot again, read under the lock it is
+// applied under: a resync never puts an older state back over a newer one.
+func (p *iptablesPlane) reapply() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil {
+		return nil
+	}
+	return p.applyLocked(p.last)
+}
+
+func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.mode, p.loopback.log = "iptables", p.log
 	p.loopback.check(snap)
 	var errs []error
@@ -241,6 +256,8 @@ func (p *iptablesPlane) loop(every time.Duration) {
 		if last == nil {
 			continue
 		}
+		// (The checks below only decide whether to resync; reapply takes the
+		// newest state itself.)
 		reason := ""
 		if failed {
 			reason = "the last sync failed"
@@ -254,7 +271,7 @@ func (p *iptablesPlane) loop(every time.Duration) {
 			continue
 		}
 		p.log.Warn("iptables: full resync", "why", reason)
-		if err := p.Apply(last); err != nil {
+		if err := p.reapply(); err != nil {
 			p.log.Error("iptables resync failed", "err", err)
 		} else {
 			p.log.Info("iptables: resynced")

@@ -138,6 +138,22 @@ func (p *ipvsPlane) Apply(snap *lb.Snapshot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.last = snap
+	return p.applyLocked(snap)
+}
+
+// reapply applies the newest snapshot again. It reads it under the same
+// lock it applies under, so a resync can never re-apply an older state
+// over a newer one.
+func (p *ipvsPlane) reapply() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil {
+		return nil
+	}
+	return p.applyLocked(p.last)
+}
+
+func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.mode, p.loopback.log = "ipvs", p.log
 	p.loopback.check(snap)
 	nodeIPs := p.nodeIPs(snap)
@@ -200,13 +216,8 @@ func (p *ipvsPlane) loop() {
 				}
 			}
 		case <-resync.C:
-			p.mu.Lock()
-			last := p.last
-			p.mu.Unlock()
-			if last != nil {
-				if err := p.Apply(last); err != nil {
-					p.log.Error("IPVS resync failed", "err", err)
-				}
+			if err := p.reapply(); err != nil {
+				p.log.Error("IPVS resync failed", "err", err)
 			}
 		}
 	}
