@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,7 +63,7 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 			if want == portals.MethodBind {
 				why = []string{"forced by --userspace-capture; service IPs are assigned to " + where}
 			}
-			log.Info("userspace VIP capture: bind", "why", joinReasons(why))
+			log.Info("userspace VIP capture: bind", "why", strings.Join(why, "; "))
 			srv.ListenOnVIPs = true
 			return &bindCapture{binder: b}, nil
 		}
@@ -74,19 +75,8 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 	if want == portals.MethodNone {
 		reasons = []string{"forced by --userspace-capture; ClusterIPs are reachable only through their proxy ports"}
 	}
-	log.Info("userspace VIP capture: none", "why", joinReasons(reasons))
+	log.Info("userspace VIP capture: none", "why", strings.Join(reasons, "; "))
 	return noCapture{}, nil
-}
-
-func joinReasons(rs []string) string {
-	out := ""
-	for i, r := range rs {
-		if i > 0 {
-			out += "; "
-		}
-		out += r
-	}
-	return out
 }
 
 type noCapture struct{}

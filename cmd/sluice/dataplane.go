@@ -155,7 +155,8 @@ func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
 }
 
 func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*iptablesPlane, error) {
-	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		loopback: loopbackWarner{mode: "iptables", log: log}}
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
 		r := fam.runner
 		if err := fam.err; err != nil {
@@ -202,7 +203,6 @@ func (p *iptablesPlane) reapply() error {
 }
 
 func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
-	p.loopback.mode, p.loopback.log = "iptables", p.log
 	p.loopback.check(snap)
 	var errs []error
 	nodePortAddrs := p.nodePortAddrs()

@@ -76,13 +76,9 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 			log.Warn("IPVS mode: timeouts not set", "err", err)
 		}
 	}
-	var exclude []netip.Prefix
-	for _, c := range ip.ExcludeCIDRs {
-		if pf, err := netip.ParsePrefix(c); err == nil {
-			exclude = append(exclude, pf)
-		}
-	}
-	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	exclude := ipvsExcludeCIDRs(cfg)
+	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		loopback: loopbackWarner{mode: "ipvs", log: log}}
 	sets := &ipvs.IPSetExec{}
 	if _, err := sets.List(); err != nil {
 		k.Close()
@@ -154,7 +150,6 @@ func (p *ipvsPlane) reapply() error {
 }
 
 func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
-	p.loopback.mode, p.loopback.log = "ipvs", p.log
 	p.loopback.check(snap)
 	nodeIPs := p.nodeIPs(snap)
 	var errs []error
@@ -251,6 +246,17 @@ func (p *ipvsPlane) Dump() any {
 
 func (p *ipvsPlane) Tick() {}
 
+// ipvsExcludeCIDRs parses --ipvs-exclude-cidrs (validated at start-up).
+func ipvsExcludeCIDRs(cfg *config.Config) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cfg.KubeProxy.IPVS.ExcludeCIDRs {
+		if pf, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, pf)
+		}
+	}
+	return out
+}
+
 // cleanupIPVS removes IPVS mode's iptables rules and ipsets, then deletes
 // every virtual server outside --ipvs-exclude-cidrs (as kube-proxy's
 // cleanup flushes IPVS) and kube-ipvs0, when the kernel has IPVS at all.
@@ -279,33 +285,15 @@ func cleanupIPVS(cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer k.Close()
-	var exclude []netip.Prefix
-	for _, c := range cfg.KubeProxy.IPVS.ExcludeCIDRs {
-		if pf, err := netip.ParsePrefix(c); err == nil {
-			exclude = append(exclude, pf)
-		}
-	}
-	svcs, err := k.Services()
-	if err != nil {
-		return err
-	}
 	errs := nfErrs
-	for _, s := range svcs {
-		skip := false
-		for _, c := range exclude {
-			skip = skip || c.Contains(s.Addr)
-		}
-		if !skip {
-			if err := k.DeleteService(s.Key); err != nil {
-				errs = append(errs, fmt.Errorf("delete virtual server %s: %w", s.Key, err))
-			}
-		}
+	if err := ipvs.Cleanup(k, ipvsExcludeCIDRs(cfg)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := (portals.Netlink{}).DeleteLink(ipvsInterface); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		log.Info("cleanup: IPVS virtual servers and kube-ipvs0 removed", "virtualServers", len(svcs))
+		log.Info("cleanup: IPVS virtual servers outside --ipvs-exclude-cidrs and kube-ipvs0 removed")
 	}
 	return errors.Join(errs...)
 }

@@ -415,7 +415,9 @@ type applier struct {
 func changedPorts(prev, next *lb.Snapshot) []string {
 	var out []string
 	for name, sp := range next.Ports {
-		if prev == nil || !reflect.DeepEqual(prev.Ports[name], sp) {
+		// The same pointer is the same port (the API source reuses the ports
+		// of Services that did not change); only other ones are compared.
+		if prev == nil || (prev.Ports[name] != sp && !reflect.DeepEqual(prev.Ports[name], sp)) {
 			out = append(out, name.String()+"/"+string(name.Protocol))
 		}
 	}

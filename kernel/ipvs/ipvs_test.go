@@ -200,3 +200,16 @@ func TestFakeRefuses(t *testing.T) {
 		t.Fatal("deleted a missing real server")
 	}
 }
+
+func TestCleanupKeepsExcluded(t *testing.T) {
+	f := NewFake()
+	keep := Key{netip.MustParseAddr("172.30.0.1"), 443, lb.TCP}
+	f.AddService(Service{Key: keep, Scheduler: "rr"})
+	f.AddService(Service{Key: Key{netip.MustParseAddr("10.96.0.1"), 80, lb.TCP}, Scheduler: "rr"})
+	if err := Cleanup(f, []netip.Prefix{netip.MustParsePrefix("172.30.0.0/16")}); err != nil {
+		t.Fatal(err)
+	}
+	if svcs, _ := f.Services(); len(svcs) != 1 || svcs[0].Key != keep {
+		t.Fatalf("after cleanup: %+v", svcs)
+	}
+}

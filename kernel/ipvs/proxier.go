@@ -213,15 +213,19 @@ func (p *Proxier) Drain() (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// Cleanup deletes every virtual server of the table, as kube-proxy's
-// cleanup flushes IPVS.
-func Cleanup(k Kernel) error {
+// Cleanup deletes every virtual server of the table outside exclude
+// (--ipvs-exclude-cidrs), as kube-proxy's cleanup flushes IPVS.
+func Cleanup(k Kernel, exclude []netip.Prefix) error {
 	svcs, err := k.Services()
 	if err != nil {
 		return err
 	}
+	p := &Proxier{ExcludeCIDRs: exclude}
 	var errs []error
 	for _, s := range svcs {
+		if p.excluded(s.Addr) {
+			continue
+		}
 		if err := k.DeleteService(s.Key); err != nil {
 			errs = append(errs, fmt.Errorf("delete virtual server %s: %w", s.Key, err))
 		}
