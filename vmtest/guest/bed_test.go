@@ -219,19 +219,29 @@ func (b *bed) backends(name string, port int, ips ...string) {
 	}
 }
 
+// answerWithin bounds a request that should be answered. It covers one
+// retransmission of a lost SYN (1 s) or SCTP INIT (RTO.Initial, 3 s):
+// under emulation on a busy host a handshake packet can be late or lost,
+// and a real client would retry it.
+const answerWithin = 10 * time.Second
+
 // ask sends one request from the client namespace and returns the answer
 // or "error: ...".
-func (b *bed) ask(proto, addr string) string {
+func (b *bed) ask(proto, addr string) string { return b.askWithin(proto, addr, answerWithin) }
+
+// askWithin is ask with a deadline: a short one where the request is
+// expected to be dropped.
+func (b *bed) askWithin(proto, addr string, d time.Duration) string {
 	var out string
 	err := inNS(b.client, func() error {
 		switch proto {
 		case "tcp":
-			c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+			c, err := net.DialTimeout("tcp", addr, d)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(3 * time.Second))
+			c.SetDeadline(time.Now().Add(d))
 			bs, err := io.ReadAll(c)
 			out = string(bs)
 			return err
@@ -241,7 +251,7 @@ func (b *bed) ask(proto, addr string) string {
 				return err
 			}
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(3 * time.Second))
+			c.SetDeadline(time.Now().Add(d))
 			c.Write([]byte("ping"))
 			buf := make([]byte, 2048)
 			n, err := c.Read(buf)
@@ -250,7 +260,7 @@ func (b *bed) ask(proto, addr string) string {
 		case "sctp":
 			// listeners.DialSCTP: a poller-driven connect with a real deadline
 			// (the library's own connect retries after EINTR into EISCONN).
-			c, err := listeners.DialSCTP(netip.MustParseAddrPort(addr), 3*time.Second)
+			c, err := listeners.DialSCTP(netip.MustParseAddrPort(addr), d)
 			if err != nil {
 				return err
 			}
@@ -265,8 +275,8 @@ func (b *bed) ask(proto, addr string) string {
 			select { // the library has no read deadlines: bound it with a timer
 			case err := <-done:
 				return err
-			case <-time.After(5 * time.Second):
-				return fmt.Errorf("sctp %s: no answer in 5s", addr)
+			case <-time.After(d):
+				return fmt.Errorf("sctp %s: no answer in %s", addr, d)
 			}
 		}
 		return fmt.Errorf("unknown protocol %s", proto)
@@ -283,11 +293,11 @@ func (b *bed) holdTCP(addr string) (*net.TCPConn, string) {
 	var c net.Conn
 	must(b.t, inNS(b.client, func() error {
 		var err error
-		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
+		c, err = net.DialTimeout("tcp", addr, answerWithin)
 		return err
 	}))
 	buf := make([]byte, 64)
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	c.SetReadDeadline(time.Now().Add(answerWithin))
 	n, err := c.Read(buf)
 	must(b.t, err)
 	return c.(*net.TCPConn), string(buf[:n])
@@ -298,7 +308,8 @@ func (b *bed) tally(proto, addr string, n int) map[string]int {
 	for i := 0; i < n; i++ {
 		a := b.ask(proto, addr)
 		if strings.HasPrefix(a, "error: ") {
-			b.t.Logf("%s %s: %s", proto, addr, a)
+			conns, _ := os.ReadFile("/proc/net/ip_vs_conn") // empty without IPVS
+			b.t.Logf("%s %s: %s\nIPVS connections:\n%s", proto, addr, a, conns)
 			a = "error"
 		}
 		m[a]++

@@ -211,7 +211,7 @@ func TestIPVSModeInVM(t *testing.T) {
 	both(t, "LB IP from an allowed source", b.tally("tcp", "203.0.113.20:80", 10))
 	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "10.0.0.0/8", 1))
 	p.waitLog("state applied", "vm/guarded:http")
-	if got := b.ask("tcp", "203.0.113.20:80"); !strings.Contains(got, "timeout") {
+	if got := b.askWithin("tcp", "203.0.113.20:80", 3*time.Second); !strings.Contains(got, "timeout") {
 		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
 	}
 	sh(t, dir, "lb.yaml", strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
