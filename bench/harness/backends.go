@@ -17,7 +17,8 @@ import (
 )
 
 // Backends are the servers every system forwards to, run in the harness
-// process on loopback. Each kind has three instances.
+// process (their sockets in the topology's backend namespace). Each kind
+// has three instances.
 type Backends struct {
 	Echo      []netip.AddrPort // TCP echo
 	HTTP      []netip.AddrPort // HTTP 204 with X-Backend: <index>
@@ -28,13 +29,14 @@ type Backends struct {
 	Refusing  netip.AddrPort   // nothing listens
 	Blackhole netip.AddrPort   // full accept queue: SYNs are dropped
 
+	topo    *Topology
 	closers []func()
 	wg      sync.WaitGroup
 }
 
-// StartBackends starts every backend.
-func StartBackends() (*Backends, error) {
-	b := &Backends{}
+// StartBackends starts every backend on t's backend address.
+func StartBackends(t *Topology) (*Backends, error) {
+	b := &Backends{topo: t}
 	for i := 0; i < 3; i++ {
 		steps := []func(int) error{b.echo, b.http, b.udp, b.push, b.halfClose}
 		for _, f := range steps {
@@ -49,7 +51,7 @@ func StartBackends() (*Backends, error) {
 		b.Close()
 		return nil, err
 	}
-	if b.Refusing, err = refusingAddr(); err != nil {
+	if b.Refusing, err = b.refusingAddr(); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -69,8 +71,20 @@ func (b *Backends) Close() {
 	b.wg.Wait()
 }
 
+// listen opens a TCP listener on the backend address, in the backend
+// namespace.
+func (b *Backends) listen() (*net.TCPListener, error) {
+	var ln *net.TCPListener
+	err := b.topo.inBackend(func() error {
+		var err error
+		ln, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(b.topo.Backend, 0)))
+		return err
+	})
+	return ln, err
+}
+
 func (b *Backends) serveTCP(handle func(*net.TCPConn)) (netip.AddrPort, error) {
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	ln, err := b.listen()
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
@@ -133,7 +147,7 @@ func (b *Backends) halfClose(int) error {
 }
 
 func (b *Backends) http(i int) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := b.listen()
 	if err != nil {
 		return err
 	}
@@ -150,7 +164,12 @@ func (b *Backends) http(i int) error {
 }
 
 func (b *Backends) udp(int) error {
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	var pc *net.UDPConn
+	err := b.topo.inBackend(func() error {
+		var err error
+		pc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.topo.Backend, 0)))
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -175,21 +194,21 @@ func (b *Backends) udp(int) error {
 	return nil
 }
 
-// iperf starts `iperf3 -s` on a free loopback port, stopped with the rest.
+// iperf starts `iperf3 -s` on a free backend port, stopped with the rest.
 func (b *Backends) iperf() error {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		return fmt.Errorf("iperf3 not installed (apt-get install iperf3)")
 	}
-	port, err := FreePort("tcp")
+	port, err := b.topo.FreePort("tcp")
 	if err != nil {
 		return err
 	}
-	p, err := StartProc("iperf3", -1, "iperf3", "-s", "-B", "127.0.0.1", "-p", fmt.Sprint(port))
+	p, err := StartProc("iperf3", -1, b.topo.InBackend("iperf3", "-s", "-B", b.topo.Backend.String(), "-p", fmt.Sprint(port))...)
 	if err != nil {
 		return err
 	}
 	b.closers = append(b.closers, func() { p.Stop(2 * time.Second) })
-	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	addr := netip.AddrPortFrom(b.topo.Backend, port)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if c, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
 			c.Close()
@@ -204,8 +223,10 @@ func (b *Backends) iperf() error {
 	return nil
 }
 
-func refusingAddr() (netip.AddrPort, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// refusingAddr is a backend port nothing listens on: connections to it are
+// refused (a RST).
+func (b *Backends) refusingAddr() (netip.AddrPort, error) {
+	ln, err := b.listen()
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
@@ -214,45 +235,32 @@ func refusingAddr() (netip.AddrPort, error) {
 	return a, nil
 }
 
-// blackhole is a loopback listener with backlog 0 whose queue is filled, so
+// blackhole is a backend listener with backlog 0 whose queue is filled, so
 // the kernel drops further SYNs: a dead pod behind a firewall, without
 // touching any firewall.
 func (b *Backends) blackhole() (netip.AddrPort, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	var fd int
+	err := b.topo.inBackend(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
 	b.closers = append(b.closers, func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: b.topo.Backend.As4()}); err != nil {
 		return netip.AddrPort{}, err
 	}
 	if err := unix.Listen(fd, 0); err != nil {
 		return netip.AddrPort{}, err
 	}
 	sa, _ := unix.Getsockname(fd)
-	a := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+	a := netip.AddrPortFrom(b.topo.Backend, uint16(sa.(*unix.SockaddrInet4).Port))
 	for i := 0; i < 2; i++ {
 		if c, err := net.DialTimeout("tcp", a.String(), 200*1e6); err == nil {
 			b.closers = append(b.closers, func() { c.Close() })
 		}
 	}
 	return a, nil
-}
-
-// FreePort returns a loopback port that was free a moment ago.
-func FreePort(network string) (uint16, error) {
-	if network == "udp" {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		defer pc.Close()
-		return uint16(pc.LocalAddr().(*net.UDPAddr).Port), nil
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port), nil
 }

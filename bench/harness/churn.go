@@ -34,11 +34,12 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 			return nil, err
 		}
 		defer os.RemoveAll(dir)
-		probePort, err := FreePort("tcp")
+		topo := in.Topo
+		probePort, err := topo.FreePort("tcp")
 		if err != nil {
 			return nil, err
 		}
-		loadPort, err := FreePort("tcp")
+		loadPort, err := topo.FreePort("tcp")
 		if err != nil {
 			return nil, err
 		}
@@ -70,13 +71,13 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 		if err := write(httpBackends[0]); err != nil {
 			return nil, err
 		}
-		proc, err := StartProc("sluice-churn", -1, sl.bin, "--manifests", dir, "--bind-address", "127.0.0.1", "--userspace-capture=none",
-			"--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce", "1ms")
+		proc, err := StartProc("sluice-churn", -1, topo.InNode(sl.bin, "--manifests", dir, "--bind-address", topo.LB.String(), "--userspace-capture=none",
+			"--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce", "1ms")...)
 		if err != nil {
 			return nil, err
 		}
 		defer proc.Stop(5 * time.Second)
-		probe := fmt.Sprintf("http://127.0.0.1:%d/", probePort)
+		probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(topo.LB, probePort))
 		client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		backendOf := func() string {
 			resp, err := client.Get(probe)
@@ -110,7 +111,7 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 				default:
 				}
 				t := time.Now()
-				if err := oneShot(fmt.Sprintf("127.0.0.1:%d", loadPort), buf, buf); err != nil {
+				if err := oneShot(netip.AddrPortFrom(topo.LB, loadPort).String(), buf, buf); err != nil {
 					loadErrs.Add(1)
 					continue
 				}

@@ -30,14 +30,14 @@ func TestPercentile(t *testing.T) {
 func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
 	runs := []Run{
 		{Round: 0, Warmup: true, System: "a", Workload: "w", Metrics: Metrics{"x": 1000}},
-		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 3}, CPUSeconds: 1, PeakRSS: 5e6},
-		{Round: 2, System: "a", Workload: "w", Metrics: Metrics{"x": 1}, CPUSeconds: 2},
-		{Round: 3, System: "a", Workload: "w", Metrics: Metrics{"x": 2}, CPUSeconds: 3},
+		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 3}, CPUSeconds: 1, PeakRSS: 5e6, HostCPUSeconds: 9},
+		{Round: 2, System: "a", Workload: "w", Metrics: Metrics{"x": 1}, CPUSeconds: 2, HostCPUSeconds: 4},
+		{Round: 3, System: "a", Workload: "w", Metrics: Metrics{"x": 2}, CPUSeconds: 3, HostCPUSeconds: 7},
 		{Round: 1, System: "b", Workload: "w", Err: "boom"},
 		{Round: 1, System: "c", Workload: "w", NA: true},
 	}
 	s := Summarize(runs)
-	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 || got["lb_peak_rss_MB"] != 5 || len(got) != 3 {
+	if got := s["w"]["a"]; got["x"] != 2 || got["lb_cpu_s"] != 2 || got["lb_peak_rss_MB"] != 5 || got["host_cpu_s"] != 7 || len(got) != 4 {
 		t.Fatalf("medians %v", got)
 	}
 	if m, ok := s["w"]["b"]; !ok || m != nil {
@@ -81,19 +81,20 @@ func TestPeerConfigsAreFair(t *testing.T) {
 	b := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1001"), netip.MustParseAddrPort("127.0.0.1:1002")}
 	svcs := []Service{{Name: "echo", Port: 2001, Backends: b}, {Name: "udp", UDP: true, Port: 2002, Backends: b},
 		{Name: "affinity", Affinity: true, Port: 2003, Backends: b}}
-	h := haproxy{splice: true}.config(svcs)
+	lb := netip.MustParseAddr("10.77.1.1")
+	h := haproxy{splice: true}.config(lb, svcs)
 	for _, want := range []string{"nbthread 2", "timeout connect 250ms", "retries 3", "option redispatch 1", "option splice-auto",
-		"listen echo\n  bind 127.0.0.1:2001\n  balance roundrobin\n  server s0 127.0.0.1:1001\n  server s1 127.0.0.1:1002", "balance source"} {
+		"listen echo\n  bind 10.77.1.1:2001\n  balance roundrobin\n  server s0 127.0.0.1:1001\n  server s1 127.0.0.1:1002", "balance source"} {
 		if !strings.Contains(h, want) {
 			t.Errorf("haproxy config lacks %q:\n%s", want, h)
 		}
 	}
-	if strings.Contains(h, "2002") || strings.Contains(haproxy{}.config(svcs), "splice") {
+	if strings.Contains(h, "2002") || strings.Contains(haproxy{}.config(lb, svcs), "splice") {
 		t.Errorf("haproxy config serves UDP or splices without being asked:\n%s", h)
 	}
-	n := nginx{}.config("/tmp/x", svcs)
+	n := nginx{}.config(lb, "/tmp/x", svcs)
 	for _, want := range []string{"worker_processes 2", "proxy_connect_timeout 250ms", "proxy_next_upstream_tries 3", "proxy_half_close on",
-		"listen 127.0.0.1:2002 udp reuseport", "hash $remote_addr consistent", "load_module " + nginxStreamModule} {
+		"listen 10.77.1.1:2002 udp reuseport", "hash $remote_addr consistent", "load_module " + nginxStreamModule} {
 		if !strings.Contains(n, want) {
 			t.Errorf("nginx config lacks %q:\n%s", want, n)
 		}
@@ -101,6 +102,39 @@ func TestPeerConfigsAreFair(t *testing.T) {
 	if (naive{}).Supports(Service{UDP: true}) || (naive{}).Supports(Service{Affinity: true}) {
 		t.Fatal("the naive proxy does neither UDP nor affinity")
 	}
+}
+
+func TestManifestsKeepKernelModesOffTheOtherSystemsPorts(t *testing.T) {
+	b := []netip.AddrPort{netip.MustParseAddrPort("10.77.2.2:1001")}
+	svcs := []Service{{Name: "echo", Port: 2001, Backends: b, ClusterIP: netip.MustParseAddr("10.96.0.1")},
+		{Name: "affinity", Affinity: true, Port: 2003, Backends: b, ClusterIP: netip.MustParseAddr("10.96.0.2")}}
+	user := manifests(svcs, true)
+	for _, want := range []string{"type: NodePort", "nodePort: 2001", "clusterIP: 10.96.0.1", "sessionAffinity: ClientIP", `addresses: ["10.77.2.2"]`, "port: 1001"} {
+		if !strings.Contains(user, want) {
+			t.Errorf("userspace manifests lack %q:\n%s", want, user)
+		}
+	}
+	kernel := manifests(svcs, false)
+	if strings.Contains(kernel, "nodePort") || strings.Contains(kernel, "NodePort") || !strings.Contains(kernel, "type: ClusterIP") {
+		t.Errorf("kernel-mode manifests must be ClusterIP only (their rules share the node namespace):\n%s", kernel)
+	}
+	if !IsKernelMode(sluiceKernel{}) || IsKernelMode(sluice{}) {
+		t.Fatal("IsKernelMode")
+	}
+	if names := systemNames(Systems(Config{}, Loopback())); strings.Contains(names, "iptables") {
+		t.Errorf("loopback topology runs a kernel mode: %s", names)
+	}
+	if names := systemNames(Systems(Config{}, InNetns("x"))); !strings.Contains(names, "sluice-iptables") {
+		t.Errorf("netns topology lacks the iptables mode: %s", names)
+	}
+}
+
+func systemNames(ss []System) string {
+	var n []string
+	for _, s := range ss {
+		n = append(n, s.Name())
+	}
+	return strings.Join(n, ",")
 }
 
 func TestSummarizeKeepsTheBestRoundOfThePrimaryMetric(t *testing.T) {

@@ -149,3 +149,46 @@ func GroupUsage(pgid int) Usage {
 	}
 	return total
 }
+
+// HostBusySeconds is the machine's busy CPU time so far, summed over CPUs,
+// from /proc/stat: user, nice, system, irq and softirq (where the kernel
+// modes forward); not idle, iowait or the hypervisor's steal.
+func HostBusySeconds() float64 {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(stat), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 || i == 7 { // idle, iowait, steal
+			continue
+		}
+		if i >= 8 { // guest time is already counted in user
+			break
+		}
+		x, _ := strconv.ParseFloat(v, 64)
+		busy += x
+	}
+	return busy / 100 // USER_HZ
+}
+
+// FileLimit is this process's descriptor limit, which every process it
+// starts inherits (sluice-bench raises it as far as it may first).
+func FileLimit() int {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil || l.Cur > 1<<20 {
+		return 1 << 20
+	}
+	return int(l.Cur)
+}
+
+// proxiedConnLimit is how many proxied connections one process fits under
+// FileLimit: two descriptors each, and HAProxy with splice-auto keeps a
+// pipe (two more) for up to a quarter of them: 2.5 per connection, and
+// room for the rest.
+func proxiedConnLimit() int { return max(200, (FileLimit()-1000)*2/5) }

@@ -42,6 +42,7 @@ func Summarize(runs []Run) Summary {
 			vals[r.Workload][r.System][k] = append(vals[r.Workload][r.System][k], v)
 		}
 		vals[r.Workload][r.System]["lb_cpu_s"] = append(vals[r.Workload][r.System]["lb_cpu_s"], r.CPUSeconds)
+		vals[r.Workload][r.System]["host_cpu_s"] = append(vals[r.Workload][r.System]["host_cpu_s"], r.HostCPUSeconds)
 		if r.PeakRSS > 0 {
 			vals[r.Workload][r.System]["lb_peak_rss_MB"] = append(vals[r.Workload][r.System]["lb_peak_rss_MB"], float64(r.PeakRSS)/1e6)
 		}
@@ -114,7 +115,12 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if !o.NoWarmup {
 		md.WriteString(" after one warm-up round")
 	}
-	md.WriteString(". Every system forwards to the same in-process loopback backends; LB CPU-seconds and RSS are of the load balancer's process group. ")
+	if o.Topology != nil && o.Topology.Netns() {
+		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every load balancer in a node namespace (veth, routed), the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")
+		md.WriteString("LB CPU-seconds and RSS are of the load balancer's process group; for the kernel modes that is only the control plane (forwarding is softirq time in the kernel), so compare them on host CPU-seconds (the whole machine's busy time during the run: clients, backends and load balancer together). ")
+	} else {
+		md.WriteString(". Topology `loopback`: every system forwards to the same in-process loopback backends; LB CPU-seconds and RSS are of the load balancer's process group; host CPU-seconds are the whole machine's busy time during the run. ")
+	}
 	if o.LBCPU >= 0 {
 		fmt.Fprintf(&md, "Load balancers were pinned to CPU %d and the harness (clients and backends) to the other CPU.\n\n", o.LBCPU)
 	} else {
@@ -128,13 +134,17 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 		metrics := map[string]bool{}
 		for _, m := range bySys {
 			for k := range m {
-				if k != "lb_cpu_s" && k != "lb_peak_rss_MB" {
+				if k != "lb_cpu_s" && k != "lb_peak_rss_MB" && k != "host_cpu_s" {
 					metrics[k] = true
 				}
 			}
 		}
 		cols := sortedKeys(metrics)
-		fmt.Fprintf(&md, "| system | %s | LB CPU s | LB peak RSS MB | vs direct | vs best peer |\n|---|%s---|---|---|---|\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
+		if len(cols) == 0 {
+			md.WriteString("No system ran it in this mode.\n\n")
+			continue
+		}
+		fmt.Fprintf(&md, "| system | %s | LB CPU s | host CPU s | LB peak RSS MB | vs direct | vs best peer |\n|---|%s---|---|---|---|---|\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
 		peer, peerName := best(bySys, systems, w.Primary, w.Lower)
 		for _, sys := range systems {
 			m, ran := bySys[sys.Name()]
@@ -146,7 +156,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 						status = "error"
 					}
 				}
-				fmt.Fprintf(&md, "%s — | — | — | — |\n", strings.Repeat(" "+status+" |", len(cols)))
+				fmt.Fprintf(&md, "%s — | — | — | — | — |\n", strings.Repeat(" "+status+" |", len(cols)))
 				continue
 			}
 			for _, c := range cols {
@@ -170,7 +180,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 			if v, ok := m["lb_peak_rss_MB"]; ok {
 				rss = fmt.Sprintf("%.1f", v)
 			}
-			fmt.Fprintf(&md, " %.3g | %s | %s | %s |\n", m["lb_cpu_s"], rss, ratio(x, d), ratio(x, peer))
+			fmt.Fprintf(&md, " %.3g | %.3g | %s | %s | %s |\n", m["lb_cpu_s"], m["host_cpu_s"], rss, ratio(x, d), ratio(x, peer))
 		}
 		if peerName != "" {
 			fmt.Fprintf(&md, "\nBest peer: %s.\n", peerName)
@@ -191,7 +201,11 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
 		return "", err
 	}
-	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
+	topo := "loopback"
+	if o.Topology != nil {
+		topo = o.Topology.Name
+	}
+	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "topology": topo, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
 		return "", err
 	}
@@ -223,10 +237,10 @@ func writeCSV(path string, runs []Run) error {
 	}
 	defer f.Close()
 	w := csv.NewWriter(f)
-	w.Write([]string{"round", "warmup", "system", "workload", "metric", "value", "lb_cpu_seconds", "lb_peak_rss_bytes", "error", "not_applicable"})
+	w.Write([]string{"round", "warmup", "system", "workload", "metric", "value", "lb_cpu_seconds", "host_cpu_seconds", "lb_peak_rss_bytes", "error", "not_applicable"})
 	for _, r := range runs {
 		base := []string{fmt.Sprint(r.Round), fmt.Sprint(r.Warmup), r.System, r.Workload}
-		tail := []string{fmt.Sprint(r.CPUSeconds), fmt.Sprint(r.PeakRSS), r.Err, fmt.Sprint(r.NA)}
+		tail := []string{fmt.Sprint(r.CPUSeconds), fmt.Sprint(r.HostCPUSeconds), fmt.Sprint(r.PeakRSS), r.Err, fmt.Sprint(r.NA)}
 		if len(r.Metrics) == 0 {
 			w.Write(append(append(base, "", ""), tail...))
 		}
@@ -338,11 +352,12 @@ func Rerender(dir string) error {
 		return err
 	}
 	var saved struct {
-		Mode    string `json:"mode"`
-		Rounds  int    `json:"rounds"`
-		LBCPU   int    `json:"lb_cpu"`
-		Runs    []Run  `json:"runs"`
-		Machine string `json:"machine"`
+		Mode     string `json:"mode"`
+		Rounds   int    `json:"rounds"`
+		LBCPU    int    `json:"lb_cpu"`
+		Topology string `json:"topology"`
+		Runs     []Run  `json:"runs"`
+		Machine  string `json:"machine"`
 	}
 	if err := json.Unmarshal(data, &saved); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -354,12 +369,15 @@ func Rerender(dir string) error {
 		warm = warm || r.Warmup
 	}
 	var systems []System
-	for _, s := range Systems(Config{}) {
+	for _, s := range Systems(Config{}, nil) {
 		if present[s.Name()] {
 			systems = append(systems, s)
 		}
 	}
-	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, LBCPU: saved.LBCPU, NoWarmup: !warm}
+	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback()}
+	if saved.Topology == "netns" {
+		o.Topology = InNetns("rerendered") // only its name and addresses are used
+	}
 	_, err = Write(dir, o, saved.Runs, systems, saved.Machine)
 	return err
 }

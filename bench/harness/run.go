@@ -27,6 +27,9 @@ type Options struct {
 	Log    io.Writer
 	// Only, when non-empty, restricts the systems by name.
 	Only map[string]bool
+	// Topology is where clients, load balancers and backends live
+	// (Loopback when nil).
+	Topology *Topology
 }
 
 // Run is one workload on one system in one round.
@@ -37,9 +40,12 @@ type Run struct {
 	Workload   string  `json:"workload"`
 	Metrics    Metrics `json:"metrics,omitempty"`
 	CPUSeconds float64 `json:"lb_cpu_seconds"`
-	PeakRSS    int64   `json:"lb_peak_rss_bytes"`
-	Err        string  `json:"error,omitempty"`
-	NA         bool    `json:"not_applicable,omitempty"`
+	// HostCPUSeconds is the machine's busy CPU time during the run (every
+	// process and the kernel's packet processing).
+	HostCPUSeconds float64 `json:"host_cpu_seconds"`
+	PeakRSS        int64   `json:"lb_peak_rss_bytes"`
+	Err            string  `json:"error,omitempty"`
+	NA             bool    `json:"not_applicable,omitempty"`
 }
 
 // Execute runs every workload on every system, in shuffled interleaved
@@ -49,7 +55,11 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	if !ok {
 		return nil, nil, fmt.Errorf("unknown mode %q", o.Mode)
 	}
-	b, err := StartBackends()
+	topo := o.Topology
+	if topo == nil {
+		topo = Loopback()
+	}
+	b, err := StartBackends(topo)
 	if err != nil {
 		return nil, nil, fmt.Errorf("backends: %w", err)
 	}
@@ -64,6 +74,9 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		{Name: "affinity", Affinity: true, Backends: b.HTTP},
 		{Name: "retry", Backends: []netip.AddrPort{b.Refusing, b.Blackhole, b.Echo[0]}},
 	}
+	for i := range services {
+		services[i].ClusterIP = netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})
+	}
 	var systems []System
 	var instances []*Instance
 	defer func() {
@@ -71,11 +84,11 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 			in.Stop()
 		}
 	}()
-	for _, sys := range Systems(o.Config) {
+	for _, sys := range Systems(o.Config, topo) {
 		if len(o.Only) > 0 && !o.Only[sys.Name()] {
 			continue
 		}
-		in, err := Launch(sys, filepath.Join(o.Dir, "systems", sys.Name()), services, o.LBCPU)
+		in, err := Launch(sys, topo, filepath.Join(o.Dir, "systems", sys.Name()), services, o.LBCPU)
 		if err != nil {
 			return nil, nil, fmt.Errorf("start %s: %w", sys.Name(), err)
 		}
@@ -110,12 +123,12 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				runs = append(runs, r)
 				continue
 			}
-			u0 := p.in.Usage()
+			u0, h0 := p.in.Usage(), HostBusySeconds()
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			m, err := p.w.Run(wctx, p.in, size)
 			cancel()
-			u1 := p.in.Usage()
-			r.Metrics, r.CPUSeconds, r.PeakRSS = m, u1.CPUSeconds-u0.CPUSeconds, u1.PeakRSS
+			u1, h1 := p.in.Usage(), HostBusySeconds()
+			r.Metrics, r.CPUSeconds, r.PeakRSS, r.HostCPUSeconds = m, u1.CPUSeconds-u0.CPUSeconds, u1.PeakRSS, h1-h0
 			switch {
 			case errors.Is(err, errNotApplicable):
 				r.NA, r.Metrics = true, nil

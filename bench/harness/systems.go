@@ -13,13 +13,16 @@ import (
 	"time"
 )
 
-// Service is one frontend every system serves, on 127.0.0.1:Port.
+// Service is one frontend every system serves: the userspace load
+// balancers on the topology's LB address and Port, the kernel modes on
+// ClusterIP:80.
 type Service struct {
-	Name     string
-	UDP      bool
-	Affinity bool // ClientIP affinity (or the peer's nearest: balance source, hash $remote_addr)
-	Backends []netip.AddrPort
-	Port     uint16
+	Name      string
+	UDP       bool
+	Affinity  bool // ClientIP affinity (or the peer's nearest: balance source, hash $remote_addr)
+	Backends  []netip.AddrPort
+	Port      uint16
+	ClusterIP netip.Addr
 }
 
 // System is one load balancer (or none) under test.
@@ -29,9 +32,20 @@ type System interface {
 	Peer() bool
 	// Supports reports whether it can serve s at all; "n/a" otherwise.
 	Supports(s Service) bool
-	// Start serves svcs; dir is its private scratch directory. A nil Proc
-	// means nothing runs (direct).
-	Start(dir string, svcs []Service, cpu int) (*Proc, error)
+	// Start serves svcs in t; dir is its private scratch directory. A nil
+	// Proc means nothing runs (direct).
+	Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error)
+}
+
+// kernelMode is a system whose data path is the kernel's: its process is
+// only the control plane, so the process's CPU and memory say nothing of
+// the forwarding cost (see the host CPU column).
+type kernelMode interface{ kernel() }
+
+// IsKernelMode reports whether sys forwards in the kernel.
+func IsKernelMode(sys System) bool {
+	_, ok := sys.(kernelMode)
+	return ok
 }
 
 // Config names the binaries the systems need.
@@ -40,34 +54,34 @@ type Config struct {
 	Self   string // path to this harness binary (for the naive proxy)
 }
 
-// Systems returns every system, in report order.
-func Systems(c Config) []System {
-	return []System{
+// Systems returns every system t can run, in report order: the kernel
+// modes only in the namespace topology.
+func Systems(c Config, t *Topology) []System {
+	all := []System{
 		direct{},
 		sluice{bin: c.Sluice, engine: "eventloop"},
 		sluice{bin: c.Sluice, engine: "goroutine"},
-		naive{self: c.Self},
-		haproxy{},
-		haproxy{splice: true},
-		nginx{},
 	}
+	if t == nil || t.Netns() {
+		all = append(all, sluiceKernel{bin: c.Sluice, mode: "iptables"})
+	}
+	return append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
 }
 
 type direct struct{}
 
-func (direct) Name() string                                { return "direct" }
-func (direct) Peer() bool                                  { return false }
-func (direct) Supports(s Service) bool                     { return !s.Affinity }
-func (direct) Start(string, []Service, int) (*Proc, error) { return nil, nil }
+func (direct) Name() string                                           { return "direct" }
+func (direct) Peer() bool                                             { return false }
+func (direct) Supports(s Service) bool                                { return !s.Affinity }
+func (direct) Start(*Topology, string, []Service, int) (*Proc, error) { return nil, nil }
 
-type sluice struct{ bin, engine string }
-
-func (s sluice) Name() string        { return "sluice-" + s.engine }
-func (sluice) Peer() bool            { return false }
-func (sluice) Supports(Service) bool { return true }
-func (s sluice) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+// manifests renders svcs as Kubernetes Services and EndpointSlices for
+// sluice's --manifests: NodePort Services on each Port for the userspace
+// engines, ClusterIP-only ones for the kernel modes (whose rules must not
+// catch the other systems' ports in the shared node namespace).
+func manifests(svcs []Service, nodePorts bool) string {
 	var m strings.Builder
-	for i, svc := range svcs {
+	for _, svc := range svcs {
 		proto := "TCP"
 		if svc.UDP {
 			proto = "UDP"
@@ -76,20 +90,54 @@ func (s sluice) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
 		if svc.Affinity {
 			aff = "\n  sessionAffinity: ClientIP"
 		}
-		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 10.96.%d.%d%s\n  ports: [{name: p, port: 80, protocol: %s, nodePort: %d}]\n---\n",
-			svc.Name, i/250, i%250+1, aff, proto, svc.Port)
+		typ, nodePort := "ClusterIP", ""
+		if nodePorts {
+			typ, nodePort = "NodePort", fmt.Sprintf(", nodePort: %d", svc.Port)
+		}
+		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: bench}\nspec:\n  type: %s\n  clusterIP: %s%s\n  ports: [{name: p, port: 80, protocol: %s%s}]\n---\n",
+			svc.Name, typ, svc.ClusterIP, aff, proto, nodePort)
 		for j, b := range svc.Backends {
 			fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-%d, namespace: bench, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d, protocol: %s}]\nendpoints: [{addresses: [%q]}]\n---\n",
 				svc.Name, j, svc.Name, b.Port(), proto, b.Addr())
 		}
 	}
+	return m.String()
+}
+
+type sluice struct{ bin, engine string }
+
+func (s sluice) Name() string        { return "sluice-" + s.engine }
+func (sluice) Peer() bool            { return false }
+func (sluice) Supports(Service) bool { return true }
+func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
 	file := filepath.Join(dir, "services.yaml")
-	if err := os.WriteFile(file, []byte(m.String()), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(manifests(svcs, true)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(s.Name(), cpu, s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
-		"--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=",
-		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")
+	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
+		"--bind-address", t.LB.String(), "--healthz-bind-address=", "--metrics-bind-address=",
+		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")...)
+}
+
+// sluiceKernel is sluice in a kernel mode: it programs the node
+// namespace's netfilter and the kernel forwards (ClusterIP DNAT, no
+// masquerade: the backends route replies back through the node).
+type sluiceKernel struct{ bin, mode string }
+
+func (s sluiceKernel) Name() string        { return "sluice-" + s.mode }
+func (sluiceKernel) Peer() bool            { return false }
+func (sluiceKernel) Supports(Service) bool { return true }
+func (sluiceKernel) kernel()               {}
+func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+	if !t.Netns() {
+		return nil, fmt.Errorf("%s needs --topology netns", s.Name())
+	}
+	file := filepath.Join(dir, "services.yaml")
+	if err := os.WriteFile(file, []byte(manifests(svcs, false)), 0o644); err != nil {
+		return nil, err
+	}
+	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--proxy-mode", s.mode, "--manifests", file,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0")...)
 }
 
 // naive is the baseline: a goroutine pair and io.Copy per connection, as
@@ -99,7 +147,7 @@ type naive struct{ self string }
 func (naive) Name() string            { return "naive-go" }
 func (naive) Peer() bool              { return true }
 func (naive) Supports(s Service) bool { return !s.UDP && !s.Affinity }
-func (n naive) Start(_ string, svcs []Service, cpu int) (*Proc, error) {
+func (n naive) Start(t *Topology, _ string, svcs []Service, cpu int) (*Proc, error) {
 	args := []string{n.self, "naive-proxy"}
 	for _, s := range svcs {
 		if !n.Supports(s) {
@@ -109,12 +157,15 @@ func (n naive) Start(_ string, svcs []Service, cpu int) (*Proc, error) {
 		for _, b := range s.Backends {
 			bs = append(bs, b.String())
 		}
-		args = append(args, fmt.Sprintf("127.0.0.1:%d=%s", s.Port, strings.Join(bs, ",")))
+		args = append(args, fmt.Sprintf("%s=%s", netip.AddrPortFrom(t.LB, s.Port), strings.Join(bs, ",")))
 	}
-	return StartProc(n.Name(), cpu, args...)
+	return StartProc(n.Name(), cpu, t.InNode(args...)...)
 }
 
-type haproxy struct{ splice bool }
+type haproxy struct {
+	splice  bool
+	maxconn int // 0: proxiedConnLimit()
+}
 
 func (h haproxy) Name() string {
 	if h.splice {
@@ -124,23 +175,28 @@ func (h haproxy) Name() string {
 }
 func (haproxy) Peer() bool              { return true }
 func (haproxy) Supports(s Service) bool { return !s.UDP } // no UDP in HAProxy OSS
-func (h haproxy) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+func (h haproxy) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
 	if _, err := exec.LookPath("haproxy"); err != nil {
 		return nil, fmt.Errorf("haproxy not installed (apt-get install haproxy)")
 	}
 	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(h.config(svcs)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(h.config(t.LB, svcs)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(h.Name(), cpu, "haproxy", "-f", cfg, "-db")
+	return StartProc(h.Name(), cpu, t.InNode("haproxy", "-f", cfg, "-db")...)
 }
 
 // config is the HAProxy configuration: the same threads as sluice's loops
 // (2), the same connect timeout (250ms), retries on another server, no
 // active health checks.
-func (h haproxy) config(svcs []Service) string {
+func (h haproxy) config(lb netip.Addr, svcs []Service) string {
 	var c strings.Builder
-	c.WriteString("global\n  nbthread 2\n  maxconn 7000\ndefaults\n  mode tcp\n  timeout connect 250ms\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n")
+	maxconn := h.maxconn
+	if maxconn == 0 {
+		maxconn = min(25000, proxiedConnLimit())
+	}
+	fmt.Fprintf(&c, "global\n  nbthread 2\n  maxconn %d\n", maxconn)
+	c.WriteString("defaults\n  mode tcp\n  timeout connect 250ms\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n")
 	if h.splice {
 		c.WriteString("  option splice-auto\n")
 	}
@@ -152,7 +208,7 @@ func (h haproxy) config(svcs []Service) string {
 		if s.Affinity {
 			balance = "source"
 		}
-		fmt.Fprintf(&c, "listen %s\n  bind 127.0.0.1:%d\n  balance %s\n", s.Name, s.Port, balance)
+		fmt.Fprintf(&c, "listen %s\n  bind %s\n  balance %s\n", s.Name, netip.AddrPortFrom(lb, s.Port), balance)
 		for i, b := range s.Backends {
 			fmt.Fprintf(&c, "  server s%d %s\n", i, b)
 		}
@@ -169,7 +225,7 @@ func (nginx) Supports(Service) bool { return true }
 // nginxStreamModule is where Debian's libnginx-mod-stream puts the module.
 const nginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
-func (n nginx) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
+func (n nginx) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
 	if _, err := exec.LookPath("nginx"); err != nil {
 		return nil, fmt.Errorf("nginx not installed (apt-get install nginx-light libnginx-mod-stream)")
 	}
@@ -177,18 +233,19 @@ func (n nginx) Start(dir string, svcs []Service, cpu int) (*Proc, error) {
 		return nil, fmt.Errorf("nginx stream module missing (apt-get install libnginx-mod-stream)")
 	}
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(n.config(dir, svcs)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(n.config(t.LB, dir, svcs)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(n.Name(), cpu, "nginx", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")
+	return StartProc(n.Name(), cpu, t.InNode("nginx", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")...)
 }
 
 // config is the nginx stream configuration: 2 workers (sluice's 2 loops),
 // the same connect timeout, up to 3 tries, half-close forwarded.
-func (nginx) config(dir string, svcs []Service) string {
+func (nginx) config(lb netip.Addr, dir string, svcs []Service) string {
 	var c strings.Builder
-	fmt.Fprintf(&c, "load_module %s;\nworker_processes 2;\nworker_rlimit_nofile 19000;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\nevents { worker_connections 9000; }\nstream {\n",
-		nginxStreamModule, dir, dir)
+	fds := min(60000, FileLimit())
+	fmt.Fprintf(&c, "load_module %s;\nworker_processes 2;\nworker_rlimit_nofile %d;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\nevents { worker_connections %d; }\nstream {\n",
+		nginxStreamModule, fds, dir, dir, fds-500)
 	for _, s := range svcs {
 		up := "u_" + strings.ReplaceAll(s.Name, "-", "_")
 		fmt.Fprintf(&c, "  upstream %s {\n", up)
@@ -200,9 +257,9 @@ func (nginx) config(dir string, svcs []Service) string {
 		}
 		c.WriteString("  }\n  server {\n")
 		if s.UDP {
-			fmt.Fprintf(&c, "    listen 127.0.0.1:%d udp reuseport;\n    proxy_timeout 1s;\n", s.Port)
+			fmt.Fprintf(&c, "    listen %s udp reuseport;\n    proxy_timeout 1s;\n", netip.AddrPortFrom(lb, s.Port))
 		} else {
-			fmt.Fprintf(&c, "    listen 127.0.0.1:%d reuseport;\n    proxy_timeout 120s;\n    proxy_half_close on;\n", s.Port)
+			fmt.Fprintf(&c, "    listen %s reuseport;\n    proxy_timeout 120s;\n    proxy_half_close on;\n", netip.AddrPortFrom(lb, s.Port))
 		}
 		fmt.Fprintf(&c, "    proxy_pass %s;\n    proxy_connect_timeout 250ms;\n    proxy_next_upstream on;\n    proxy_next_upstream_tries 3;\n  }\n", up)
 	}
@@ -215,15 +272,19 @@ type Instance struct {
 	System   System
 	Proc     *Proc
 	Services map[string]Service
+	Topo     *Topology
 }
 
 // Addr is where a client reaches service name through this system.
 func (in *Instance) Addr(name string) netip.AddrPort {
 	s := in.Services[name]
-	if in.Proc == nil {
+	switch {
+	case in.Proc == nil:
 		return s.Backends[len(s.Backends)-1] // direct: the last backend is always a good one
+	case IsKernelMode(in.System):
+		return netip.AddrPortFrom(s.ClusterIP, 80)
 	}
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), s.Port)
+	return netip.AddrPortFrom(in.Topo.LB, s.Port)
 }
 
 // Usage is the system's CPU time and memory now (its whole process group).
@@ -234,16 +295,16 @@ func (in *Instance) Usage() Usage {
 	return GroupUsage(in.Proc.PID())
 }
 
-// Launch starts sys on fresh ports for svcs and waits until every TCP
-// frontend accepts connections.
-func Launch(sys System, dir string, svcs []Service, cpu int) (*Instance, error) {
-	in := &Instance{System: sys, Services: map[string]Service{}}
+// Launch starts sys in t on fresh ports for svcs and waits until every
+// TCP frontend accepts connections.
+func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Instance, error) {
+	in := &Instance{System: sys, Services: map[string]Service{}, Topo: t}
 	var served []Service
 	for _, s := range svcs {
 		if !sys.Supports(s) {
 			continue
 		}
-		p, err := FreePort(map[bool]string{true: "udp", false: "tcp"}[s.UDP])
+		p, err := t.FreePort(map[bool]string{true: "udp", false: "tcp"}[s.UDP])
 		if err != nil {
 			return nil, err
 		}
@@ -254,7 +315,7 @@ func Launch(sys System, dir string, svcs []Service, cpu int) (*Instance, error) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	proc, err := sys.Start(dir, served, cpu)
+	proc, err := sys.Start(t, dir, served, cpu)
 	if err != nil {
 		return nil, err
 	}

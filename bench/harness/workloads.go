@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"sort"
@@ -44,7 +45,7 @@ var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
 		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
-		RetryConns: 30, IdleConns: 2000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000},
+		RetryConns: 30, IdleConns: 10000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -71,7 +72,7 @@ func Workloads() []Workload {
 		{"udp-rr", "UDP request/response, 64 B, sequential", "pps", false, "udp", udpRR},
 		{"udp-flows", "UDP: many client tuples at once, one request each (flow set-up)", "flows_per_s", false, "udp", udpFlows},
 		{"connect-retry", "endpoints: refusing, black-holed, good; a new connection per request", "error_pct", true, "retry", retry},
-		{"affinity", "ClientIP affinity from many loopback source IPs", "sticky_pct", false, "affinity", affinity},
+		{"affinity", "ClientIP affinity from many client source IPs", "sticky_pct", false, "affinity", affinity},
 		{"idle-conns", "idle connections held open", "rss_bytes_per_conn", true, "echo", idle},
 		{"slow-reader", "a client that reads 1 MB/s from a backend that writes without end", "rss_growth_MB", true, "push", slowReader},
 		{"half-close", "client shutdown(SHUT_WR), then reads the reply", "pass", false, "halfclose", halfClose},
@@ -122,8 +123,11 @@ func tcpRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 
 // oneShot is one request on a new connection: dial, write msg, read
 // len(buf) bytes back, close.
-func oneShot(addr string, msg, buf []byte) error {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+func oneShot(addr string, msg, buf []byte) error { return oneShotWithin(addr, msg, buf, 5*time.Second) }
+
+// oneShotWithin is oneShot with a connect deadline.
+func oneShotWithin(addr string, msg, buf []byte, connect time.Duration) error {
+	c, err := net.DialTimeout("tcp", addr, connect)
 	if err != nil {
 		return err
 	}
@@ -202,7 +206,9 @@ func retry(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	errs := 0
 	for i := 0; i < sz.RetryConns && ctx.Err() == nil; i++ {
 		t := time.Now()
-		if err := oneShot(addr, msg, buf); err != nil {
+		// 2 s covers any proxy's three 250 ms connect attempts; a client
+		// sent to the black hole itself (direct, the kernel modes) gives up.
+		if err := oneShotWithin(addr, msg, buf, 2*time.Second); err != nil {
 			errs++
 			continue
 		}
@@ -219,10 +225,10 @@ func affinity(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	sticky := 0
 	used := map[string]bool{}
 	for ip := 0; ip < sz.AffinityIPs && ctx.Err() == nil; ip++ {
-		src := fmt.Sprintf("127.0.%d.%d", 1+ip/250, 2+ip%250)
+		src := in.Topo.Sources[ip%len(in.Topo.Sources)]
 		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 			DisableKeepAlives: true,
-			DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext,
+			DialContext:       (&net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}).DialContext,
 		}}
 		seen := map[string]bool{}
 		for r := 0; r < sz.AffinityReqs; r++ {
@@ -242,19 +248,23 @@ func affinity(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 }
 
 func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
-	if in.Proc == nil {
+	if in.Proc == nil || IsKernelMode(in.System) { // no process holds the connections
 		return nil, errNotApplicable
 	}
 	addr := in.Addr("echo").String()
+	// Each proxied connection costs the proxy two descriptors or more,
+	// and the harness two (client and backend): the descriptor limit caps
+	// n, the same for every system, under HAProxy's maxconn.
+	n := min(sz.IdleConns, proxiedConnLimit()-100)
 	before := in.Usage().RSSBytes
-	conns := make([]net.Conn, 0, sz.IdleConns)
+	conns := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range conns {
 			c.Close()
 		}
 	}()
 	buf := []byte{1}
-	for i := 0; i < sz.IdleConns && ctx.Err() == nil; i++ {
+	for i := 0; i < n && ctx.Err() == nil; i++ {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("after %d connections: %w", i, err)
@@ -273,7 +283,7 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 }
 
 func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
-	if in.Proc == nil {
+	if in.Proc == nil || IsKernelMode(in.System) {
 		return nil, errNotApplicable
 	}
 	c, err := net.DialTimeout("tcp", in.Addr("push").String(), 5*time.Second)

@@ -117,6 +117,7 @@ func run() int {
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
+	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces; adds sluice's iptables mode), or auto (netns when root)")
 	rerender := flag.String("rerender", "", "re-write the reports of an earlier run from its results.json, then exit")
 	flag.Parse()
 	if *rerender != "" {
@@ -125,6 +126,27 @@ func run() int {
 			return 1
 		}
 		return 0
+	}
+
+	raiseFileLimit()
+	switch *topology {
+	case "auto":
+		*topology = "loopback"
+		if _, err := exec.LookPath("ip"); err == nil && os.Geteuid() == 0 {
+			*topology = "netns"
+		}
+	case "loopback", "netns":
+	default:
+		fmt.Fprintf(os.Stderr, "sluice-bench: --topology %q: want loopback, netns or auto\n", *topology)
+		return 2
+	}
+	topo := harness.Loopback()
+	if *topology == "netns" {
+		prefix := os.Getenv("SLUICE_BENCH_NETNS")
+		if prefix == "" {
+			return inNetns()
+		}
+		topo = harness.InNetns(prefix)
 	}
 
 	if *rounds == 0 {
@@ -177,7 +199,7 @@ func run() int {
 		return 1
 	}
 	opts := harness.Options{Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
-		Config: harness.Config{Sluice: sl, Self: self}, Log: os.Stdout}
+		Config: harness.Config{Sluice: sl, Self: self}, Log: os.Stdout, Topology: topo}
 	if *only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
@@ -212,6 +234,66 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// inNetns creates the namespace topology, re-runs this command inside its
+// client namespace, and deletes the namespaces when it ends, however it
+// ends (the processes inside die with the harness: Pdeathsig).
+func inNetns() int {
+	prefix := fmt.Sprintf("sluice-bench-%d", os.Getpid())
+	cleanup, err := harness.SetupNetns(prefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+		return 1
+	}
+	defer cleanup()
+	client, _, _ := harness.NetnsNames(prefix)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", client, os.Args[0]}, os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), "SLUICE_BENCH_NETNS="+prefix)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Signals go on to the harness, which stops its systems and writes
+	// what it has; this process waits for it and then cleans up.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+		return 1
+	}
+	go func() {
+		for s := range sigs {
+			cmd.Process.Signal(s)
+		}
+	}()
+	if err := cmd.Wait(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return max(ee.ExitCode(), 1)
+		}
+		fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// raiseFileLimit lifts the descriptor limit that every process started
+// from here inherits: 10k idle connections through a proxy need 20k
+// descriptors in the proxy and as many in the harness. Root may raise the
+// hard limit (up to fs.nr_open); anyone may raise the soft one to it.
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return
+	}
+	if os.Geteuid() == 0 && l.Max < 1<<18 {
+		want := syscall.Rlimit{Cur: 1 << 18, Max: 1 << 18}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want) == nil {
+			return
+		}
+	}
+	l.Cur = l.Max
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 }
 
 // naiveProxy is the baseline: a goroutine pair with io.Copy per
