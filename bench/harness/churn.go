@@ -5,6 +5,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -20,135 +21,228 @@ import (
 // an EndpointSlice edit on disk to the data plane sending new connections to
 // the new endpoint, while a steady stream of new connections runs against
 // another service (errors and p99 under churn). Only sluice has this path
-// (the peers would need a reload); the others are n/a.
+// (the peers would need a reload); the others are n/a. The userspace
+// engines share one control plane, so the event loop stands for both; a
+// kernel mode's number includes its rule sync (iptables-restore).
 func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
-		sl, ok := in.System.(sluice)
-		if !ok || sl.engine != "eventloop" || n > sz.MaxChurn {
-			return nil, errNotApplicable
-		}
-		httpBackends := in.Services["http"].Backends
-		echo := in.Services["echo"].Backends
-		dir, err := os.MkdirTemp("", "sluice-churn-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		topo := in.Topo
-		probePort, err := topo.FreePort("tcp")
-		if err != nil {
-			return nil, err
-		}
-		loadPort, err := topo.FreePort("tcp")
-		if err != nil {
-			return nil, err
-		}
-		file := filepath.Join(dir, "services.yaml")
-		write := func(probe netip.AddrPort) error {
-			var m strings.Builder
-			svc := func(name string, nodePort uint16, eps ...netip.AddrPort) {
-				fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: churn}\nspec:\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: %d}]\n---\n", name, nodePort)
-				fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s, namespace: churn, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d}]\nendpoints:\n", name, name, eps[0].Port())
-				for _, e := range eps {
-					fmt.Fprintf(&m, "- addresses: [%q]\n", e.Addr())
-				}
-				m.WriteString("---\n")
+		switch sl := in.System.(type) {
+		case sluice:
+			if sl.engine != "eventloop" || n > sz.MaxChurn {
+				return nil, errNotApplicable
 			}
-			svc("probe", probePort, probe)
-			svc("load", loadPort, echo[0])
-			// The other services: no NodePort and no clusterIP, so they
-			// cost the control plane (parse, build, diff) but no socket.
-			for i := 0; i < n; i++ {
-				fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: churn}\nspec:\n  ports: [{name: p, port: 80}]\n---\n", i)
-				fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d, namespace: churn, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [\"10.%d.%d.1\"]}, {addresses: [\"10.%d.%d.2\"]}]\n---\n", i, i, i/250%250, i%250, i/250%250, i%250)
+			return userspaceChurn(ctx, in, sl, n, sz)
+		case sluiceKernel:
+			if n > sz.MaxKernelChurn {
+				return nil, errNotApplicable
 			}
-			tmp := file + ".tmp"
-			if err := os.WriteFile(tmp, []byte(m.String()), 0o644); err != nil {
-				return err
-			}
-			return os.Rename(tmp, file)
+			return kernelChurn(ctx, in, n, sz)
 		}
-		if err := write(httpBackends[0]); err != nil {
-			return nil, err
-		}
-		proc, err := StartProc("sluice-churn", -1, topo.InNode(sl.bin, "--manifests", dir, "--bind-address", topo.LB.String(), "--userspace-capture=none",
-			"--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce", "1ms")...)
-		if err != nil {
-			return nil, err
-		}
-		defer proc.Stop(5 * time.Second)
-		probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(topo.LB, probePort))
-		client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-		backendOf := func() string {
-			resp, err := client.Get(probe)
-			if err != nil {
-				return ""
-			}
-			resp.Body.Close()
-			return resp.Header.Get("X-Backend")
-		}
-		deadline := time.Now().Add(2 * time.Minute)
-		for backendOf() != "0" {
-			if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
-				return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		// Steady load on another service while the endpoints churn.
-		var loadErrs atomic.Int64
-		var loadMu sync.Mutex
-		var loadLat []time.Duration
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 64)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				t := time.Now()
-				if err := oneShot(netip.AddrPortFrom(topo.LB, loadPort).String(), buf, buf); err != nil {
-					loadErrs.Add(1)
-					continue
-				}
-				loadMu.Lock()
-				loadLat = append(loadLat, time.Since(t))
-				loadMu.Unlock()
-			}
-		}()
-		flips := 3
-		if sz.RRMessages > 5000 {
-			flips = 6
-		}
-		var effect []time.Duration
-		for i := 1; i <= flips && ctx.Err() == nil; i++ {
-			want := fmt.Sprint(i % 2)
-			t := time.Now()
-			if err := write(httpBackends[i%2]); err != nil {
-				return nil, err
-			}
-			for backendOf() != want {
-				if time.Since(t) > time.Minute {
-					close(stop)
-					wg.Wait()
-					return nil, fmt.Errorf("update %d never took effect with %d services", i, n)
-				}
-			}
-			effect = append(effect, time.Since(t))
-		}
-		close(stop)
-		wg.Wait()
-		sort.Slice(effect, func(i, j int) bool { return effect[i] < effect[j] })
-		sort.Slice(loadLat, func(i, j int) bool { return loadLat[i] < loadLat[j] })
-		return Metrics{
-			"update_p50_ms": float64(effect[len(effect)/2].Microseconds()) / 1e3,
-			"update_max_ms": float64(effect[len(effect)-1].Microseconds()) / 1e3,
-			"load_errors":   float64(loadErrs.Load()),
-			"load_p99_us":   percentile(loadLat, 99),
-		}, nil
+		return nil, errNotApplicable
 	}
+}
+
+// churnManifest renders the churn services: the probe (one endpoint, which
+// the flips move), an optional load service, and n others that cost the
+// control plane (parse, build, diff; in a kernel mode, their rules).
+func churnManifest(n int, probe svcSpec, load *svcSpec, fillerClusterIPs bool) string {
+	var m strings.Builder
+	svc := func(s svcSpec) {
+		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: churn}\nspec:\n", s.name)
+		if s.nodePort != 0 {
+			fmt.Fprintf(&m, "  type: NodePort\n  ports: [{name: p, port: 80, nodePort: %d}]\n---\n", s.nodePort)
+		} else {
+			fmt.Fprintf(&m, "  clusterIP: %s\n  ports: [{name: p, port: 80}]\n---\n", s.clusterIP)
+		}
+		fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s, namespace: churn, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d}]\nendpoints:\n", s.name, s.name, s.endpoint.Port())
+		fmt.Fprintf(&m, "- addresses: [%q]\n---\n", s.endpoint.Addr())
+	}
+	svc(probe)
+	if load != nil {
+		svc(*load)
+	}
+	for i := 0; i < n; i++ {
+		// Without a clusterIP (userspace) they cost no socket; with one
+		// (kernel modes) they cost their chains, as in a real cluster.
+		cip := ""
+		if fillerClusterIPs {
+			cip = fmt.Sprintf("\n  clusterIP: 10.97.%d.%d", i/250, i%250+1)
+		}
+		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: churn}\nspec:%s\n  ports: [{name: p, port: 80}]\n---\n", i, cip)
+		fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d, namespace: churn, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [\"172.20.%d.%d\"]}, {addresses: [\"172.21.%d.%d\"]}]\n---\n", i, i, i/250, i%250, i/250, i%250)
+	}
+	return m.String()
+}
+
+type svcSpec struct {
+	name      string
+	nodePort  uint16     // userspace: the port the engine listens on
+	clusterIP netip.Addr // kernel modes
+	endpoint  netip.AddrPort
+}
+
+// writeAtomically replaces file in one rename, so a watcher never reads
+// half of it.
+func writeAtomically(file, content string) error {
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+// backendOf asks url which HTTP backend answers ("" on any error).
+func backendOf(client *http.Client, url string) string {
+	resp, err := client.Get(url)
+	if err != nil {
+		return ""
+	}
+	resp.Body.Close()
+	return resp.Header.Get("X-Backend")
+}
+
+func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size) (Metrics, error) {
+	topo := in.Topo
+	httpBackends := in.Services["http"].Backends
+	echo := in.Services["echo"].Backends
+	dir, err := os.MkdirTemp("", "sluice-churn-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	probePort, err := topo.FreePort("tcp")
+	if err != nil {
+		return nil, err
+	}
+	loadPort, err := topo.FreePort("tcp")
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "services.yaml")
+	write := func(probe netip.AddrPort) error {
+		return writeAtomically(file, churnManifest(n, svcSpec{name: "probe", nodePort: probePort, endpoint: probe},
+			&svcSpec{name: "load", nodePort: loadPort, endpoint: echo[0]}, false))
+	}
+	if err := write(httpBackends[0]); err != nil {
+		return nil, err
+	}
+	proc, err := StartProc("sluice-churn", -1, topo.InNode(sl.bin, "--manifests", dir, "--bind-address", topo.LB.String(), "--userspace-capture=none",
+		"--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce", "1ms")...)
+	if err != nil {
+		return nil, err
+	}
+	defer proc.Stop(5 * time.Second)
+	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(topo.LB, probePort))
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(2 * time.Minute)
+	for backendOf(client, probe) != "0" {
+		if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
+			return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	}
+	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) },
+		netip.AddrPortFrom(topo.LB, loadPort).String())
+}
+
+// kernelChurn adds n services and a probe to the running kernel-mode
+// instance's manifests directory, measures the flips, and takes them out
+// again (waiting until the probe's rules are gone).
+func kernelChurn(ctx context.Context, in *Instance, n int, sz Size) (Metrics, error) {
+	httpBackends := in.Services["http"].Backends
+	file := filepath.Join(in.Dir, "manifests", "churn.yaml")
+	probeIP := netip.MustParseAddr("10.96.1.1")
+	write := func(probe netip.AddrPort) error {
+		return writeAtomically(file, churnManifest(n, svcSpec{name: "probe", clusterIP: probeIP, endpoint: probe}, nil, true))
+	}
+	if err := write(httpBackends[0]); err != nil {
+		return nil, err
+	}
+	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(probeIP, 80))
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	defer func() {
+		os.Remove(file)
+		// Until the probe's rules are gone, so the next workload meets the
+		// usual rule set (a gone ClusterIP is unroutable at the node).
+		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			c, err := net.DialTimeout("tcp", probeIP.String()+":80", 500*time.Millisecond)
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	deadline := time.Now().Add(3 * time.Minute)
+	for backendOf(client, probe) != "0" {
+		if exited, _ := in.Proc.Exited(); exited || time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	}
+	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
+}
+
+// flips moves the probe's endpoint back and forth with write, timing each
+// move until backendOf sees it, while new connections run against load.
+func flips(ctx context.Context, n int, sz Size, write func(netip.AddrPort) error, httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, error) {
+	var loadErrs atomic.Int64
+	var loadMu sync.Mutex
+	var loadLat []time.Duration
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 64)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			t := time.Now()
+			if err := oneShot(load, buf, buf); err != nil {
+				loadErrs.Add(1)
+				continue
+			}
+			loadMu.Lock()
+			loadLat = append(loadLat, time.Since(t))
+			loadMu.Unlock()
+		}
+	}()
+	count := 3
+	if sz.RRMessages > 5000 {
+		count = 6
+	}
+	var effect []time.Duration
+	for i := 1; i <= count && ctx.Err() == nil; i++ {
+		want := fmt.Sprint(i % 2)
+		t := time.Now()
+		if err := write(httpBackends[i%2]); err != nil {
+			close(stop)
+			wg.Wait()
+			return nil, err
+		}
+		for backendOf() != want {
+			if time.Since(t) > time.Minute {
+				close(stop)
+				wg.Wait()
+				return nil, fmt.Errorf("update %d never took effect with %d services", i, n)
+			}
+		}
+		effect = append(effect, time.Since(t))
+	}
+	close(stop)
+	wg.Wait()
+	if len(effect) == 0 {
+		return nil, ctx.Err()
+	}
+	sort.Slice(effect, func(i, j int) bool { return effect[i] < effect[j] })
+	sort.Slice(loadLat, func(i, j int) bool { return loadLat[i] < loadLat[j] })
+	return Metrics{
+		"update_p50_ms": float64(effect[len(effect)/2].Microseconds()) / 1e3,
+		"update_max_ms": float64(effect[len(effect)-1].Microseconds()) / 1e3,
+		"load_errors":   float64(loadErrs.Load()),
+		"load_p99_us":   percentile(loadLat, 99),
+	}, nil
 }

@@ -298,6 +298,8 @@ func Targets(sum Summary, systems []System) string {
 	up, np := get("udp-rr", u, "pps"), get("udp-rr", "nginx", "pps")
 	drops := get("udp-rr", u, "drops") + get("udp-flows", u, "lost")
 	fmt.Fprintf(&b, "| UDP pps at least 1.5× nginx, no drops | %.0f vs %.0f pps (%s), %.0f drops | %s |\n", up, np, ratio(up, np), drops, check(up >= 1.5*np && drops == 0, !math.IsNaN(up) && !math.IsNaN(np)))
+	loss := get("udp-paced", u, "loss_pct")
+	fmt.Fprintf(&b, "| no UDP drops at a moderate rate (%d datagrams/s) | %.2f %% lost | %s |\n", udpPacedRate, loss, check(loss == 0, !math.IsNaN(loss)))
 	rss := get("idle-conns", u, "rss_bytes_per_conn")
 	fmt.Fprintf(&b, "| at most 2 KiB RSS per idle connection | %.0f B | %s |\n", rss, check(rss <= 2048, !math.IsNaN(rss)))
 	g := get("slow-reader", u, "rss_growth_MB")

@@ -132,12 +132,16 @@ func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*
 	if !t.Netns() {
 		return nil, fmt.Errorf("%s needs --topology netns", s.Name())
 	}
-	file := filepath.Join(dir, "services.yaml")
-	if err := os.WriteFile(file, []byte(manifests(svcs, false)), 0o644); err != nil {
+	// A directory: the churn workloads add their services beside these.
+	mdir := filepath.Join(dir, "manifests")
+	if err := os.MkdirAll(mdir, 0o755); err != nil {
 		return nil, err
 	}
-	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--proxy-mode", s.mode, "--manifests", file,
-		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0")...)
+	if err := os.WriteFile(filepath.Join(mdir, "services.yaml"), []byte(manifests(svcs, false)), 0o644); err != nil {
+		return nil, err
+	}
+	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--proxy-mode", s.mode, "--manifests", mdir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0", "--manifest-coalesce", "1ms")...)
 }
 
 // naive is the baseline: a goroutine pair and io.Copy per connection, as
@@ -273,6 +277,7 @@ type Instance struct {
 	Proc     *Proc
 	Services map[string]Service
 	Topo     *Topology
+	Dir      string // the system's scratch directory
 }
 
 // Addr is where a client reaches service name through this system.
@@ -298,7 +303,7 @@ func (in *Instance) Usage() Usage {
 // Launch starts sys in t on fresh ports for svcs and waits until every
 // TCP frontend accepts connections.
 func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Instance, error) {
-	in := &Instance{System: sys, Services: map[string]Service{}, Topo: t}
+	in := &Instance{System: sys, Services: map[string]Service{}, Topo: t, Dir: dir}
 	var served []Service
 	for _, s := range svcs {
 		if !sys.Supports(s) {

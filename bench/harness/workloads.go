@@ -37,15 +37,16 @@ type Size struct {
 	AffinityIPs    int
 	AffinityReqs   int
 	MaxChurn       int // largest service count the churn workloads load
+	MaxKernelChurn int // the same for the kernel modes (each adds its rule sync)
 }
 
 // Modes are the run sizes: smoke proves the harness works (under 2
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
-		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000},
+		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
-		RetryConns: 30, IdleConns: 10000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000},
+		RetryConns: 30, IdleConns: 10000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -70,6 +71,7 @@ func Workloads() []Workload {
 		{"iperf3-up", "iperf3 -P1, client to server", "Gbit_per_s", false, "iperf", iperf(false)},
 		{"iperf3-down", "iperf3 -P1 -R, server to client", "Gbit_per_s", false, "iperf", iperf(true)},
 		{"udp-rr", "UDP request/response, 64 B, sequential", "pps", false, "udp", udpRR},
+		{"udp-paced", "UDP at a set moderate rate (8 flows, 10k datagrams/s in all), replies counted", "loss_pct", true, "udp", udpPaced},
 		{"udp-flows", "UDP: many client tuples at once, one request each (flow set-up)", "flows_per_s", false, "udp", udpFlows},
 		{"connect-retry", "endpoints: refusing, black-holed, good; a new connection per request", "error_pct", true, "retry", retry},
 		{"affinity", "ClientIP affinity from many client source IPs", "sticky_pct", false, "affinity", affinity},
@@ -396,6 +398,75 @@ func iperf(reverse bool) func(ctx context.Context, in *Instance, sz Size) (Metri
 		}
 		return Metrics{"Gbit_per_s": res.End.SumReceived.BitsPerSecond / 1e9}, nil
 	}
+}
+
+// udpPacedRate is the "moderate rate" of the UDP drop target, in
+// datagrams per second over all flows; udpPacedFlows share it.
+const (
+	udpPacedRate  = 10000
+	udpPacedFlows = 8
+)
+
+// udpPaced sends at udpPacedRate for the workload's duration, spread over
+// udpPacedFlows client sockets, and counts the replies: what a proxy loses
+// when it is not the bottleneck of a request/response loop.
+func udpPaced(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("udp").String()
+	dur := sz.CRRDuration
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < udpPacedFlows; i++ {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 2048)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					return // the deadline after the last send
+				}
+				got.Add(1)
+			}
+		}()
+	}
+	msg := make([]byte, 64)
+	sent := 0
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	for ctx.Err() == nil {
+		el := time.Since(start)
+		if el >= dur {
+			break
+		}
+		// Catch up to the rate: a late tick sends what it owes.
+		for due := int(el.Seconds() * udpPacedRate); sent < due; sent++ {
+			conns[sent%len(conns)].Write(msg)
+		}
+		<-tick.C
+	}
+	tick.Stop()
+	elapsed := time.Since(start)
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(500 * time.Millisecond)) // stragglers
+	}
+	wg.Wait()
+	if sent == 0 {
+		return nil, ctx.Err()
+	}
+	lost := sent - int(got.Load())
+	return Metrics{"loss_pct": 100 * float64(max(lost, 0)) / float64(sent), "lost": float64(max(lost, 0)), "sent_per_s": float64(sent) / elapsed.Seconds()}, nil
 }
 
 // udpFlows opens many client sockets at once; each sends one datagram and
