@@ -27,16 +27,16 @@ import (
 func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		switch sl := in.System.(type) {
+		case sluiceKernel:
+			if n > sz.MaxKernelChurn {
+				return nil, errNotApplicable
+			}
+			return kernelChurn(ctx, in, sl.mode, n, sz)
 		case sluice:
 			if sl.engine != "eventloop" || n > sz.MaxChurn {
 				return nil, errNotApplicable
 			}
 			return userspaceChurn(ctx, in, sl, n, sz)
-		case sluiceKernel:
-			if n > sz.MaxKernelChurn {
-				return nil, errNotApplicable
-			}
-			return kernelChurn(ctx, in, n, sz)
 		}
 		return nil, errNotApplicable
 	}
@@ -45,7 +45,7 @@ func churn(n int) func(ctx context.Context, in *Instance, sz Size) (Metrics, err
 // churnManifest renders the churn services: the probe (one endpoint, which
 // the flips move), an optional load service, and n others that cost the
 // control plane (parse, build, diff; in a kernel mode, their rules).
-func churnManifest(n int, probe svcSpec, load *svcSpec, fillerClusterIPs bool) string {
+func churnManifest(n int, probe svcSpec, load *svcSpec, fillerClusterIP func(i int) netip.Addr) string {
 	var m strings.Builder
 	svc := func(s svcSpec) {
 		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: churn}\nspec:\n", s.name)
@@ -65,8 +65,8 @@ func churnManifest(n int, probe svcSpec, load *svcSpec, fillerClusterIPs bool) s
 		// Without a clusterIP (userspace) they cost no socket; with one
 		// (kernel modes) they cost their chains, as in a real cluster.
 		cip := ""
-		if fillerClusterIPs {
-			cip = fmt.Sprintf("\n  clusterIP: 10.97.%d.%d", i/250, i%250+1)
+		if fillerClusterIP != nil {
+			cip = fmt.Sprintf("\n  clusterIP: %s", fillerClusterIP(i))
 		}
 		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: churn}\nspec:%s\n  ports: [{name: p, port: 80}]\n---\n", i, cip)
 		fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d, namespace: churn, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [\"172.20.%d.%d\"]}, {addresses: [\"172.21.%d.%d\"]}]\n---\n", i, i, i/250, i%250, i/250, i%250)
@@ -121,7 +121,7 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	file := filepath.Join(dir, "services.yaml")
 	write := func(probe netip.AddrPort) error {
 		return writeAtomically(file, churnManifest(n, svcSpec{name: "probe", nodePort: probePort, endpoint: probe},
-			&svcSpec{name: "load", nodePort: loadPort, endpoint: echo[0]}, false))
+			&svcSpec{name: "load", nodePort: loadPort, endpoint: echo[0]}, nil))
 	}
 	if err := write(httpBackends[0]); err != nil {
 		return nil, err
@@ -148,12 +148,13 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 // kernelChurn adds n services and a probe to the running kernel-mode
 // instance's manifests directory, measures the flips, and takes them out
 // again (waiting until the probe's rules are gone).
-func kernelChurn(ctx context.Context, in *Instance, n int, sz Size) (Metrics, error) {
+func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size) (Metrics, error) {
 	httpBackends := in.Services["http"].Backends
 	file := filepath.Join(in.Dir, "manifests", "churn.yaml")
-	probeIP := netip.MustParseAddr("10.96.1.1")
+	probeIP := in.Topo.ClusterIP(mode, 1, 0)
+	filler := func(i int) netip.Addr { return in.Topo.ClusterIP(mode, 8, i) }
 	write := func(probe netip.AddrPort) error {
-		return writeAtomically(file, churnManifest(n, svcSpec{name: "probe", clusterIP: probeIP, endpoint: probe}, nil, true))
+		return writeAtomically(file, churnManifest(n, svcSpec{name: "probe", clusterIP: probeIP, endpoint: probe}, nil, filler))
 	}
 	if err := write(httpBackends[0]); err != nil {
 		return nil, err
@@ -163,7 +164,8 @@ func kernelChurn(ctx context.Context, in *Instance, n int, sz Size) (Metrics, er
 	defer func() {
 		os.Remove(file)
 		// Until the probe's rules are gone, so the next workload meets the
-		// usual rule set (a gone ClusterIP is unroutable at the node).
+		// usual rule set (a gone ClusterIP is unroutable at the node; IPVS
+		// mode's address leaves kube-ipvs0 with it).
 		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			c, err := net.DialTimeout("tcp", probeIP.String()+":80", 500*time.Millisecond)
 			if err != nil {

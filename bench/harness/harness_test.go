@@ -124,8 +124,18 @@ func TestManifestsKeepKernelModesOffTheOtherSystemsPorts(t *testing.T) {
 	if names := systemNames(Systems(Config{}, Loopback())); strings.Contains(names, "iptables") {
 		t.Errorf("loopback topology runs a kernel mode: %s", names)
 	}
-	if names := systemNames(Systems(Config{}, InNetns("x"))); !strings.Contains(names, "sluice-iptables") {
-		t.Errorf("netns topology lacks the iptables mode: %s", names)
+	nt := InNetns("x", "iptables", "ipvs")
+	if names := systemNames(Systems(Config{}, nt)); !strings.Contains(names, "sluice-iptables") || !strings.Contains(names, "sluice-ipvs") {
+		t.Errorf("netns topology lacks a kernel mode: %s", names)
+	}
+	// Each kernel mode serves its own ClusterIP range (the client routes
+	// it to that mode's node), apart from the churn workloads' ranges.
+	a, c := nt.ClusterIP("iptables", 0, 0), nt.ClusterIP("ipvs", 0, 0)
+	if a == c || a.As4()[1] == c.As4()[1] || nt.ClusterIP("iptables", 8, 9999).As4()[1] != a.As4()[1] || nt.ClusterIP("iptables", 1, 0) == a {
+		t.Errorf("kernel-mode ClusterIPs overlap: %s %s", a, c)
+	}
+	if argv := nt.InKernelNode("ipvs", "sluice"); strings.Join(argv, " ") != "ip netns exec x-ipvs sluice" {
+		t.Errorf("InKernelNode: %v", argv)
 	}
 }
 

@@ -123,7 +123,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				runs = append(runs, r)
 				continue
 			}
-			u0, h0 := p.in.Usage(), HostBusySeconds()
+			u0, h0, t0 := p.in.Usage(), HostBusySeconds(), time.Now()
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			m, err := p.w.Run(wctx, p.in, size)
 			cancel()
@@ -139,7 +139,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				return runs, systems, fmt.Errorf("%s exited during %s: %v\n%s", r.System, r.Workload, perr, p.in.Proc.Output())
 			}
 			if o.Log != nil {
-				fmt.Fprintf(o.Log, "round %d  %-15s %-17s %s\n", round, r.System, r.Workload, r.short())
+				fmt.Fprintf(o.Log, "round %d  %-15s %-17s %s (%s)\n", round, r.System, r.Workload, r.short(), time.Since(t0).Round(10*time.Millisecond))
 			}
 			runs = append(runs, r)
 		}

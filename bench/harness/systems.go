@@ -52,6 +52,9 @@ func IsKernelMode(sys System) bool {
 type Config struct {
 	Sluice string // path to bin/sluice
 	Self   string // path to this harness binary (for the naive proxy)
+	// IPTablesBackend is passed to the kernel modes as --iptables-backend
+	// (empty: sluice's own detection).
+	IPTablesBackend string
 }
 
 // Systems returns every system t can run, in report order: the kernel
@@ -62,8 +65,12 @@ func Systems(c Config, t *Topology) []System {
 		sluice{bin: c.Sluice, engine: "eventloop"},
 		sluice{bin: c.Sluice, engine: "goroutine"},
 	}
-	if t == nil || t.Netns() {
-		all = append(all, sluiceKernel{bin: c.Sluice, mode: "iptables"})
+	if t != nil {
+		for _, mode := range t.KernelModes() {
+			all = append(all, sluiceKernel{bin: c.Sluice, mode: mode, backend: c.IPTablesBackend})
+		}
+	} else { // report order for re-rendering
+		all = append(all, sluiceKernel{mode: "iptables"}, sluiceKernel{mode: "ipvs"})
 	}
 	return append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
 }
@@ -119,18 +126,18 @@ func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, 
 		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")...)
 }
 
-// sluiceKernel is sluice in a kernel mode: it programs the node
-// namespace's netfilter and the kernel forwards (ClusterIP DNAT, no
-// masquerade: the backends route replies back through the node).
-type sluiceKernel struct{ bin, mode string }
+// sluiceKernel is sluice in a kernel mode: it programs its own node
+// namespace (netfilter, IPVS) and the kernel forwards (ClusterIP, no
+// masquerade: the backends route replies back through that node).
+type sluiceKernel struct{ bin, mode, backend string }
 
 func (s sluiceKernel) Name() string        { return "sluice-" + s.mode }
 func (sluiceKernel) Peer() bool            { return false }
 func (sluiceKernel) Supports(Service) bool { return true }
 func (sluiceKernel) kernel()               {}
 func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
-	if !t.Netns() {
-		return nil, fmt.Errorf("%s needs --topology netns", s.Name())
+	if _, ok := t.kernelNode(s.mode); !ok {
+		return nil, fmt.Errorf("%s needs --topology netns (a node namespace of its own)", s.Name())
 	}
 	// A directory: the churn workloads add their services beside these.
 	mdir := filepath.Join(dir, "manifests")
@@ -140,8 +147,14 @@ func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*
 	if err := os.WriteFile(filepath.Join(mdir, "services.yaml"), []byte(manifests(svcs, false)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--proxy-mode", s.mode, "--manifests", mdir,
-		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0", "--manifest-coalesce", "1ms")...)
+	// No fallback: a sluice-ipvs that quietly ran iptables mode would
+	// report the wrong mode's numbers.
+	args := []string{s.bin, "--proxy-mode", s.mode, "--mode-fallback=false", "--manifests", mdir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0", "--ipvs-min-sync-period=0", "--manifest-coalesce", "1ms"}
+	if s.backend != "" {
+		args = append(args, "--iptables-backend", s.backend)
+	}
+	return StartProc(s.Name(), cpu, t.InKernelNode(s.mode, args...)...)
 }
 
 // naive is the baseline: a goroutine pair and io.Copy per connection, as
@@ -287,7 +300,7 @@ func (in *Instance) Addr(name string) netip.AddrPort {
 	case in.Proc == nil:
 		return s.Backends[len(s.Backends)-1] // direct: the last backend is always a good one
 	case IsKernelMode(in.System):
-		return netip.AddrPortFrom(s.ClusterIP, 80)
+		return netip.AddrPortFrom(s.ClusterIP, 80) // Launch gave it the mode's range
 	}
 	return netip.AddrPortFrom(in.Topo.LB, s.Port)
 }
@@ -314,6 +327,9 @@ func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Inst
 			return nil, err
 		}
 		s.Port = p
+		if k, ok := sys.(sluiceKernel); ok {
+			s.ClusterIP = t.ClusterIP(k.mode, 0, len(served))
+		}
 		in.Services[s.Name] = s
 		served = append(served, s)
 	}

@@ -21,12 +21,16 @@ import (
 // balancer and the backends share the machine's loopback. The kernel modes
 // cannot take part: their DNAT does not reach loopback endpoints.
 //
-// "netns" (root): three private network namespaces joined by veth pairs,
-// client (this harness and its load generators) - node (every load
-// balancer, sluice's kernel modes included) - backend (the backends). The
-// node routes between the two links; nothing has a route out of the
+// "netns" (root): private network namespaces joined by veth pairs, client
+// (this harness and its load generators) - node (every userspace load
+// balancer) - backend (the backends). Each kernel mode gets a node of its
+// own, joined to the same client and backend namespaces by links of its
+// own (two kernel modes in one namespace would fight over the same
+// chains), and serves its own ClusterIP range, which the client routes to
+// it; the backend routes replies to that client link back through it.
+// The nodes route between their links; nothing has a route out of the
 // machine, and the machine's own namespace is never touched. Every system
-// is measured across the same two hops.
+// is measured across the same two veth hops.
 type Topology struct {
 	Name string
 	// LB is the address the userspace load balancers listen on.
@@ -37,9 +41,51 @@ type Topology struct {
 	Sources []netip.Addr
 
 	nodeNS, backendNS string // named namespaces; empty on loopback
+	// kernel holds each kernel mode's node, in order.
+	kernel []kernelNode
 
 	mu       sync.Mutex
 	nextPort uint16
+}
+
+// kernelNode is the node namespace of one kernel mode.
+type kernelNode struct {
+	mode string
+	ns   string
+	net  byte // the mode's ClusterIPs are 10.<net>.0.0/16
+	link byte // its links: 10.77.<link>.0/24 to the client, <link>+1 to the backend
+}
+
+// KernelModes lists the kernel modes that have a node.
+func (t *Topology) KernelModes() []string {
+	var out []string
+	for _, k := range t.kernel {
+		out = append(out, k.mode)
+	}
+	return out
+}
+
+func (t *Topology) kernelNode(mode string) (kernelNode, bool) {
+	for _, k := range t.kernel {
+		if k.mode == mode {
+			return k, true
+		}
+	}
+	return kernelNode{}, false
+}
+
+// ClusterIP is the address of the i-th service (from 0) in mode's range;
+// sub picks a /24 inside it (0: the benchmark's services; others for the
+// churn workloads).
+func (t *Topology) ClusterIP(mode string, sub, i int) netip.Addr {
+	k, _ := t.kernelNode(mode)
+	return netip.AddrFrom4([4]byte{10, k.net, byte(sub + i/250), byte(i%250 + 1)})
+}
+
+// InKernelNode prefixes argv so that it runs in mode's node namespace.
+func (t *Topology) InKernelNode(mode string, argv ...string) []string {
+	k, _ := t.kernelNode(mode)
+	return append([]string{"ip", "netns", "exec", k.ns}, argv...)
 }
 
 // Netns reports whether the run uses the namespace topology.
@@ -73,21 +119,25 @@ func NetnsNames(prefix string) (client, node, backend string) {
 }
 
 // InNetns is the namespace topology, as seen from inside the client
-// namespace that SetupNetns made for prefix.
-func InNetns(prefix string) *Topology {
+// namespace that SetupNetns made for prefix and kernelModes.
+func InNetns(prefix string, kernelModes ...string) *Topology {
 	_, node, backend := NetnsNames(prefix)
 	t := &Topology{Name: "netns", LB: netnsNodeC, Backend: netnsBackend, nodeNS: node, backendNS: backend, nextPort: 20000}
 	for i := 0; i < affinitySources; i++ {
 		t.Sources = append(t.Sources, netip.AddrFrom4([4]byte{10, 77, 1, byte(10 + i)}))
 	}
+	for j, mode := range kernelModes {
+		t.kernel = append(t.kernel, kernelNode{mode: mode, ns: prefix + "-" + mode, net: byte(100 + j), link: byte(10 + 2*j)})
+	}
 	return t
 }
 
-// SetupNetns creates the namespace topology for prefix and returns a
-// function that deletes it. Every link is created inside the namespaces
-// (a veth's peer goes straight into its namespace), so the machine's own
-// namespace never holds any of it, even for a moment.
-func SetupNetns(prefix string) (cleanup func(), err error) {
+// SetupNetns creates the namespace topology for prefix, with a node for
+// each of kernelModes, and returns a function that deletes it. Every link
+// is created inside the namespaces (a veth's peer goes straight into its
+// namespace), so the machine's own namespace never holds any of it, even
+// for a moment.
+func SetupNetns(prefix string, kernelModes ...string) (cleanup func(), err error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("--topology netns needs root (it creates network namespaces)")
 	}
@@ -95,14 +145,19 @@ func SetupNetns(prefix string) (cleanup func(), err error) {
 		return nil, fmt.Errorf("--topology netns needs ip (apt-get install iproute2)")
 	}
 	client, node, backend := NetnsNames(prefix)
+	topo := InNetns(prefix, kernelModes...)
+	all := []string{client, node, backend}
+	for _, k := range topo.kernel {
+		all = append(all, k.ns)
+	}
 	cleanup = func() {
-		for _, ns := range []string{client, node, backend} {
+		for _, ns := range all {
 			exec.Command("ip", "netns", "del", ns).Run()
 		}
 	}
 	var cmds [][]string
 	add := func(args string) { cmds = append(cmds, strings.Fields(args)) }
-	for _, ns := range []string{client, node, backend} {
+	for _, ns := range all {
 		add("netns add " + ns)
 		add("-n " + ns + " link set lo up")
 	}
@@ -113,7 +168,7 @@ func SetupNetns(prefix string) (cleanup func(), err error) {
 	add("-n " + node + " link set c0 up")
 	add("-n " + node + " link set b0 up")
 	add(fmt.Sprintf("-n %s addr add %s/24 dev eth0", client, netnsClient))
-	for _, s := range InNetns(prefix).Sources {
+	for _, s := range topo.Sources {
 		add(fmt.Sprintf("-n %s addr add %s/32 dev eth0", client, s))
 	}
 	add("-n " + client + " link set eth0 up")
@@ -121,17 +176,42 @@ func SetupNetns(prefix string) (cleanup func(), err error) {
 	add(fmt.Sprintf("-n %s addr add %s/24 dev eth0", backend, netnsBackend))
 	add("-n " + backend + " link set eth0 up")
 	add(fmt.Sprintf("-n %s route add default via %s", backend, netnsNodeB))
+	// Each kernel mode's node: links cN (client) and bN (backend), its
+	// ClusterIP range routed to it by the client, and the client link's
+	// subnet routed back through it by the backend.
+	for j, k := range topo.kernel {
+		cl, bl := fmt.Sprintf("10.77.%d", k.link), fmt.Sprintf("10.77.%d", k.link+1)
+		dev := fmt.Sprintf("eth%d", j+1)
+		add(fmt.Sprintf("-n %s link add c0 type veth peer name %s netns %s", k.ns, dev, client))
+		add(fmt.Sprintf("-n %s link add b0 type veth peer name %s netns %s", k.ns, dev, backend))
+		add(fmt.Sprintf("-n %s addr add %s.1/24 dev c0", k.ns, cl))
+		add(fmt.Sprintf("-n %s addr add %s.1/24 dev b0", k.ns, bl))
+		add("-n " + k.ns + " link set c0 up")
+		add("-n " + k.ns + " link set b0 up")
+		add(fmt.Sprintf("-n %s route add %s via %s.2", k.ns, netnsBackend, bl))
+		add(fmt.Sprintf("-n %s addr add %s.2/24 dev %s", client, cl, dev))
+		add(fmt.Sprintf("-n %s link set %s up", client, dev))
+		add(fmt.Sprintf("-n %s route add 10.%d.0.0/16 via %s.1", client, k.net, cl))
+		add(fmt.Sprintf("-n %s addr add %s.2/24 dev %s", backend, bl, dev))
+		add(fmt.Sprintf("-n %s link set %s up", backend, dev))
+		add(fmt.Sprintf("-n %s route add %s.0/24 via %s.1", backend, cl, bl))
+	}
 	for _, c := range cmds {
 		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
 			cleanup()
 			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
 		}
 	}
-	// The node forwards between its links; the sysctl is the node
+	// The nodes forward between their links; the sysctl is each node
 	// namespace's own.
-	if out, err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-		cleanup()
-		return nil, fmt.Errorf("ip_forward in %s: %v: %s", node, err, out)
+	for _, ns := range all[1:] {
+		if ns == backend {
+			continue
+		}
+		if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-w", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("ip_forward in %s: %v: %s", ns, err, out)
+		}
 	}
 	return cleanup, nil
 }

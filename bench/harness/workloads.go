@@ -266,22 +266,37 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		}
 	}()
 	buf := []byte{1}
-	for i := 0; i < n && ctx.Err() == nil; i++ {
+	var failed error
+	for i := 0; i < n && ctx.Err() == nil && failed == nil; i++ {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
-			return nil, fmt.Errorf("after %d connections: %w", i, err)
+			failed = err
+			break
 		}
-		conns = append(conns, c)
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := c.Write(buf); err != nil {
-			return nil, err
+			failed = err
+		} else if _, err := io.ReadFull(c, buf); err != nil {
+			failed = err
 		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return nil, fmt.Errorf("after %d connections: %w", i, err)
+		if failed != nil {
+			c.Close()
+			break
 		}
+		conns = append(conns, c)
 	}
 	after := in.Usage().RSSBytes
-	return Metrics{"rss_bytes_per_conn": float64(after-before) / float64(len(conns)), "conns": float64(len(conns))}, nil
+	if failed != nil && len(conns) < n/10 {
+		return nil, fmt.Errorf("after %d connections: %w", len(conns), failed)
+	}
+	// A system that stopped short (out of descriptors: the goroutine
+	// proxies' idle splices hold a pipe per direction) is measured on the
+	// connections it held; held_all says whether it held all n.
+	held := 1.0
+	if len(conns) < n {
+		held = 0
+	}
+	return Metrics{"rss_bytes_per_conn": float64(after-before) / float64(len(conns)), "conns": float64(len(conns)), "held_all": held}, nil
 }
 
 func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {

@@ -322,8 +322,12 @@ func naiveProxy(args []string) error {
 			defer wg.Done()
 			for {
 				c, err := ln.Accept()
-				if err != nil {
+				if errors.Is(err, net.ErrClosed) {
 					return
+				}
+				if err != nil { // out of descriptors: back off, as net/http does
+					time.Sleep(10 * time.Millisecond)
+					continue
 				}
 				b := bs[(next.Add(1)-1)%uint64(len(bs))]
 				go func() {
