@@ -117,7 +117,9 @@ func run() int {
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
-	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces; adds sluice's iptables mode), or auto (netns when root)")
+	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces, and a node per kernel mode), or auto (netns when root)")
+	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, ipvs), none, or auto (iptables when iptables-restore is installed, ipvs when the kernel has IPVS)")
+	iptablesBackend := flag.String("iptables-backend", "", "passed to sluice's kernel modes (nft or legacy; empty: sluice detects)")
 	rerender := flag.String("rerender", "", "re-write the reports of an earlier run from its results.json, then exit")
 	flag.Parse()
 	if *rerender != "" {
@@ -144,9 +146,18 @@ func run() int {
 	if *topology == "netns" {
 		prefix := os.Getenv("SLUICE_BENCH_NETNS")
 		if prefix == "" {
-			return inNetns()
+			modes, err := chooseKernelModes(*kernelModes)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+				return 2
+			}
+			return inNetns(modes)
 		}
-		topo = harness.InNetns(prefix)
+		var modes []string
+		if m := os.Getenv("SLUICE_BENCH_KERNEL_MODES"); m != "" {
+			modes = strings.Split(m, ",")
+		}
+		topo = harness.InNetns(prefix, modes...)
 	}
 
 	if *rounds == 0 {
@@ -199,7 +210,7 @@ func run() int {
 		return 1
 	}
 	opts := harness.Options{Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
-		Config: harness.Config{Sluice: sl, Self: self}, Log: os.Stdout, Topology: topo}
+		Config: harness.Config{Sluice: sl, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo}
 	if *only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
@@ -236,12 +247,41 @@ func run() int {
 	return 0
 }
 
+// chooseKernelModes resolves --kernel-modes.
+func chooseKernelModes(flagValue string) ([]string, error) {
+	switch flagValue {
+	case "none", "":
+		return nil, nil
+	case "auto":
+		var modes []string
+		for _, b := range []string{"iptables-nft-restore", "iptables-legacy-restore", "iptables-restore"} {
+			if _, err := exec.LookPath(b); err == nil {
+				modes = append(modes, "iptables")
+				break
+			}
+		}
+		if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+			modes = append(modes, "ipvs")
+		}
+		return modes, nil
+	}
+	var modes []string
+	for _, m := range strings.Split(flagValue, ",") {
+		m = strings.TrimSpace(m)
+		if m != "iptables" && m != "ipvs" {
+			return nil, fmt.Errorf("--kernel-modes: %q is not iptables or ipvs", m)
+		}
+		modes = append(modes, m)
+	}
+	return modes, nil
+}
+
 // inNetns creates the namespace topology, re-runs this command inside its
 // client namespace, and deletes the namespaces when it ends, however it
 // ends (the processes inside die with the harness: Pdeathsig).
-func inNetns() int {
+func inNetns(kernelModes []string) int {
 	prefix := fmt.Sprintf("sluice-bench-%d", os.Getpid())
-	cleanup, err := harness.SetupNetns(prefix)
+	cleanup, err := harness.SetupNetns(prefix, kernelModes...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sluice-bench:", err)
 		return 1
@@ -249,7 +289,7 @@ func inNetns() int {
 	defer cleanup()
 	client, _, _ := harness.NetnsNames(prefix)
 	cmd := exec.Command("ip", append([]string{"netns", "exec", client, os.Args[0]}, os.Args[1:]...)...)
-	cmd.Env = append(os.Environ(), "SLUICE_BENCH_NETNS="+prefix)
+	cmd.Env = append(os.Environ(), "SLUICE_BENCH_NETNS="+prefix, "SLUICE_BENCH_KERNEL_MODES="+strings.Join(kernelModes, ","))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// Signals go on to the harness, which stops its systems and writes
