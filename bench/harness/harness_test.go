@@ -134,6 +134,9 @@ func TestManifestsKeepKernelModesOffTheOtherSystemsPorts(t *testing.T) {
 	if a == c || a.As4()[1] == c.As4()[1] || nt.ClusterIP("iptables", 8, 9999).As4()[1] != a.As4()[1] || nt.ClusterIP("iptables", 1, 0) == a {
 		t.Errorf("kernel-mode ClusterIPs overlap: %s %s", a, c)
 	}
+	if s := nt.SourcesFor("ipvs"); len(s) == 0 || s[0] == nt.Sources[0] || s[0].As4()[2] != nt.SourcesFor("ipvs")[1].As4()[2] {
+		t.Errorf("a kernel mode's client sources must be on its own link: %v", s)
+	}
 	if argv := nt.InKernelNode("ipvs", "sluice"); strings.Join(argv, " ") != "ip netns exec x-ipvs sluice" {
 		t.Errorf("InKernelNode: %v", argv)
 	}

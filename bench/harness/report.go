@@ -113,7 +113,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	fmt.Fprintf(&md, "# sluice benchmark: %s mode\n\n", o.Mode)
 	fmt.Fprintf(&md, "Medians of %d interleaved, shuffled rounds", o.Rounds)
 	if !o.NoWarmup {
-		md.WriteString(" after one warm-up round")
+		md.WriteString(" after one warm-up round of the data-path workloads")
 	}
 	if o.Topology != nil && o.Topology.Netns() {
 		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every load balancer in a node namespace (veth, routed), the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")

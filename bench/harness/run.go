@@ -117,6 +117,9 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 			if ctx.Err() != nil {
 				return runs, systems, ctx.Err()
 			}
+			if round == 0 && !warms[p.w.Name] {
+				continue
+			}
 			r := Run{Round: round, Warmup: round == 0, System: p.in.System.Name(), Workload: p.w.Name}
 			if _, ok := p.in.Services[p.w.Needs]; !ok {
 				r.NA = true
@@ -146,6 +149,12 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	}
 	return runs, systems, nil
 }
+
+// warms are the workloads the warm-up round runs: the data-path ones,
+// whose caches, pools and CPU frequency a first run settles. The others
+// (memory, retry, churn, correctness) would only cost the round's time.
+var warms = map[string]bool{"tcp-rr": true, "http-keepalive": true, "conn-per-request": true, "iperf3-up": true, "iperf3-down": true,
+	"udp-rr": true, "udp-paced": true, "udp-flows": true}
 
 func (r Run) short() string {
 	switch {

@@ -82,6 +82,22 @@ func (t *Topology) ClusterIP(mode string, sub, i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, k.net, byte(sub + i/250), byte(i%250 + 1)})
 }
 
+// SourcesFor are the client source addresses for traffic to a system:
+// those of the client's link to mode's node for a kernel mode (replies to
+// them come back through that node, where its NAT is undone), Sources
+// otherwise.
+func (t *Topology) SourcesFor(mode string) []netip.Addr {
+	k, ok := t.kernelNode(mode)
+	if !ok {
+		return t.Sources
+	}
+	var out []netip.Addr
+	for i := 0; i < affinitySources; i++ {
+		out = append(out, netip.AddrFrom4([4]byte{10, 77, k.link, byte(10 + i)}))
+	}
+	return out
+}
+
 // InKernelNode prefixes argv so that it runs in mode's node namespace.
 func (t *Topology) InKernelNode(mode string, argv ...string) []string {
 	k, _ := t.kernelNode(mode)
@@ -190,6 +206,9 @@ func SetupNetns(prefix string, kernelModes ...string) (cleanup func(), err error
 		add("-n " + k.ns + " link set b0 up")
 		add(fmt.Sprintf("-n %s route add %s via %s.2", k.ns, netnsBackend, bl))
 		add(fmt.Sprintf("-n %s addr add %s.2/24 dev %s", client, cl, dev))
+		for _, src := range topo.SourcesFor(k.mode) {
+			add(fmt.Sprintf("-n %s addr add %s/32 dev %s", client, src, dev))
+		}
 		add(fmt.Sprintf("-n %s link set %s up", client, dev))
 		add(fmt.Sprintf("-n %s route add 10.%d.0.0/16 via %s.1", client, k.net, cl))
 		add(fmt.Sprintf("-n %s addr add %s.2/24 dev %s", backend, bl, dev))

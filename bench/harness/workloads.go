@@ -46,7 +46,7 @@ var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
 		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
-		RetryConns: 30, IdleConns: 10000, SlowFor: 1500 * time.Millisecond, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000},
+		RetryConns: 18, IdleConns: 10000, SlowFor: time.Second, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -227,7 +227,12 @@ func affinity(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	sticky := 0
 	used := map[string]bool{}
 	for ip := 0; ip < sz.AffinityIPs && ctx.Err() == nil; ip++ {
-		src := in.Topo.Sources[ip%len(in.Topo.Sources)]
+		mode := ""
+		if k, ok := in.System.(sluiceKernel); ok {
+			mode = k.mode
+		}
+		sources := in.Topo.SourcesFor(mode)
+		src := sources[ip%len(sources)]
 		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 			DisableKeepAlives: true,
 			DialContext:       (&net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}).DialContext,

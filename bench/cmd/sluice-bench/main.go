@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/bench/harness"
+	"github.com/sluice-proxy/sluice/vmtest"
 )
 
 func main() {
@@ -37,6 +39,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "sync" {
 		os.Exit(syncBench(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "vm" {
+		os.Exit(vmBench(os.Args[2:]))
 	}
 	os.Exit(run())
 }
@@ -242,6 +247,106 @@ func run() int {
 	}
 	if failed > 0 {
 		fmt.Fprintf(os.Stderr, "sluice-bench: sluice failed %d runs (see Errors in results.md)\n", failed)
+		return 1
+	}
+	return 0
+}
+
+// vmBench runs the harness inside the VM suite's Debian guest, where the
+// kernel has IPVS: the netns topology with a node for the iptables mode
+// and one for the IPVS mode, beside direct and the event loop, under
+// emulation (TCG). The numbers are the guest's: compare the systems with
+// one another, never with a run on the host. The results come back over
+// the serial console into <out>/<timestamp>-vm/.
+func vmBench(args []string) int {
+	fs := flag.NewFlagSet("vm", flag.ExitOnError)
+	mode := fs.String("mode", "smoke", "harness mode inside the guest")
+	systems := fs.String("systems", "direct,sluice-eventloop,sluice-iptables,sluice-ipvs", "systems to run in the guest")
+	out := fs.String("out", "bench/results", "results root")
+	timeout := fs.Duration("timeout", 40*time.Minute, "longest the VM may run")
+	fs.Parse(args)
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm: needs root (it fetches and unpacks the guest kernel)")
+		return 1
+	}
+	root, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
+	work, err := os.MkdirTemp("", "sluice-bench-vm-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
+	defer os.RemoveAll(work)
+	for _, b := range [][2]string{{"sluice", "./cmd/sluice"}, {"sluice-bench", "./bench/cmd/sluice-bench"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(work, b[0]), b[1])
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if o, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench vm: go build %s: %v\n%s", b[1], err, o)
+			return 1
+		}
+	}
+	var tools []string
+	for _, t := range []string{"ip", "iperf3", "wrk"} {
+		p, err := exec.LookPath(t)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench vm: %s is not installed (make bench-deps)\n", t)
+			return 1
+		}
+		tools = append(tools, p)
+	}
+	script := fmt.Sprintf(`cd /tmp
+/sluice-bench --mode %s --topology netns --kernel-modes iptables,ipvs --iptables-backend legacy --systems %s --sluice /sluice --out /tmp/r
+rc=$?
+echo BEGIN-RESULTS-MD; cat /tmp/r/*/results.md; echo END-RESULTS-MD
+echo BEGIN-RESULTS-JSON; base64 /tmp/r/*/results.json; echo END-RESULTS-JSON
+return $rc`, *mode, *systems)
+	img, err := vmtest.Build(vmtest.Spec{Root: root, Work: work, Tools: tools, Script: script,
+		Files: map[string]string{"sluice": filepath.Join(work, "sluice"), "sluice-bench": filepath.Join(work, "sluice-bench")}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
+	start := time.Now()
+	fmt.Fprintf(os.Stderr, "sluice-bench vm: booting the guest (up to %s)\n", *timeout)
+	log, err := vmtest.Boot(img, work, 2048, *timeout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s\nsluice-bench vm: %v\n", log, err)
+		return 1
+	}
+	between := func(begin, end string) string {
+		_, rest, ok := strings.Cut(log, begin+"\n")
+		if !ok {
+			return ""
+		}
+		body, _, _ := strings.Cut(rest, end)
+		return strings.ReplaceAll(body, "\r", "")
+	}
+	dir := filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-vm")
+	md := between("BEGIN-RESULTS-MD", "END-RESULTS-MD")
+	js, jerr := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(between("BEGIN-RESULTS-JSON", "END-RESULTS-JSON")), ""))
+	if md == "" || jerr != nil || len(js) == 0 {
+		fmt.Fprintf(os.Stderr, "%s\nsluice-bench vm: the guest printed no results (marker %d)\n", log, vmtest.ExitCode(log))
+		return 1
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
+	os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644)
+	os.WriteFile(filepath.Join(dir, "guest.log"), []byte(log), 0o644)
+	// The report is re-written here (plots, CSV) from the guest's runs,
+	// headed as a guest run.
+	if err := harness.Rerender(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
+	final, _ := os.ReadFile(filepath.Join(dir, "results.md"))
+	fmt.Printf("%s\nresults in %s (VM ran %s)\n", final, dir, time.Since(start).Round(time.Second))
+	if code := vmtest.ExitCode(log); code != 0 {
+		fmt.Fprintf(os.Stderr, "sluice-bench vm: the harness in the guest exited %d\n", code)
 		return 1
 	}
 	return 0
