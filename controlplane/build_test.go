@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -345,5 +347,117 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	_, err = loadManifests(dir, &cache)
 	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: malformed") {
 		t.Fatalf("bad document through the cache: %v", err)
+	}
+}
+
+// TestBuildMemoMatchesAFreshBuild applies random edits (endpoint moves,
+// port changes, removed and added objects, bad objects) to a set of
+// manifests, loading each state through the document cache: the memoized
+// build must equal a fresh one, error for error, and every Service whose
+// documents did not change must keep its very ServicePort values.
+func TestBuildMemoMatchesAFreshBuild(t *testing.T) {
+	const n = 12
+	type state struct {
+		port    [n]int // service port; 0: Service removed
+		ep      [n]int // last octet of the endpoint; 0: slice removed
+		legacy  [n]bool
+		orphan  bool // a slice naming a missing Service
+		badAddr int  // a slice with an invalid address on service badAddr-1
+	}
+	render := func(s state) string {
+		var b strings.Builder
+		for i := 0; i < n; i++ {
+			if s.port[i] != 0 {
+				fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: m}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{name: p, port: %d}]\n---\n", i, i+1, s.port[i])
+			}
+			if s.ep[i] != 0 && !s.legacy[i] {
+				addr := fmt.Sprintf("10.0.%d.%d", i, s.ep[i])
+				if s.badAddr == i+1 {
+					addr = "10.0.999.1"
+				}
+				fmt.Fprintf(&b, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d, namespace: m, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [%q]}]\n---\n", i, i, addr)
+			}
+			if s.ep[i] != 0 && s.legacy[i] {
+				fmt.Fprintf(&b, "apiVersion: v1\nkind: Endpoints\nmetadata: {name: s%d, namespace: m}\nsubsets: [{addresses: [{ip: 10.1.%d.%d}], ports: [{name: p, port: 9090}]}]\n---\n", i, i, s.ep[i])
+			}
+		}
+		if s.orphan {
+			b.WriteString("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: m, labels: {kubernetes.io/service-name: nobody}}\naddressType: IPv4\nendpoints: [{addresses: [10.9.9.9]}]\n---\n")
+		}
+		// A fixed last document: the file's last one is read without its
+		// separator, so a document that moved there would be new to the
+		// cache.
+		b.WriteString("apiVersion: v1\nkind: Service\nmetadata: {name: tail, namespace: m}\nspec: {clusterIP: 10.96.1.1, ports: [{port: 1}]}\n")
+		return b.String()
+	}
+	var s state
+	for i := range s.port {
+		s.port[i], s.ep[i] = 80, 1
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	dir := t.TempDir()
+	file := filepath.Join(dir, "m.yaml")
+	var cache DocCache
+	var memo BuildMemo
+	var prev *lb.Snapshot
+	var old state // the state prev was built from, the step before
+	failed := 0
+	for step := 0; step < 300; step++ {
+		i := rng.IntN(n)
+		switch rng.IntN(7) {
+		case 0:
+			if s.port[i] != 0 {
+				s.ep[i] = rng.IntN(3) // 0 removes the slice
+			}
+		case 1:
+			s.port[i] = []int{0, 80, 81}[rng.IntN(3)] // 0 removes the Service, and its endpoints with it
+			if s.port[i] == 0 {
+				s.ep[i] = 0
+			}
+		case 2:
+			s.legacy[i] = !s.legacy[i]
+		case 3:
+			s.orphan = rng.IntN(8) == 0
+		case 4:
+			s.badAddr = 0
+			if rng.IntN(8) == 0 {
+				s.badAddr = i + 1
+			}
+		}
+		if err := os.WriteFile(file, []byte(render(s)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		objs, lerr := loadManifests(dir, &cache)
+		if lerr != nil {
+			t.Fatalf("step %d: load: %v", step, lerr)
+		}
+		got, gerr := memo.Build(objs, "")
+		fresh, err := LoadManifests(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, werr := Build(fresh)
+		if fmt.Sprint(gerr) != fmt.Sprint(werr) || !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: memoized build differs from a fresh one:\ngot  %v %v\nwant %v %v", step, got, gerr, want, werr)
+		}
+		if gerr != nil {
+			failed++
+			prev = nil // the memo keeps its last good build, but the document cache moved on
+			continue
+		}
+		if prev != nil {
+			for j := 0; j < n; j++ {
+				name := lb.ServicePortName{Namespace: "m", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: lb.TCP}
+				a, b := prev.Ports[name], got.Ports[name]
+				unchanged := old.port[j] == s.port[j] && old.ep[j] == s.ep[j] && old.legacy[j] == s.legacy[j] && (old.badAddr == j+1) == (s.badAddr == j+1)
+				if a != nil && b != nil && unchanged && a != b {
+					t.Fatalf("step %d: untouched service s%d was rebuilt (a new *ServicePort)", step, j)
+				}
+			}
+		}
+		prev, old = got, s
+	}
+	if failed > 100 {
+		t.Fatalf("%d of 300 states were rejected: the walk tests errors more than builds", failed)
 	}
 }

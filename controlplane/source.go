@@ -45,6 +45,7 @@ type ManifestSource struct {
 
 	last  *lb.Snapshot
 	cache DocCache
+	memo  BuildMemo
 }
 
 // Load reads and validates the manifests once and publishes the result. It
@@ -64,7 +65,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return BuildFor(objs, s.NodeName)
+	return s.memo.Build(objs, s.NodeName)
 }
 
 // Reload reads the manifests again. A bad update is rejected and the last

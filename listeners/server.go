@@ -134,7 +134,11 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	}
 	for _, sp := range snap.Sorted() {
 		p := s.ports[sp.Name]
-		if p != nil && p.sp.SameFrontend(sp) && (sp.NodePort == 0 || slices.Equal(p.nodeAddrs, nodeAddrs)) {
+		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs, nodeAddrs))
+		if p != nil && p.sp == sp && sameNodeAddrs {
+			continue // the very same port (the sources reuse unchanged ones)
+		}
+		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {
 			p.sp = sp
 			p.setEndpoints(sp)
 			continue

@@ -316,13 +316,14 @@ return $rc`, *mode, *systems)
 		fmt.Fprintf(os.Stderr, "%s\nsluice-bench vm: %v\n", log, err)
 		return 1
 	}
+	serial := strings.ReplaceAll(log, "\r", "") // the console ends lines with CR LF
 	between := func(begin, end string) string {
-		_, rest, ok := strings.Cut(log, begin+"\n")
+		_, rest, ok := strings.Cut(serial, begin+"\n")
 		if !ok {
 			return ""
 		}
 		body, _, _ := strings.Cut(rest, end)
-		return strings.ReplaceAll(body, "\r", "")
+		return body
 	}
 	dir := filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-vm")
 	md := between("BEGIN-RESULTS-MD", "END-RESULTS-MD")
