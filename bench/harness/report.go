@@ -111,6 +111,9 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	sum := Summarize(runs)
 	var md strings.Builder
 	fmt.Fprintf(&md, "# sluice benchmark: %s mode\n\n", o.Mode)
+	if o.Note != "" {
+		fmt.Fprintf(&md, "%s\n\n", o.Note)
+	}
 	fmt.Fprintf(&md, "Medians of %d interleaved, shuffled rounds", o.Rounds)
 	if !o.NoWarmup {
 		md.WriteString(" after one warm-up round of the data-path workloads")
@@ -205,7 +208,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if o.Topology != nil {
 		topo = o.Topology.Name
 	}
-	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "topology": topo, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "topology": topo, "note": o.Note, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
 		return "", err
 	}
@@ -358,6 +361,7 @@ func Rerender(dir string) error {
 		Rounds   int    `json:"rounds"`
 		LBCPU    int    `json:"lb_cpu"`
 		Topology string `json:"topology"`
+		Note     string `json:"note"`
 		Runs     []Run  `json:"runs"`
 		Machine  string `json:"machine"`
 	}
@@ -376,7 +380,7 @@ func Rerender(dir string) error {
 			systems = append(systems, s)
 		}
 	}
-	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback()}
+	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback(), Note: saved.Note}
 	if saved.Topology == "netns" {
 		o.Topology = InNetns("rerendered") // only its name and addresses are used
 	}

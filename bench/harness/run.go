@@ -30,6 +30,8 @@ type Options struct {
 	// Topology is where clients, load balancers and backends live
 	// (Loopback when nil).
 	Topology *Topology
+	// Note is a sentence for the report's head (e.g. where it ran).
+	Note string
 }
 
 // Run is one workload on one system in one round.

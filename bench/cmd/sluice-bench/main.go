@@ -125,6 +125,7 @@ func run() int {
 	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces, and a node per kernel mode), or auto (netns when root)")
 	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, ipvs), none, or auto (iptables when iptables-restore is installed, ipvs when the kernel has IPVS)")
 	iptablesBackend := flag.String("iptables-backend", "", "passed to sluice's kernel modes (nft or legacy; empty: sluice detects)")
+	note := flag.String("note", "", "a sentence for the head of the report (where and how it ran)")
 	rerender := flag.String("rerender", "", "re-write the reports of an earlier run from its results.json, then exit")
 	flag.Parse()
 	if *rerender != "" {
@@ -215,7 +216,7 @@ func run() int {
 		return 1
 	}
 	opts := harness.Options{Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
-		Config: harness.Config{Sluice: sl, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo}
+		Config: harness.Config{Sluice: sl, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
 	if *only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
@@ -298,7 +299,7 @@ func vmBench(args []string) int {
 		tools = append(tools, p)
 	}
 	script := fmt.Sprintf(`cd /tmp
-/sluice-bench --mode %s --topology netns --kernel-modes iptables,ipvs --iptables-backend legacy --systems %s --sluice /sluice --out /tmp/r
+/sluice-bench --mode %s --topology netns --kernel-modes iptables,ipvs --iptables-backend legacy --systems %s --sluice /sluice --out /tmp/r --note "Run inside the VM suite's Debian guest (kernel with IPVS) under qemu TCG emulation, 2 vCPUs: the numbers are the guest's, so compare the systems with one another, never with a run on the host. Emulation slows user-space code far more than the kernel's own forwarding."
 rc=$?
 echo BEGIN-RESULTS-MD; cat /tmp/r/*/results.md; echo END-RESULTS-MD
 echo BEGIN-RESULTS-JSON; base64 /tmp/r/*/results.json; echo END-RESULTS-JSON
