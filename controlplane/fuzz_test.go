@@ -1,8 +1,14 @@
 package controlplane
 
 import (
+	"bufio"
+	"bytes"
+	"io"
 	"strings"
 	"testing"
+
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 )
 
 // FuzzParseManifest: no input may crash the parser or the builder, and what
@@ -31,6 +37,41 @@ func FuzzParseManifest(f *testing.F) {
 			}
 			if err := sp.Validate(); err != nil {
 				t.Fatalf("Build accepted an invalid port: %v", err)
+			}
+		}
+	})
+}
+
+// FuzzYAMLSplitMatchesYAMLReader: the zero-copy splitter must cut a stream
+// where apimachinery's YAMLReader does: the same number of documents, each
+// decoding to the same JSON, and the same separator errors.
+func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
+	for _, seed := range []string{
+		goodManifest, "", "\n", "---", "---\n", "a: 1", "a: 1\n---\nb: 2", "a: 1\r\n---\r\nb: 2\r\n",
+		"--- # c\na: 1\n--- \n\n---\n# only a comment\n", "a: 1\n--- x\nb: 2\n", "----\na: 1\n", "a: |\n  ---\n  text\n",
+		"---\n---\n---\n", "a: 1\n---", " ---\na: 1\n", "a: 1\n---\t#\nb: [1,\n 2]\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ref := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		mine := yamlDocuments{data: data}
+		for doc := 1; ; doc++ {
+			want, werr := ref.Read()
+			got, gerr := mine.next()
+			if (werr == io.EOF) != (gerr == io.EOF) || (werr == nil) != (gerr == nil) {
+				t.Fatalf("document %d: YAMLReader %q, %v; splitter %q, %v", doc, want, werr, got, gerr)
+			}
+			if werr != nil {
+				if werr != io.EOF && werr.Error() != gerr.Error() {
+					t.Fatalf("document %d: errors differ: %v / %v", doc, werr, gerr)
+				}
+				return
+			}
+			wj, wjerr := yaml.YAMLToJSON(want)
+			gj, gjerr := yaml.YAMLToJSON(got)
+			if (wjerr == nil) != (gjerr == nil) || !bytes.Equal(wj, gj) {
+				t.Fatalf("document %d decodes differently: %q (%v) / %q (%v)\nYAMLReader %q\nsplitter   %q", doc, wj, wjerr, gj, gjerr, want, got)
 			}
 		}
 	})

@@ -132,12 +132,19 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
 		}
 	}
-	for _, sp := range snap.Sorted() {
+	// The very same port as last time (the sources reuse unchanged ones)
+	// needs nothing; the others are handled in name order, so listeners
+	// open in a stable order.
+	changed := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	for name, sp := range snap.Ports {
+		p := s.ports[name]
+		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs, nodeAddrs)) {
+			changed.Ports[name] = sp
+		}
+	}
+	for _, sp := range changed.Sorted() {
 		p := s.ports[sp.Name]
 		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs, nodeAddrs))
-		if p != nil && p.sp == sp && sameNodeAddrs {
-			continue // the very same port (the sources reuse unchanged ones)
-		}
 		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {
 			p.sp = sp
 			p.setEndpoints(sp)

@@ -221,15 +221,25 @@ func SetupNetns(prefix string, kernelModes ...string) (cleanup func(), err error
 			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
 		}
 	}
-	// The nodes forward between their links; the sysctl is each node
-	// namespace's own.
-	for _, ns := range all[1:] {
+	// The nodes forward between their links. Every namespace but the
+	// backend's opens connections at a high rate (the clients, and the
+	// proxies towards the backends), so TIME_WAIT ports are reused, as
+	// loopback does by default (tcp_tw_reuse=2 covers loopback only);
+	// without it the new-connection workload runs out of ports over veth.
+	// The sysctls are each namespace's own.
+	for _, ns := range all {
 		if ns == backend {
 			continue
 		}
-		if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-w", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-			cleanup()
-			return nil, fmt.Errorf("ip_forward in %s: %v: %s", ns, err, out)
+		settings := []string{"net.ipv4.tcp_tw_reuse=1"}
+		if ns != client {
+			settings = append(settings, "net.ipv4.ip_forward=1")
+		}
+		for _, kv := range settings {
+			if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-w", kv).CombinedOutput(); err != nil {
+				cleanup()
+				return nil, fmt.Errorf("%s in %s: %v: %s", kv, ns, err, out)
+			}
 		}
 	}
 	return cleanup, nil

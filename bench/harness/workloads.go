@@ -263,7 +263,16 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	// and the harness two (client and backend): the descriptor limit caps
 	// n, the same for every system, under HAProxy's maxconn.
 	n := min(sz.IdleConns, proxiedConnLimit()-100)
-	before := in.Usage().RSSBytes
+	// RSS per connection is the slope over the second half of the
+	// connections held: by then the process is in steady state (pools, GC
+	// pacing), which a difference from zero connections would mix in (it
+	// can even come out negative when a collection returns earlier
+	// garbage meanwhile).
+	type sample struct {
+		conns int
+		rss   int64
+	}
+	var samples []sample
 	conns := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range conns {
@@ -273,6 +282,9 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	buf := []byte{1}
 	var failed error
 	for i := 0; i < n && ctx.Err() == nil && failed == nil; i++ {
+		if i%250 == 0 {
+			samples = append(samples, sample{i, in.Usage().RSSBytes})
+		}
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
 			failed = err
@@ -291,7 +303,8 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		conns = append(conns, c)
 	}
 	after := in.Usage().RSSBytes
-	if failed != nil && len(conns) < n/10 {
+	mid := samples[len(samples)/2]
+	if failed != nil && (len(conns) < n/10 || mid.conns >= len(conns)) {
 		return nil, fmt.Errorf("after %d connections: %w", len(conns), failed)
 	}
 	// A system that stopped short (out of descriptors: the goroutine
@@ -301,7 +314,7 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	if len(conns) < n {
 		held = 0
 	}
-	return Metrics{"rss_bytes_per_conn": float64(after-before) / float64(len(conns)), "conns": float64(len(conns)), "held_all": held}, nil
+	return Metrics{"rss_bytes_per_conn": float64(after-mid.rss) / float64(len(conns)-mid.conns), "conns": float64(len(conns)), "held_all": held}, nil
 }
 
 func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
