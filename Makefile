@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -96,6 +96,9 @@ bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; as
 
 bench-vm: build bench-deps ## the harness inside the VM suite's guest (kernel with IPVS): direct, event loop, iptables and IPVS modes side by side under emulation; results in bench/results/<ts>-vm/
 	bin/sluice-bench vm --mode smoke
+
+bench-api-churn: build bench-deps test-deps ## endpoint churn through a real kube-apiserver holding 10k services (sluice's event loop; ~5 min, most of it loading the API server)
+	bin/sluice-bench --mode short --rounds 3 --systems sluice-eventloop --workloads churn-api --api-services 10000
 
 bench-sync: build bench-deps ## iptables mode: full and partial sync with real iptables-restore (nft, legacy) in a private netns, 1k and 10k services x 10 endpoints
 	bin/sluice-bench sync --sizes 1000,10000 --rounds 1

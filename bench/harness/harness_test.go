@@ -201,3 +201,31 @@ func TestSyncSnapshotShape(t *testing.T) {
 		seen[sp.ClusterIPs[0].String()] = true
 	}
 }
+
+func TestBenchTBTurnsFatalIntoAnErrorAndCleansUp(t *testing.T) {
+	tb := &benchTB{}
+	var order []int
+	err := tb.run(func() {
+		tb.Cleanup(func() { order = append(order, 1) })
+		tb.Cleanup(func() { order = append(order, 2) })
+		dir := tb.TempDir()
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("TempDir %s: %v", dir, err)
+		}
+		tb.Fatalf("etcd %s", "down")
+		t.Fatal("Fatalf returned")
+	})
+	if err == nil || err.Error() != "etcd down" || !tb.Failed() {
+		t.Fatalf("run: %v (failed %v)", err, tb.Failed())
+	}
+	dirs := tb.dirs
+	tb.close()
+	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
+		t.Fatalf("cleanups ran %v, want [2 1]", order)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Fatalf("temp dir %s left behind", d)
+		}
+	}
+}

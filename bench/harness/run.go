@@ -27,6 +27,10 @@ type Options struct {
 	Log    io.Writer
 	// Only, when non-empty, restricts the systems by name.
 	Only map[string]bool
+	// OnlyWorkloads, when non-empty, restricts the workloads by name.
+	OnlyWorkloads map[string]bool
+	// APIServices overrides the mode's APIChurn when positive.
+	APIServices int
 	// Topology is where clients, load balancers and backends live
 	// (Loopback when nil).
 	Topology *Topology
@@ -57,6 +61,9 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	if !ok {
 		return nil, nil, fmt.Errorf("unknown mode %q", o.Mode)
 	}
+	if o.APIServices > 0 {
+		size.APIChurn = o.APIServices
+	}
 	topo := o.Topology
 	if topo == nil {
 		topo = Loopback()
@@ -81,10 +88,12 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	}
 	var systems []System
 	var instances []*Instance
+	shared := &sharedBeds{}
 	defer func() {
 		for _, in := range instances {
 			in.Stop()
 		}
+		shared.close()
 	}()
 	for _, sys := range Systems(o.Config, topo) {
 		if len(o.Only) > 0 && !o.Only[sys.Name()] {
@@ -94,10 +103,16 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("start %s: %w", sys.Name(), err)
 		}
+		in.shared = shared
 		systems = append(systems, sys)
 		instances = append(instances, in)
 	}
-	workloads := Workloads()
+	var workloads []Workload
+	for _, w := range Workloads() {
+		if len(o.OnlyWorkloads) == 0 || o.OnlyWorkloads[w.Name] {
+			workloads = append(workloads, w)
+		}
+	}
 	type pair struct {
 		in *Instance
 		w  Workload

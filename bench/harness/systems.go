@@ -291,7 +291,17 @@ type Instance struct {
 	Services map[string]Service
 	Topo     *Topology
 	Dir      string // the system's scratch directory
+
+	shared *sharedBeds
 }
+
+// sharedBeds are test beds that a run starts once, lazily, for all its
+// rounds, and stops at its end.
+type sharedBeds struct {
+	api apiBed
+}
+
+func (b *sharedBeds) close() { b.api.close() }
 
 // Addr is where a client reaches service name through this system.
 func (in *Instance) Addr(name string) netip.AddrPort {

@@ -38,15 +38,19 @@ type Size struct {
 	AffinityReqs   int
 	MaxChurn       int // largest service count the churn workloads load
 	MaxKernelChurn int // the same for the kernel modes (each adds its rule sync)
+	// APIChurn is how many services the API churn workload loads into
+	// kube-apiserver, once per run (10k take ~2 minutes here: short mode
+	// loads 1k; sluice-bench --api-services 10000 for the target).
+	APIChurn int
 }
 
 // Modes are the run sizes: smoke proves the harness works (under 2
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
-		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100},
+		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100, APIChurn: 100},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
-		RetryConns: 18, IdleConns: 10000, SlowFor: time.Second, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000},
+		RetryConns: 18, IdleConns: 10000, SlowFor: time.Second, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000, APIChurn: 1000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -81,6 +85,7 @@ func Workloads() []Workload {
 		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
 		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
 		{"churn-10k", "the same with 10,000 services", "update_p50_ms", true, "http", churn(10000)},
+		{"churn-api", "the same through a real kube-apiserver (EndpointSlice update call -> effect); the service count is in the table", "update_p50_ms", true, "http", apiChurn},
 	}
 }
 

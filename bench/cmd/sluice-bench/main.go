@@ -122,6 +122,8 @@ func run() int {
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
+	onlyWorkloads := flag.String("workloads", "", "comma-separated workloads to run (default: all)")
+	apiServices := flag.Int("api-services", 0, "services the churn-api workload loads into kube-apiserver (default: the mode's: 100 smoke, 1000 short)")
 	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces, and a node per kernel mode), or auto (netns when root)")
 	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, ipvs), none, or auto (iptables when iptables-restore is installed, ipvs when the kernel has IPVS)")
 	iptablesBackend := flag.String("iptables-backend", "", "passed to sluice's kernel modes (nft or legacy; empty: sluice detects)")
@@ -215,12 +217,18 @@ func run() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := harness.Options{Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
+	opts := harness.Options{APIServices: *apiServices, Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
 		Config: harness.Config{Sluice: sl, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
 	if *only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
 			opts.Only[strings.TrimSpace(s)] = true
+		}
+	}
+	if *onlyWorkloads != "" {
+		opts.OnlyWorkloads = map[string]bool{}
+		for _, w := range strings.Split(*onlyWorkloads, ",") {
+			opts.OnlyWorkloads[strings.TrimSpace(w)] = true
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -4,7 +4,8 @@
 // etcd (Debian's etcd-server) and a kube-apiserver built from the Go module
 // proxy (scripts/build-kube-apiserver.sh), started on free loopback ports
 // with a generated token and kubeconfig, and stopped by PID when the test
-// ends. Only tests import it.
+// ends. Tests import it, and so does the bench harness (for endpoint churn
+// through a real API server), through a TB of its own.
 package kubetest
 
 import (
@@ -24,7 +25,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -37,13 +37,26 @@ const APIServerVersion = "v1.34.2"
 // ServiceCIDR is the cluster IP range the API server allocates from.
 const ServiceCIDR = "10.96.0.0/16"
 
+// TB is what the bed needs of a test: *testing.T and *testing.B are TBs.
+// Fatal must not return (a test's ends its goroutine).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+	TempDir() string
+	Failed() bool
+}
+
 // Cluster is a running etcd plus kube-apiserver.
 type Cluster struct {
 	Kubeconfig string // path of a kubeconfig with a system:masters token
 	Client     kubernetes.Interface
 	URL        string
 
-	t         testing.TB
+	t         TB
 	dir       string
 	apiserver string
 	apiArgs   []string
@@ -77,7 +90,7 @@ func Binaries() (etcd, apiserver string, err error) {
 
 // Require fails the test under CI=true, and skips it otherwise, when err is
 // not nil: a missing privileged test bed is a failure in CI.
-func Require(t testing.TB, err error) {
+func Require(t TB, err error) {
 	t.Helper()
 	if err == nil {
 		return
@@ -88,7 +101,7 @@ func Require(t testing.TB, err error) {
 	t.Skip(err)
 }
 
-func freePort(t testing.TB) int {
+func freePort(t TB) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +113,7 @@ func freePort(t testing.TB) int {
 // Start runs etcd and kube-apiserver until the test ends and waits until
 // the API server is ready. Their logs go to files in the test's temp dir,
 // and are printed if the test fails.
-func Start(t testing.TB) *Cluster {
+func Start(t TB) *Cluster {
 	t.Helper()
 	etcdBin, apiBin, err := Binaries()
 	Require(t, err)

@@ -1,0 +1,253 @@
+//go:build linux
+
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+)
+
+// apiBed is a real control plane (etcd and kube-apiserver, the test suite's
+// bed) loaded once per run with the churn services, shared by the rounds of
+// the API churn workload and stopped when the run ends.
+type apiBed struct {
+	once     sync.Once
+	err      error
+	tb       *benchTB
+	cluster  *kubetest.Cluster
+	client   kubernetes.Interface
+	n        int
+	probe    uint16 // NodePorts
+	load     uint16
+	marker   uint16
+	loadTime time.Duration
+}
+
+const apiChurnNamespace = "default"
+
+func (b *apiBed) close() {
+	if b.tb != nil {
+		b.tb.close()
+	}
+}
+
+// start brings the control plane up and creates n services with two
+// endpoints each, plus the probe (one endpoint: the first HTTP backend)
+// and the load service (the first echo backend), both NodePorts.
+func (b *apiBed) start(n int, httpBackend, echo netip.AddrPort) error {
+	b.once.Do(func() {
+		if _, _, err := kubetest.Binaries(); err != nil {
+			b.err = fmt.Errorf("%w: %v", errNotApplicable, err)
+			return
+		}
+		b.tb = &benchTB{}
+		b.err = b.tb.run(func() { b.cluster = kubetest.Start(b.tb) })
+		if b.err != nil {
+			return
+		}
+		rc, err := clientcmd.BuildConfigFromFlags("", b.cluster.Kubeconfig)
+		if err != nil {
+			b.err = err
+			return
+		}
+		rc.QPS, rc.Burst = 2000, 2000
+		b.client = kubernetes.NewForConfigOrDie(rc)
+		b.n, b.probe, b.load, b.marker = n, 30100, 30101, 30102
+		t0 := time.Now()
+		ctx := context.Background()
+		if err := b.service(ctx, "probe", b.probe, httpBackend); err != nil {
+			b.err = err
+			return
+		}
+		if err := b.service(ctx, "load", b.load, echo); err != nil {
+			b.err = err
+			return
+		}
+		// The others, by 16 workers.
+		work := make(chan int)
+		errs := make(chan error, 16)
+		var wg sync.WaitGroup
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					name := fmt.Sprintf("s%d", i)
+					if err := b.service(ctx, name, 0, netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 20, byte(i / 250), byte(i % 250)}), 8080),
+						netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 21, byte(i / 250), byte(i % 250)}), 8080)); err != nil {
+						select {
+						case errs <- err:
+						default:
+						}
+					}
+				}
+			}()
+		}
+		for i := 0; i < n; i++ {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			b.err = fmt.Errorf("loading %d services into kube-apiserver: %w", n, err)
+			return
+		}
+		// Last in the API's listing order (by name), so a watcher that
+		// serves it has processed the whole initial list.
+		if err := b.service(ctx, "zzz-marker", b.marker, echo); err != nil {
+			b.err = err
+			return
+		}
+		b.loadTime = time.Since(t0)
+	})
+	return b.err
+}
+
+// service creates a Service (a NodePort one when nodePort is set) and
+// its EndpointSlice.
+func (b *apiBed) service(ctx context.Context, name string, nodePort uint16, eps ...netip.AddrPort) error {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: apiChurnNamespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+	if nodePort != 0 {
+		svc.Spec.Type = corev1.ServiceTypeNodePort
+		svc.Spec.Ports[0].NodePort = int32(nodePort)
+	}
+	if _, err := b.client.CoreV1().Services(apiChurnNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Service %s: %w", name, err)
+	}
+	_, err := b.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Create(ctx, slice(name, eps...), metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create EndpointSlice %s: %w", name, err)
+	}
+	return nil
+}
+
+func slice(name string, eps ...netip.AddrPort) *discoveryv1.EndpointSlice {
+	port := int32(eps[0].Port())
+	pname, proto := "p", corev1.ProtocolTCP
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: apiChurnNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for _, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.Addr().String()}})
+	}
+	return sl
+}
+
+// apiChurn is churn through the Kubernetes API source: sluice (event
+// loop) watches a real kube-apiserver holding n services, and the probe's
+// EndpointSlice is updated through the API; the time runs from the
+// update call to the first new connection that reaches the new endpoint.
+// sluice runs beside the harness (where the API server listens); its
+// backends are the run's.
+func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	sl, ok := in.System.(sluice)
+	if !ok || sl.engine != "eventloop" || sz.APIChurn == 0 || in.shared == nil {
+		return nil, errNotApplicable
+	}
+	httpBackends := in.Services["http"].Backends
+	bed := &in.shared.api
+	if err := bed.start(sz.APIChurn, httpBackends[0], in.Services["echo"].Backends[0]); err != nil {
+		return nil, err
+	}
+	// Back to the first endpoint, where every round starts.
+	if _, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", httpBackends[0]), metav1.UpdateOptions{}); err != nil {
+		return nil, err
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	proc, err := StartProc("sluice-api-churn", -1, sl.bin, "--kubeconfig", bed.cluster.Kubeconfig, "--bind-address", lo.String(), "--userspace-capture=none",
+		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0", "--kube-api-qps=2000", "--kube-api-burst=2000")
+	if err != nil {
+		return nil, err
+	}
+	defer proc.Stop(5 * time.Second)
+	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(lo, bed.probe))
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(3 * time.Minute)
+	// Until the initial listing is through (the marker's endpoint answers):
+	// an update queued behind thousands of initial events measures the
+	// start-up, not the update.
+	buf := make([]byte, 8)
+	for oneShotWithin(netip.AddrPortFrom(lo, bed.marker).String(), buf, buf, time.Second) != nil || backendOf(client, probe) != "0" {
+		if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
+			return nil, fmt.Errorf("sluice watching %d services did not come up:\n%s", bed.n, proc.Output())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	}
+	write := func(ep netip.AddrPort) error {
+		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", ep), metav1.UpdateOptions{})
+		return err
+	}
+	m, err := flips(ctx, bed.n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
+	if m != nil {
+		m["services"] = float64(bed.n)
+		m["api_load_s"] = bed.loadTime.Seconds()
+	}
+	return m, err
+}
+
+// benchTB is a kubetest.TB outside a test: Fatal and Skip unwind to run,
+// which turns them into an error; cleanups run at close.
+type benchTB struct {
+	cleanups []func()
+	dirs     []string
+	failed   bool
+}
+
+type tbStop struct{ msg string }
+
+func (b *benchTB) run(f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s, ok := r.(tbStop)
+			if !ok {
+				panic(r)
+			}
+			err = errors.New(s.msg)
+		}
+	}()
+	f()
+	return nil
+}
+
+func (b *benchTB) Helper()                   {}
+func (b *benchTB) Fatal(args ...any)         { b.failed = true; panic(tbStop{fmt.Sprint(args...)}) }
+func (b *benchTB) Fatalf(f string, a ...any) { b.failed = true; panic(tbStop{fmt.Sprintf(f, a...)}) }
+func (b *benchTB) Skip(args ...any)          { panic(tbStop{fmt.Sprint(args...)}) }
+func (b *benchTB) Logf(string, ...any)       {}
+func (b *benchTB) Cleanup(f func())          { b.cleanups = append(b.cleanups, f) }
+func (b *benchTB) Failed() bool              { return b.failed }
+func (b *benchTB) TempDir() string {
+	d, err := os.MkdirTemp("", "sluice-bench-kube-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.dirs = append(b.dirs, d)
+	return d
+}
+
+func (b *benchTB) close() {
+	for i := len(b.cleanups) - 1; i >= 0; i-- {
+		b.cleanups[i]()
+	}
+	for _, d := range b.dirs {
+		os.RemoveAll(d)
+	}
+}
