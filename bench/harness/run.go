@@ -144,7 +144,11 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				continue
 			}
 			u0, h0, t0 := p.in.Usage(), HostBusySeconds(), time.Now()
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			limit := 2 * time.Minute
+			if l, ok := longRuns[p.w.Name]; ok {
+				limit = l
+			}
+			wctx, cancel := context.WithTimeout(ctx, limit)
 			m, err := p.w.Run(wctx, p.in, size)
 			cancel()
 			u1, h1 := p.in.Usage(), HostBusySeconds()
@@ -166,6 +170,10 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	}
 	return runs, systems, nil
 }
+
+// longRuns are workloads allowed more than the usual 2 minutes: the first
+// API churn run loads the API server (10k services take minutes here).
+var longRuns = map[string]time.Duration{"churn-api": 10 * time.Minute}
 
 // warms are the workloads the warm-up round runs: the data-path ones,
 // whose caches, pools and CPU frequency a first run settles. The others
