@@ -119,7 +119,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 		md.WriteString(" after one warm-up round of the data-path workloads")
 	}
 	if o.Topology != nil && o.Topology.Netns() {
-		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every load balancer in a node namespace (veth, routed), the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")
+		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every userspace load balancer in a node namespace (veth, routed), each kernel mode in a node namespace of its own, the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")
 		md.WriteString("LB CPU-seconds and RSS are of the load balancer's process group; for the kernel modes that is only the control plane (forwarding is softirq time in the kernel), so compare them on host CPU-seconds (the whole machine's busy time during the run: clients, backends and load balancer together). ")
 	} else {
 		md.WriteString(". Topology `loopback`: every system forwards to the same in-process loopback backends; LB CPU-seconds and RSS are of the load balancer's process group; host CPU-seconds are the whole machine's busy time during the run. ")

@@ -134,7 +134,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 			if ctx.Err() != nil {
 				return runs, systems, ctx.Err()
 			}
-			if round == 0 && !warms[p.w.Name] {
+			if round == 0 && !warms(p.w.Name) {
 				continue
 			}
 			r := Run{Round: round, Warmup: round == 0, System: p.in.System.Name(), Workload: p.w.Name}
@@ -144,11 +144,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				continue
 			}
 			u0, h0, t0 := p.in.Usage(), HostBusySeconds(), time.Now()
-			limit := 2 * time.Minute
-			if l, ok := longRuns[p.w.Name]; ok {
-				limit = l
-			}
-			wctx, cancel := context.WithTimeout(ctx, limit)
+			wctx, cancel := context.WithTimeout(ctx, runLimit(p.w.Name))
 			m, err := p.w.Run(wctx, p.in, size)
 			cancel()
 			u1, h1 := p.in.Usage(), HostBusySeconds()
@@ -171,15 +167,25 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	return runs, systems, nil
 }
 
-// longRuns are workloads allowed more than the usual 2 minutes: the first
-// API churn run loads the API server (10k services take minutes here).
-var longRuns = map[string]time.Duration{"churn-api": 10 * time.Minute}
+// runLimit is how long one run of a workload may take: the first API
+// churn run loads the API server (10k services take minutes here).
+func runLimit(workload string) time.Duration {
+	if workload == "churn-api" {
+		return 10 * time.Minute
+	}
+	return 2 * time.Minute
+}
 
-// warms are the workloads the warm-up round runs: the data-path ones,
-// whose caches, pools and CPU frequency a first run settles. The others
-// (memory, retry, churn, correctness) would only cost the round's time.
-var warms = map[string]bool{"tcp-rr": true, "http-keepalive": true, "conn-per-request": true, "iperf3-up": true, "iperf3-down": true,
-	"udp-rr": true, "udp-paced": true, "udp-flows": true}
+// warms reports whether the warm-up round runs a workload: the data-path
+// ones, whose caches, pools and CPU frequency a first run settles. The
+// others (memory, retry, churn, correctness) would only cost time.
+func warms(workload string) bool {
+	switch workload {
+	case "tcp-rr", "http-keepalive", "conn-per-request", "iperf3-up", "iperf3-down", "udp-rr", "udp-paced", "udp-flows":
+		return true
+	}
+	return false
+}
 
 func (r Run) short() string {
 	switch {
