@@ -348,16 +348,28 @@ func (s *Server) closePort(p *servedPort) {
 func (s *Server) Frontends() []Frontend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Frontend
-	for _, p := range s.ports {
-		out = append(out, p.frontends...)
+	// Sorted by service then address; the keys are built once per
+	// frontend, not per comparison.
+	type keyed struct {
+		svc, addr string
+		fe        Frontend
 	}
-	slices.SortFunc(out, func(a, b Frontend) int {
-		if c := strings.Compare(a.Service.String()+string(a.Service.Protocol), b.Service.String()+string(b.Service.Protocol)); c != 0 {
+	var ks []keyed
+	for _, p := range s.ports {
+		for _, fe := range p.frontends {
+			ks = append(ks, keyed{fe.Service.String() + string(fe.Service.Protocol), fe.Addr.String(), fe})
+		}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		if c := strings.Compare(a.svc, b.svc); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Addr.String(), b.Addr.String())
+		return strings.Compare(a.addr, b.addr)
 	})
+	out := make([]Frontend, len(ks))
+	for i, k := range ks {
+		out[i] = k.fe
+	}
 	return out
 }
 

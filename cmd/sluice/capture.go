@@ -23,7 +23,7 @@ import (
 // have flushed it).
 type vipCapture interface {
 	before(snap *lb.Snapshot) error
-	after(snap *lb.Snapshot, fes []listeners.Frontend) error
+	after(snap *lb.Snapshot, fes func() []listeners.Frontend) error
 	resync() error
 	close()
 }
@@ -82,7 +82,7 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 type noCapture struct{}
 
 func (noCapture) before(*lb.Snapshot) error                      { return nil }
-func (noCapture) after(*lb.Snapshot, []listeners.Frontend) error { return nil }
+func (noCapture) after(*lb.Snapshot, func() []listeners.Frontend) error { return nil }
 func (noCapture) resync() error                                  { return nil }
 func (noCapture) close()                                         {}
 
@@ -164,8 +164,8 @@ func (c *iptablesCapture) families() string {
 
 func (c *iptablesCapture) before(*lb.Snapshot) error { return nil }
 
-func (c *iptablesCapture) after(snap *lb.Snapshot, fes []listeners.Frontend) error {
-	ps := portalsFor(snap, fes, c.local.has)
+func (c *iptablesCapture) after(snap *lb.Snapshot, fes func() []listeners.Frontend) error {
+	ps := portalsFor(snap, fes(), c.local.has)
 	c.mu.Lock()
 	c.last = ps
 	c.mu.Unlock()
@@ -262,7 +262,7 @@ func (c *bindCapture) before(snap *lb.Snapshot) error {
 	return c.binder.Ensure(c.last)
 }
 
-func (c *bindCapture) after(*lb.Snapshot, []listeners.Frontend) error {
+func (c *bindCapture) after(*lb.Snapshot, func() []listeners.Frontend) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.binder.Prune(c.last)

@@ -47,7 +47,9 @@ func (u userspacePlane) Apply(snap *lb.Snapshot) error {
 		}
 		errs = append(errs, err)
 	}
-	if err := u.capture.after(snap, u.Server.Frontends()); err != nil {
+	// Frontends only when the capture asks: listing and sorting every
+	// listener costs tens of milliseconds at 10k services.
+	if err := u.capture.after(snap, u.Server.Frontends); err != nil {
 		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
 	}
 	return errors.Join(errs...)
