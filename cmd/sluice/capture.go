@@ -81,10 +81,10 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 
 type noCapture struct{}
 
-func (noCapture) before(*lb.Snapshot) error                      { return nil }
+func (noCapture) before(*lb.Snapshot) error                             { return nil }
 func (noCapture) after(*lb.Snapshot, func() []listeners.Frontend) error { return nil }
-func (noCapture) resync() error                                  { return nil }
-func (noCapture) close()                                         {}
+func (noCapture) resync() error                                         { return nil }
+func (noCapture) close()                                                {}
 
 // iptablesCapture keeps KUBE-PORTALS-* for each family that works. Every
 // --iptables-sync-period it checks that the chains are still there and
