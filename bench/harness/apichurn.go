@@ -180,16 +180,15 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	defer proc.Stop(5 * time.Second)
 	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(lo, bed.probe))
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(3 * time.Minute)
 	// Until the initial listing is through (the marker's endpoint answers):
 	// an update queued behind thousands of initial events measures the
 	// start-up, not the update.
 	buf := make([]byte, 8)
-	for oneShotWithin(netip.AddrPortFrom(lo, bed.marker).String(), buf, buf, time.Second) != nil || backendOf(client, probe) != "0" {
-		if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
-			return nil, fmt.Errorf("sluice watching %d services did not come up:\n%s", bed.n, proc.Output())
-		}
-		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	synced := func() bool {
+		return oneShotWithin(netip.AddrPortFrom(lo, bed.marker).String(), buf, buf, time.Second) == nil && backendOf(client, probe) == "0"
+	}
+	if !proc.WaitFor(3*time.Minute, synced) {
+		return nil, fmt.Errorf("sluice watching %d services did not come up:\n%s", bed.n, proc.Output())
 	}
 	write := func(ep netip.AddrPort) error {
 		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", ep), metav1.UpdateOptions{})

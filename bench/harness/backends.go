@@ -230,15 +230,8 @@ func (b *Backends) iperf() error {
 	}
 	b.closers = append(b.closers, func() { p.Stop(2 * time.Second) })
 	addr := netip.AddrPortFrom(b.topo.Backend, port)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
-			c.Close()
-			break
-		}
-		if exited, _ := p.Exited(); exited || time.Now().After(deadline) {
-			return fmt.Errorf("iperf3 -s did not come up: %s", p.Output())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process we do not control
+	if !p.WaitFor(10*time.Second, func() bool { return dialOnce(addr) == nil }) {
+		return fmt.Errorf("iperf3 -s did not come up: %s", p.Output())
 	}
 	b.Iperf = []netip.AddrPort{addr}
 	return nil

@@ -134,12 +134,8 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	defer proc.Stop(5 * time.Second)
 	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(topo.LB, probePort))
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(2 * time.Minute)
-	for backendOf(client, probe) != "0" {
-		if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
-			return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
-		}
-		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	if !proc.WaitFor(2*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
+		return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
 	}
 	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) },
 		netip.AddrPortFrom(topo.LB, loadPort).String())
@@ -174,12 +170,8 @@ func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size)
 			c.Close()
 		}
 	}()
-	deadline := time.Now().Add(3 * time.Minute)
-	for backendOf(client, probe) != "0" {
-		if exited, _ := in.Proc.Exited(); exited || time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
-		}
-		time.Sleep(10 * time.Millisecond) // polling a process we do not control
+	if !in.Proc.WaitFor(3*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
+		return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
 	}
 	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
 }

@@ -61,6 +61,18 @@ func (p *Proc) Exited() (bool, error) {
 	}
 }
 
+// WaitFor polls ready until it reports true, and gives up (false) when the
+// process exits or timeout passes: the harness waits on processes it does
+// not control, which tell it nothing when they are ready.
+func (p *Proc) WaitFor(timeout time.Duration, ready func() bool) bool {
+	for deadline := time.Now().Add(timeout); !ready(); time.Sleep(10 * time.Millisecond) {
+		if exited, _ := p.Exited(); exited || time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // Stop sends SIGTERM to the process group, then SIGKILL after grace.
 func (p *Proc) Stop(grace time.Duration) {
 	if ok, _ := p.Exited(); ok {

@@ -359,20 +359,22 @@ func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Inst
 		if s.UDP {
 			continue
 		}
-		for {
-			c, err := net.DialTimeout("tcp", in.Addr(s.Name).String(), time.Second)
-			if err == nil {
-				c.Close()
-				break
-			}
-			if exited, _ := proc.Exited(); exited || time.Now().After(deadline) {
-				proc.Stop(time.Second)
-				return nil, fmt.Errorf("%s did not come up on %s: %v\n%s", sys.Name(), in.Addr(s.Name), err, proc.Output())
-			}
-			time.Sleep(20 * time.Millisecond) // polling a process we do not control; not a test
+		var err error
+		if !proc.WaitFor(time.Until(deadline), func() bool { err = dialOnce(in.Addr(s.Name)); return err == nil }) {
+			proc.Stop(time.Second)
+			return nil, fmt.Errorf("%s did not come up on %s: %v\n%s", sys.Name(), in.Addr(s.Name), err, proc.Output())
 		}
 	}
 	return in, nil
+}
+
+// dialOnce opens and closes one TCP connection to a.
+func dialOnce(a netip.AddrPort) error {
+	c, err := net.DialTimeout("tcp", a.String(), time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err
 }
 
 // Stop stops the system's process.

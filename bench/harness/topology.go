@@ -101,7 +101,15 @@ func (t *Topology) SourcesFor(mode string) []netip.Addr {
 // InKernelNode prefixes argv so that it runs in mode's node namespace.
 func (t *Topology) InKernelNode(mode string, argv ...string) []string {
 	k, _ := t.kernelNode(mode)
-	return append([]string{"ip", "netns", "exec", k.ns}, argv...)
+	return netnsExec(k.ns, argv)
+}
+
+// netnsExec prefixes argv with `ip netns exec ns` (none for "": loopback).
+func netnsExec(ns string, argv []string) []string {
+	if ns == "" {
+		return argv
+	}
+	return append([]string{"ip", "netns", "exec", ns}, argv...)
 }
 
 // Netns reports whether the run uses the namespace topology.
@@ -120,8 +128,8 @@ func Loopback() *Topology {
 const affinitySources = 64
 
 // The namespace topology's addresses: 10.77.1.0/24 between client and
-// node, 10.77.2.0/24 between node and backend. Service ClusterIPs
-// (10.96.0.0/16) reach the node through the client's default route.
+// node, 10.77.2.0/24 between node and backend; each kernel mode's links
+// and ClusterIP range are in its kernelNode.
 var (
 	netnsClient  = netip.MustParseAddr("10.77.1.2")
 	netnsNodeC   = netip.MustParseAddr("10.77.1.1")
@@ -246,20 +254,10 @@ func SetupNetns(prefix string, kernelModes ...string) (cleanup func(), err error
 }
 
 // InNode prefixes argv so that it runs in the node namespace.
-func (t *Topology) InNode(argv ...string) []string {
-	if t.nodeNS == "" {
-		return argv
-	}
-	return append([]string{"ip", "netns", "exec", t.nodeNS}, argv...)
-}
+func (t *Topology) InNode(argv ...string) []string { return netnsExec(t.nodeNS, argv) }
 
 // InBackend prefixes argv so that it runs in the backend namespace.
-func (t *Topology) InBackend(argv ...string) []string {
-	if t.backendNS == "" {
-		return argv
-	}
-	return append([]string{"ip", "netns", "exec", t.backendNS}, argv...)
-}
+func (t *Topology) InBackend(argv ...string) []string { return netnsExec(t.backendNS, argv) }
 
 // inBackend runs fn with the calling thread in the backend namespace, so
 // the sockets it creates live there (a socket keeps its namespace; the

@@ -134,10 +134,37 @@ type iptablesPlane struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu       sync.Mutex
-	last     *lb.Snapshot
+	latestState
 	failed   bool
 	loopback loopbackWarner
+}
+
+// latestState is a kernel plane's newest snapshot and the lock its syncs
+// run under (which also guards the plane's other sync state). A periodic
+// resync re-applies the newest snapshot read under that same lock, so it
+// can never put an older state back over a newer one.
+type latestState struct {
+	mu   sync.Mutex
+	last *lb.Snapshot
+}
+
+// applyNewest records snap as the newest and applies it with apply, under
+// the lock.
+func (l *latestState) applyNewest(snap *lb.Snapshot, apply func(*lb.Snapshot) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last = snap
+	return apply(snap)
+}
+
+// reapplyNewest applies the newest snapshot again, if there is one.
+func (l *latestState) reapplyNewest(apply func(*lb.Snapshot) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		return nil
+	}
+	return apply(l.last)
 }
 
 func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
@@ -186,23 +213,7 @@ func (p *iptablesPlane) nodePortAddrs() []netip.Addr {
 }
 
 // Apply syncs every family.
-func (p *iptablesPlane) Apply(snap *lb.Snapshot) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.last = snap
-	return p.applyLocked(snap)
-}
-
-// reapply applies the newest snapshot again, read under the lock it is
-// applied under: a resync never puts an older state back over a newer one.
-func (p *iptablesPlane) reapply() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.last == nil {
-		return nil
-	}
-	return p.applyLocked(p.last)
-}
+func (p *iptablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.check(snap)
@@ -258,7 +269,7 @@ func (p *iptablesPlane) loop(every time.Duration) {
 		if last == nil {
 			continue
 		}
-		// (The checks below only decide whether to resync; reapply takes the
+		// (The checks below only decide whether to resync; reapplyNewest takes the
 		// newest state itself.)
 		reason := ""
 		if failed {
@@ -273,7 +284,7 @@ func (p *iptablesPlane) loop(every time.Duration) {
 			continue
 		}
 		p.log.Warn("iptables: full resync", "why", reason)
-		if err := p.reapply(); err != nil {
+		if err := p.reapplyNewest(p.applyLocked); err != nil {
 			p.log.Error("iptables resync failed", "err", err)
 		} else {
 			p.log.Info("iptables: resynced")

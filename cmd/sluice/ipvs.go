@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/sluice-proxy/sluice/admin"
@@ -36,8 +35,7 @@ type ipvsPlane struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu       sync.Mutex
-	last     *lb.Snapshot
+	latestState
 	loopback loopbackWarner
 }
 
@@ -130,24 +128,7 @@ func (p *ipvsPlane) nodeIPs(snap *lb.Snapshot) []netip.Addr {
 	return out
 }
 
-func (p *ipvsPlane) Apply(snap *lb.Snapshot) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.last = snap
-	return p.applyLocked(snap)
-}
-
-// reapply applies the newest snapshot again. It reads it under the same
-// lock it applies under, so a resync can never re-apply an older state
-// over a newer one.
-func (p *ipvsPlane) reapply() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.last == nil {
-		return nil
-	}
-	return p.applyLocked(p.last)
-}
+func (p *ipvsPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.check(snap)
@@ -211,7 +192,7 @@ func (p *ipvsPlane) loop() {
 				}
 			}
 		case <-resync.C:
-			if err := p.reapply(); err != nil {
+			if err := p.reapplyNewest(p.applyLocked); err != nil {
 				p.log.Error("IPVS resync failed", "err", err)
 			}
 		}
