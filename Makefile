@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,10 +27,10 @@ run: build ## run the demo: three loopback backends and sluice on examples/ (Ctr
 
 test: test-deps verify test-race fuzz ## everything CI runs: installs the test beds, checks, race-enabled tests, short fuzzing
 
-TEST_PACKAGES := etcd-server iproute2 iptables
+TEST_PACKAGES := etcd-server iproute2 iptables ipset
 
-test-deps: ## install etcd, iproute2, iptables and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
-	@missing=""; for t in etcd ip iptables-legacy iptables-nft; do command -v $$t >/dev/null || missing=1; done; \
+test-deps: ## install etcd, iproute2, iptables, ipset (copied into the VM guest) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
+	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
@@ -96,6 +96,11 @@ bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; as
 
 bench-vm: build bench-deps ## the harness inside the VM suite's guest (kernel with IPVS): direct, event loop, iptables and IPVS modes side by side under emulation; results in bench/results/<ts>-vm/
 	bin/sluice-bench vm --mode smoke
+
+bench-vm-idle: build bench-deps ## 10k idle connections through each userspace proxy and the peers, in the VM guest (this host's hard descriptor limit, 20,000, stops at 7,500); ~20 min
+	bin/sluice-bench vm --mode short --rounds 1 --workloads idle-conns --mem 4096 --timeout 60m \
+		--systems sluice-eventloop,sluice-goroutine,naive-go,haproxy,haproxy-splice,nginx \
+		--note "The guest's root may raise the descriptor limit (the host's is 20,000, too few for 10k proxied connections), so this run holds the full 10k idle connections."
 
 bench-api-churn: build bench-deps test-deps ## endpoint churn through a real kube-apiserver holding 10k services (sluice's event loop; ~5 min, most of it loading the API server)
 	bin/sluice-bench --mode short --rounds 3 --systems sluice-eventloop --workloads churn-api --api-services 10000

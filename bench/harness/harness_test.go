@@ -94,7 +94,7 @@ func TestPeerConfigsAreFair(t *testing.T) {
 	}
 	n := nginx{}.config(lb, "/tmp/x", svcs)
 	for _, want := range []string{"worker_processes 2", "proxy_connect_timeout 250ms", "proxy_next_upstream_tries 3", "proxy_half_close on",
-		"listen 10.77.1.1:2002 udp reuseport", "hash $remote_addr consistent", "load_module " + nginxStreamModule} {
+		"listen 10.77.1.1:2002 udp reuseport", "hash $remote_addr consistent", "load_module " + NginxStreamModule} {
 		if !strings.Contains(n, want) {
 			t.Errorf("nginx config lacks %q:\n%s", want, n)
 		}

@@ -239,14 +239,14 @@ func (nginx) Name() string          { return "nginx" }
 func (nginx) Peer() bool            { return true }
 func (nginx) Supports(Service) bool { return true }
 
-// nginxStreamModule is where Debian's libnginx-mod-stream puts the module.
-const nginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
+// NginxStreamModule is where Debian's libnginx-mod-stream puts the module.
+const NginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
 func (n nginx) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
 	if _, err := exec.LookPath("nginx"); err != nil {
 		return nil, fmt.Errorf("nginx not installed (apt-get install nginx-light libnginx-mod-stream)")
 	}
-	if _, err := os.Stat(nginxStreamModule); err != nil {
+	if _, err := os.Stat(NginxStreamModule); err != nil {
 		return nil, fmt.Errorf("nginx stream module missing (apt-get install libnginx-mod-stream)")
 	}
 	conf := filepath.Join(dir, "nginx.conf")
@@ -262,7 +262,7 @@ func (nginx) config(lb netip.Addr, dir string, svcs []Service) string {
 	var c strings.Builder
 	fds := min(60000, FileLimit())
 	fmt.Fprintf(&c, "load_module %s;\nworker_processes 2;\nworker_rlimit_nofile %d;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\nevents { worker_connections %d; }\nstream {\n",
-		nginxStreamModule, fds, dir, dir, fds-500)
+		NginxStreamModule, fds, dir, dir, fds-500)
 	for _, s := range svcs {
 		up := "u_" + strings.ReplaceAll(s.Name, "-", "_")
 		fmt.Fprintf(&c, "  upstream %s {\n", up)

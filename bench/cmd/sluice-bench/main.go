@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -270,7 +271,11 @@ func run() int {
 func vmBench(args []string) int {
 	fs := flag.NewFlagSet("vm", flag.ExitOnError)
 	mode := fs.String("mode", "smoke", "harness mode inside the guest")
-	systems := fs.String("systems", "direct,sluice-eventloop,sluice-iptables,sluice-ipvs", "systems to run in the guest")
+	systems := fs.String("systems", "direct,sluice-eventloop,sluice-iptables,sluice-ipvs", "systems to run in the guest (haproxy, haproxy-splice and nginx are copied in with their libraries when named)")
+	workloads := fs.String("workloads", "", "workloads to run in the guest (default: all)")
+	rounds := fs.Int("rounds", 0, "measured rounds in the guest (default: the mode's)")
+	memMB := fs.Int("mem", 2048, "guest memory, MiB")
+	why := fs.String("note", "", "a further sentence for the head of the report (why this ran in the guest)")
 	out := fs.String("out", "bench/results", "results root")
 	timeout := fs.Duration("timeout", 40*time.Minute, "longest the VM may run")
 	fs.Parse(args)
@@ -297,21 +302,43 @@ func vmBench(args []string) int {
 			return 1
 		}
 	}
+	g, err := guestSetup(*systems)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench vm:", err)
+		return 1
+	}
 	var tools []string
-	for _, t := range []string{"ip", "iperf3", "wrk"} {
-		p, err := exec.LookPath(t)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "sluice-bench vm: %s is not installed (make bench-deps)\n", t)
+	for _, t := range g.tools {
+		p := t
+		if !filepath.IsAbs(t) {
+			if p, err = exec.LookPath(t); err != nil {
+				fmt.Fprintf(os.Stderr, "sluice-bench vm: %s is not installed (make bench-deps)\n", t)
+				return 1
+			}
+		} else if _, err := os.Stat(t); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench vm: %s is missing (make bench-deps)\n", t)
 			return 1
 		}
 		tools = append(tools, p)
 	}
+	note := "Run inside the VM suite's Debian guest under qemu TCG emulation, 2 vCPUs: the numbers are the guest's, so compare the systems with one another, never with a run on the host. Emulation slows user-space code far more than the kernel's own forwarding."
+	if *why != "" {
+		note += " " + *why
+	}
+	extra := ""
+	if *workloads != "" {
+		extra += " --workloads " + *workloads
+	}
+	if *rounds > 0 {
+		extra += fmt.Sprintf(" --rounds %d", *rounds)
+	}
 	script := fmt.Sprintf(`cd /tmp
-/sluice-bench --mode %s --topology netns --kernel-modes iptables,ipvs --iptables-backend legacy --systems %s --sluice /sluice --out /tmp/r --note "Run inside the VM suite's Debian guest (kernel with IPVS) under qemu TCG emulation, 2 vCPUs: the numbers are the guest's, so compare the systems with one another, never with a run on the host. Emulation slows user-space code far more than the kernel's own forwarding."
+%s
+/sluice-bench --mode %s --topology netns --kernel-modes %s --iptables-backend legacy --systems %s%s --sluice /sluice --out /tmp/r --note %q
 rc=$?
 echo BEGIN-RESULTS-MD; cat /tmp/r/*/results.md; echo END-RESULTS-MD
 echo BEGIN-RESULTS-JSON; base64 /tmp/r/*/results.json; echo END-RESULTS-JSON
-return $rc`, *mode, *systems)
+return $rc`, g.prepare, *mode, g.kernelModes, *systems, extra, note)
 	img, err := vmtest.Build(vmtest.Spec{Root: root, Work: work, Tools: tools, Script: script,
 		Files: map[string]string{"sluice": filepath.Join(work, "sluice"), "sluice-bench": filepath.Join(work, "sluice-bench")}})
 	if err != nil {
@@ -320,7 +347,7 @@ return $rc`, *mode, *systems)
 	}
 	start := time.Now()
 	fmt.Fprintf(os.Stderr, "sluice-bench vm: booting the guest (up to %s)\n", *timeout)
-	log, err := vmtest.Boot(img, work, 2048, *timeout)
+	log, err := vmtest.Boot(img, work, *memMB, *timeout)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s\nsluice-bench vm: %v\n", log, err)
 		return 1
@@ -360,6 +387,45 @@ return $rc`, *mode, *systems)
 		return 1
 	}
 	return 0
+}
+
+// guest is what the VM image needs for a set of systems.
+type guest struct {
+	tools       []string // host binaries (names looked up on PATH, or absolute paths) copied in with their libraries
+	prepare     string   // shell run in the guest before the harness
+	kernelModes string   // --kernel-modes for the harness in the guest
+}
+
+// guestSetup works out the guest for a comma-separated system list: the
+// load generators always, the peers' binaries when they are named (nginx
+// with its stream module and the user its workers switch to), and a node
+// namespace only for the kernel modes named.
+func guestSetup(systems string) (guest, error) {
+	g := guest{tools: []string{"ip", "iperf3", "wrk"}}
+	var modes []string
+	for _, s := range strings.Split(systems, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "sluice-iptables":
+			modes = append(modes, "iptables")
+		case "sluice-ipvs":
+			modes = append(modes, "ipvs")
+		case "haproxy", "haproxy-splice":
+			if !slices.Contains(g.tools, "haproxy") {
+				g.tools = append(g.tools, "haproxy")
+			}
+		case "nginx":
+			g.tools = append(g.tools, "nginx", harness.NginxStreamModule)
+			g.prepare = `printf 'root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > /etc/passwd; printf 'root:x:0:\nnogroup:x:65534:\n' > /etc/group; mkdir -p /var/lib/nginx /var/log/nginx`
+		case "", "direct", "sluice-eventloop", "sluice-goroutine", "naive-go":
+		default:
+			return guest{}, fmt.Errorf("--systems: %q is not a system the guest can run", s)
+		}
+	}
+	g.kernelModes = "none"
+	if len(modes) > 0 {
+		g.kernelModes = strings.Join(modes, ",")
+	}
+	return g, nil
 }
 
 // chooseKernelModes resolves --kernel-modes.
