@@ -3,6 +3,7 @@
 package harness
 
 import (
+	"errors"
 	"math"
 	"net/netip"
 	"os"
@@ -227,5 +228,31 @@ func TestBenchTBTurnsFatalIntoAnErrorAndCleansUp(t *testing.T) {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Fatalf("temp dir %s left behind", d)
 		}
+	}
+}
+
+func TestWriteKeepsTheMetricsOfARunThatStoppedShortAndSaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	runs := []Run{
+		{Round: 1, System: "sluice-eventloop", Workload: "idle-conns", Metrics: Metrics{"rss_bytes_per_conn": 800, "conns": 10000, "held_all": 1}},
+		{Round: 1, System: "sluice-goroutine", Workload: "idle-conns", Metrics: Metrics{"rss_bytes_per_conn": 18000, "conns": 9924, "held_all": 0},
+			Note: stoppedShort{errors.New("held 9924 of 10000 connections: context deadline exceeded")}.Error()},
+	}
+	md, err := Write(dir, Options{Mode: "short", Rounds: 1, Topology: Loopback()}, runs, []System{sluice{engine: "eventloop"}, sluice{engine: "goroutine"}}, "test machine\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md, "| sluice-goroutine | 9924 | 0 | 1.8e+04") {
+		t.Errorf("the short run's metrics must stand in its table:\n%s", md)
+	}
+	if !strings.Contains(md, "## Runs that stopped short") || !strings.Contains(md, "- round 1 sluice-goroutine idle-conns: stopped short: held 9924 of 10000 connections: context deadline exceeded") {
+		t.Errorf("the report must say why a run stopped short:\n%s", md)
+	}
+	if strings.Contains(md, "## Errors") {
+		t.Errorf("a run that stopped short is not an error:\n%s", md)
+	}
+	csv, err := os.ReadFile(filepath.Join(dir, "results.csv"))
+	if err != nil || !strings.Contains(string(csv), "stopped short: held 9924") {
+		t.Errorf("results.csv must carry the note: %v\n%s", err, csv)
 	}
 }

@@ -200,6 +200,15 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if len(errs) > 0 {
 		fmt.Fprintf(&md, "\n## Errors\n\n%s\n", strings.Join(errs, "\n"))
 	}
+	var notes []string
+	for _, r := range runs {
+		if r.Note != "" {
+			notes = append(notes, fmt.Sprintf("- round %d %s %s: %s", r.Round, r.System, r.Workload, r.Note))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintf(&md, "\n## Runs that stopped short\n\nTheir metrics are of what they measured.\n\n%s\n", strings.Join(notes, "\n"))
+	}
 	fmt.Fprintf(&md, "\n## Machine\n\n```\n%s```\n", machine)
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
 		return "", err
@@ -240,10 +249,10 @@ func writeCSV(path string, runs []Run) error {
 	}
 	defer f.Close()
 	w := csv.NewWriter(f)
-	w.Write([]string{"round", "warmup", "system", "workload", "metric", "value", "lb_cpu_seconds", "host_cpu_seconds", "lb_peak_rss_bytes", "error", "not_applicable"})
+	w.Write([]string{"round", "warmup", "system", "workload", "metric", "value", "lb_cpu_seconds", "host_cpu_seconds", "lb_peak_rss_bytes", "error", "not_applicable", "note"})
 	for _, r := range runs {
 		base := []string{fmt.Sprint(r.Round), fmt.Sprint(r.Warmup), r.System, r.Workload}
-		tail := []string{fmt.Sprint(r.CPUSeconds), fmt.Sprint(r.HostCPUSeconds), fmt.Sprint(r.PeakRSS), r.Err, fmt.Sprint(r.NA)}
+		tail := []string{fmt.Sprint(r.CPUSeconds), fmt.Sprint(r.HostCPUSeconds), fmt.Sprint(r.PeakRSS), r.Err, fmt.Sprint(r.NA), r.Note}
 		if len(r.Metrics) == 0 {
 			w.Write(append(append(base, "", ""), tail...))
 		}

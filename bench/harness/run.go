@@ -51,7 +51,10 @@ type Run struct {
 	HostCPUSeconds float64 `json:"host_cpu_seconds"`
 	PeakRSS        int64   `json:"lb_peak_rss_bytes"`
 	Err            string  `json:"error,omitempty"`
-	NA             bool    `json:"not_applicable,omitempty"`
+	// Note says why a run that has metrics measured less than it set out
+	// to (see stoppedShort).
+	Note string `json:"note,omitempty"`
+	NA   bool   `json:"not_applicable,omitempty"`
 }
 
 // Execute runs every workload on every system, in shuffled interleaved
@@ -152,6 +155,8 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 			switch {
 			case errors.Is(err, errNotApplicable):
 				r.NA, r.Metrics = true, nil
+			case errors.As(err, new(stoppedShort)):
+				r.Note = err.Error()
 			case err != nil:
 				r.Err = err.Error()
 			}
@@ -170,7 +175,12 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 // runLimit is how long one run of a workload may take: the first API
 // churn run loads the API server (10k services take minutes here).
 func runLimit(workload string) time.Duration {
-	if workload == "churn-api" {
+	switch workload {
+	case "churn-api":
+		return 10 * time.Minute
+	case "idle-conns":
+		// Bounded by its count; 10k handshakes through a proxy under
+		// emulation (sluice-bench vm) take more than 2 minutes.
 		return 10 * time.Minute
 	}
 	return 2 * time.Minute
@@ -203,7 +213,11 @@ func (r Run) short() string {
 	for _, k := range keys {
 		s += fmt.Sprintf("%s=%.4g ", k, r.Metrics[k])
 	}
-	return s + fmt.Sprintf("cpu=%.2fs", r.CPUSeconds)
+	s += fmt.Sprintf("cpu=%.2fs", r.CPUSeconds)
+	if r.Note != "" {
+		s += " (" + r.Note + ")"
+	}
+	return s
 }
 
 // ExitedOrNil is Exited for a possibly nil Proc (direct has none).

@@ -315,11 +315,16 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	// A system that stopped short (out of descriptors: the goroutine
 	// proxies' idle splices hold a pipe per direction) is measured on the
 	// connections it held; held_all says whether it held all n.
-	held := 1.0
+	m := Metrics{"rss_bytes_per_conn": float64(after-mid.rss) / float64(len(conns)-mid.conns), "conns": float64(len(conns)), "held_all": 1}
 	if len(conns) < n {
-		held = 0
+		m["held_all"] = 0
+		why := failed
+		if why == nil {
+			why = ctx.Err()
+		}
+		return m, stoppedShort{fmt.Errorf("held %d of %d connections: %w", len(conns), n, why)}
 	}
-	return Metrics{"rss_bytes_per_conn": float64(after-mid.rss) / float64(len(conns)-mid.conns), "conns": float64(len(conns)), "held_all": held}, nil
+	return m, nil
 }
 
 func slowReader(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
@@ -406,6 +411,14 @@ func wrkRun(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 }
 
 var errNotApplicable = errors.New("n/a")
+
+// stoppedShort is what a workload returns with its metrics when it
+// measured less than it set out to (a system that ran out of descriptors,
+// the run's time limit): the metrics stand, and the report says why.
+type stoppedShort struct{ why error }
+
+func (s stoppedShort) Error() string { return "stopped short: " + s.why.Error() }
+func (s stoppedShort) Unwrap() error { return s.why }
 
 // iperf runs iperf3 through the system, one stream, either direction, and
 // reports the receiver's rate.
