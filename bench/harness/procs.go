@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,10 +132,9 @@ func ReadUsage(pid int) (Usage, error) {
 	return u, nil
 }
 
-// GroupUsage sums ReadUsage over every process in pid's process group, so
-// multi-process peers (nginx master + workers) are measured whole.
-func GroupUsage(pgid int) Usage {
-	var total Usage
+// groupMembers lists the processes in process group pgid.
+func groupMembers(pgid int) []int {
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -150,9 +150,18 @@ func GroupUsage(pgid int) Usage {
 		if len(fields) < 3 {
 			continue
 		}
-		if g, _ := strconv.Atoi(fields[2]); g != pgid {
-			continue
+		if g, _ := strconv.Atoi(fields[2]); g == pgid {
+			pids = append(pids, pid)
 		}
+	}
+	return pids
+}
+
+// GroupUsage sums ReadUsage over every process in pid's process group, so
+// multi-process peers (nginx master + workers) are measured whole.
+func GroupUsage(pgid int) Usage {
+	var total Usage
+	for _, pid := range groupMembers(pgid) {
 		if u, err := ReadUsage(pid); err == nil {
 			total.CPUSeconds += u.CPUSeconds
 			total.RSSBytes += u.RSSBytes
@@ -160,6 +169,23 @@ func GroupUsage(pgid int) Usage {
 		}
 	}
 	return total
+}
+
+// GroupSockets counts the sockets open in process group pgid (the entries
+// of /proc/<pid>/fd of each member that are sockets: pipes, such as the
+// splice pipes Go pools after a socket-to-socket copy, are not counted).
+func GroupSockets(pgid int) int {
+	n := 0
+	for _, pid := range groupMembers(pgid) {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		fds, _ := os.ReadDir(dir)
+		for _, fd := range fds {
+			if target, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && strings.HasPrefix(target, "socket:") {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // HostBusySeconds is the machine's busy CPU time so far, summed over CPUs,

@@ -323,6 +323,14 @@ func (in *Instance) Usage() Usage {
 	return GroupUsage(in.Proc.PID())
 }
 
+// Sockets is how many sockets the system's processes hold.
+func (in *Instance) Sockets() int {
+	if in.Proc == nil {
+		return 0
+	}
+	return GroupSockets(in.Proc.PID())
+}
+
 // Launch starts sys in t on fresh ports for svcs and waits until every
 // TCP frontend accepts connections.
 func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Instance, error) {
