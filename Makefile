@@ -97,7 +97,7 @@ bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; as
 bench-vm: build bench-deps ## the harness inside the VM suite's guest (kernel with IPVS): direct, event loop, iptables and IPVS modes side by side under emulation; results in bench/results/<ts>-vm/
 	bin/sluice-bench vm --mode smoke
 
-bench-vm-idle: build bench-deps ## 10k idle connections through each userspace proxy and the peers, in the VM guest (this host's hard descriptor limit, 20,000, stops at 7,500); ~20 min
+bench-vm-idle: build bench-deps ## 10k idle connections through each userspace proxy and the peers, in the VM guest (this host's hard descriptor limit, 20,000, stops at 7,500); ~10 min
 	bin/sluice-bench vm --mode short --rounds 1 --workloads idle-conns --mem 4096 --timeout 60m \
 		--systems sluice-eventloop,sluice-goroutine,naive-go,haproxy,haproxy-splice,nginx \
 		--note "The guest's root may raise the descriptor limit (the host's is 20,000, too few for 10k proxied connections), so this run holds the full 10k idle connections."

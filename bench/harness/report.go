@@ -191,23 +191,21 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 		md.WriteString("\n")
 	}
 	md.WriteString(Targets(sum, systems))
-	var errs []string
-	for _, r := range runs {
-		if r.Err != "" {
-			errs = append(errs, fmt.Sprintf("- round %d %s %s: %s", r.Round, r.System, r.Workload, r.Err))
+	// runLines lists the runs whose text is not empty, one line each.
+	runLines := func(text func(Run) string) string {
+		var lines []string
+		for _, r := range runs {
+			if t := text(r); t != "" {
+				lines = append(lines, fmt.Sprintf("- round %d %s %s: %s", r.Round, r.System, r.Workload, t))
+			}
 		}
+		return strings.Join(lines, "\n")
 	}
-	if len(errs) > 0 {
-		fmt.Fprintf(&md, "\n## Errors\n\n%s\n", strings.Join(errs, "\n"))
+	if errs := runLines(func(r Run) string { return r.Err }); errs != "" {
+		fmt.Fprintf(&md, "\n## Errors\n\n%s\n", errs)
 	}
-	var notes []string
-	for _, r := range runs {
-		if r.Note != "" {
-			notes = append(notes, fmt.Sprintf("- round %d %s %s: %s", r.Round, r.System, r.Workload, r.Note))
-		}
-	}
-	if len(notes) > 0 {
-		fmt.Fprintf(&md, "\n## Runs that stopped short\n\nTheir metrics are of what they measured.\n\n%s\n", strings.Join(notes, "\n"))
+	if notes := runLines(func(r Run) string { return r.Note }); notes != "" {
+		fmt.Fprintf(&md, "\n## Runs that stopped short\n\nTheir metrics are of what they measured.\n\n%s\n", notes)
 	}
 	fmt.Fprintf(&md, "\n## Machine\n\n```\n%s```\n", machine)
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {

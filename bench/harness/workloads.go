@@ -319,13 +319,13 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	// connections it held; held_all says whether it held all n.
 	m := Metrics{"rss_bytes_per_conn": float64(after-mid.rss) / float64(len(conns)-mid.conns), "conns": float64(len(conns)), "held_all": 1}
 	var short []string
-	if held := int(m["conns"]); held < n {
+	if len(conns) < n {
 		m["held_all"] = 0
 		why := failed
 		if why == nil {
 			why = ctx.Err()
 		}
-		short = append(short, fmt.Sprintf("held %d of %d connections: %v", held, n, why))
+		short = append(short, fmt.Sprintf("held %d of %d connections: %v", len(conns), n, why))
 	}
 	// Thousands of connections closing at once are a storm of FINs
 	// through the proxy and the backends; the next run must not start in
@@ -334,8 +334,7 @@ func idle(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	// sockets, on a clock of its own (the run's may have run out while
 	// connecting), and report how long that took. Pipes do not count: Go
 	// pools its splice pipes until a collection.
-	closeAll()
-	conns = conns[:0:0]
+	closeAll() // the deferred call closes them again, harmlessly
 	released := time.Now()
 	for socks := in.Sockets(); socks > socks0+50; socks = in.Sockets() {
 		if time.Since(released) > 2*time.Minute || errors.Is(ctx.Err(), context.Canceled) {
