@@ -77,10 +77,10 @@ staticcheck: $(STATICCHECK)
 windows: ## the userspace mode must build for Windows nodes
 	GOOS=windows $(GO) build ./...
 
-BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3 iptables
+BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3 iptables linux-perf
 
 bench-deps: ## install the peers and load generators the bench harness runs (Debian packages)
-	@missing=""; for t in haproxy nginx wrk iperf3 iptables-nft-restore iptables-legacy-restore; do command -v $$t >/dev/null || missing=1; done; \
+	@missing=""; for t in haproxy nginx wrk iperf3 iptables-nft-restore iptables-legacy-restore perf; do command -v $$t >/dev/null || missing=1; done; \
 	[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || missing=1; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "bench-deps: need root to apt-get install $(BENCH_PACKAGES)"; exit 1; fi; \

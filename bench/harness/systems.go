@@ -55,6 +55,10 @@ type Config struct {
 	// IPTablesBackend is passed to the kernel modes as --iptables-backend
 	// (empty: sluice's own detection).
 	IPTablesBackend string
+	// SluiceBase, when set, is an earlier sluice binary run beside the
+	// current one as sluice-eventloop-base, so a change to the engine is
+	// measured before and after in the same run.
+	SluiceBase string
 }
 
 // Systems returns every system t can run, in report order: the kernel
@@ -64,6 +68,9 @@ func Systems(c Config, t *Topology) []System {
 		direct{},
 		sluice{bin: c.Sluice, engine: "eventloop"},
 		sluice{bin: c.Sluice, engine: "goroutine"},
+	}
+	if c.SluiceBase != "" {
+		all = append(all, sluice{bin: c.SluiceBase, engine: "eventloop", suffix: "-base"})
 	}
 	if t != nil {
 		for _, mode := range t.KernelModes() {
@@ -111,9 +118,9 @@ func manifests(svcs []Service, nodePorts bool) string {
 	return m.String()
 }
 
-type sluice struct{ bin, engine string }
+type sluice struct{ bin, engine, suffix string }
 
-func (s sluice) Name() string        { return "sluice-" + s.engine }
+func (s sluice) Name() string        { return "sluice-" + s.engine + s.suffix }
 func (sluice) Peer() bool            { return false }
 func (sluice) Supports(Service) bool { return true }
 func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {

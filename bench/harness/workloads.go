@@ -42,15 +42,18 @@ type Size struct {
 	// kube-apiserver, once per run (10k take ~2 minutes here: short mode
 	// loads 1k; sluice-bench --api-services 10000 for the target).
 	APIChurn int
+	// CostUnits is the fixed amount of work each cost workload counts
+	// (request/responses, connections, datagrams).
+	CostUnits int
 }
 
 // Modes are the run sizes: smoke proves the harness works (under 2
 // minutes), short gives numbers (under 10 minutes on 2 cores).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
-		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100, APIChurn: 100},
+		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100, APIChurn: 100, CostUnits: 4000},
 	"short": {RRMessages: 10000, CRRDuration: 1500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 5000, UDPClients: 1000, IperfSeconds: 2,
-		RetryConns: 18, IdleConns: 10000, SlowFor: time.Second, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000, APIChurn: 1000},
+		RetryConns: 18, IdleConns: 10000, SlowFor: time.Second, WrkDuration: 2 * time.Second, AffinityIPs: 30, AffinityReqs: 10, MaxChurn: 10000, MaxKernelChurn: 1000, APIChurn: 1000, CostUnits: 40000},
 }
 
 // Metrics of one run of one workload on one system.
@@ -82,6 +85,10 @@ func Workloads() []Workload {
 		{"idle-conns", "idle connections held open", "rss_bytes_per_conn", true, "echo", idle},
 		{"slow-reader", "a client that reads 1 MB/s from a backend that writes without end", "rss_growth_MB", true, "push", slowReader},
 		{"half-close", "client shutdown(SHUT_WR), then reads the reply", "pass", false, "halfclose", halfClose},
+		{"cost-rr", "cost: 64 B request/response on one kept connection, fixed count; LB syscalls and CPU per request", "cpu_us_per_unit", true, "echo", costRR(1)},
+		{"cost-keepalive", "cost: 64 B request/response on 32 kept connections at once, fixed count", "cpu_us_per_unit", true, "echo", costRR(32)},
+		{"cost-crr", "cost: a new connection per 64 B request, 4 clients, fixed count; per connection", "cpu_us_per_unit", true, "echo", costCRR},
+		{"cost-udp-rr", "cost: 64 B UDP request/response on one flow, fixed count; per datagram exchanged", "cpu_us_per_unit", true, "udp", costUDPRR},
 		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
 		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
 		{"churn-10k", "the same with 10,000 services", "update_p50_ms", true, "http", churn(10000)},

@@ -120,6 +120,7 @@ func run() int {
 	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (< 10 min)")
 	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
 	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
+	sluiceBase := flag.String("sluice-base", "", "an earlier sluice binary, run beside --sluice as sluice-eventloop-base (before and after a change, in one run)")
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
@@ -213,13 +214,23 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "sluice binary %s: %v (run make build)\n", sl, err)
 		return 1
 	}
+	base := ""
+	if *sluiceBase != "" {
+		if base, err = filepath.Abs(*sluiceBase); err == nil {
+			_, err = os.Stat(base)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "--sluice-base: %v\n", err)
+			return 1
+		}
+	}
 	dir, err := filepath.Abs(filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-"+*mode))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	opts := harness.Options{APIServices: *apiServices, Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
-		Config: harness.Config{Sluice: sl, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
+		Config: harness.Config{Sluice: sl, SluiceBase: base, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
 	if *only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {

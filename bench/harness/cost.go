@@ -1,0 +1,286 @@
+//go:build linux
+
+package harness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The cost workloads do a fixed amount of work through a system while
+// perf counts the load balancer's syscalls (raw_syscalls:sys_enter) and
+// CPU time (task-clock) over its whole process group. They report work per
+// unit (per request/response, per connection, per datagram), which a
+// shared, noisy machine moves far less than throughput. perf counts only
+// during these workloads, so the timed workloads never carry its overhead.
+
+// Counts is what perf counted over one measured stretch.
+type Counts struct {
+	Syscalls float64
+	CPUms    float64 // task-clock
+}
+
+// perfCounter is a running `perf stat` attached to a process group, started
+// with its events disabled and driven through perf's control descriptors,
+// so the counted stretch is exactly the work in between.
+type perfCounter struct {
+	cmd      *exec.Cmd
+	ctl      *os.File // perf reads commands here
+	ack      *bufio.Reader
+	ackFile  *os.File
+	out      string
+	children []*os.File
+}
+
+func startPerf(pids []int, dir string) (*perfCounter, error) {
+	if _, err := exec.LookPath("perf"); err != nil {
+		return nil, fmt.Errorf("perf is not installed (Debian: linux-perf): %w", err)
+	}
+	if len(pids) == 0 {
+		return nil, errors.New("no process to count")
+	}
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	ackR, ackW, err := os.Pipe()
+	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		return nil, err
+	}
+	ps := make([]string, len(pids))
+	for i, p := range pids {
+		ps[i] = strconv.Itoa(p)
+	}
+	out := filepath.Join(dir, "perf-stat.csv")
+	cmd := exec.Command("perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,task-clock",
+		"-D", "-1", "--control", "fd:3,4", "-o", out, "-p", strings.Join(ps, ","))
+	cmd.ExtraFiles = []*os.File{ctlR, ackW}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		ackR.Close()
+		ackW.Close()
+		return nil, fmt.Errorf("perf stat: %w", err)
+	}
+	ctlR.Close()
+	ackW.Close()
+	return &perfCounter{cmd: cmd, ctl: ctlW, ack: bufio.NewReader(ackR), ackFile: ackR, out: out}, nil
+}
+
+// command sends enable or disable and waits for perf's ack.
+func (p *perfCounter) command(c string) error {
+	if _, err := io.WriteString(p.ctl, c+"\n"); err != nil {
+		return fmt.Errorf("perf %s: %w", c, err)
+	}
+	line, err := p.ack.ReadString('\n')
+	if err != nil || strings.Trim(line, "\x00 \n") != "ack" { // perf sends "ack\n\x00"
+		return fmt.Errorf("perf %s: no ack (%q, %v)", c, line, err)
+	}
+	return nil
+}
+
+// stop ends perf and parses its counts.
+func (p *perfCounter) stop() (Counts, error) {
+	p.cmd.Process.Signal(syscall.SIGINT)
+	werr := p.cmd.Wait()
+	p.ctl.Close()
+	p.ackFile.Close()
+	data, err := os.ReadFile(p.out)
+	if err != nil {
+		return Counts{}, fmt.Errorf("perf stat output: %w (perf: %v)", err, werr)
+	}
+	return parsePerfCSV(string(data))
+}
+
+// parsePerfCSV reads `perf stat -x ,` output: value,unit,event,...
+func parsePerfCSV(s string) (Counts, error) {
+	var c Counts
+	var seen int
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Split(line, ",")
+		if len(f) < 3 || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return c, fmt.Errorf("perf counted nothing for %s (%q): the kernel may not allow it", f[2], f[0])
+		}
+		switch {
+		case strings.HasPrefix(f[2], "raw_syscalls:sys_enter"):
+			c.Syscalls = v
+			seen++
+		case strings.HasPrefix(f[2], "task-clock"):
+			c.CPUms = v
+			seen++
+		}
+	}
+	if seen != 2 {
+		return c, fmt.Errorf("perf stat output has %d of 2 events: %q", seen, s)
+	}
+	return c, nil
+}
+
+// countWork counts the instance's syscalls and CPU while work runs; work
+// returns how many units it completed.
+func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
+	if in.Proc == nil || IsKernelMode(in.System) {
+		return nil, errNotApplicable // no process of its own forwards the bytes
+	}
+	dir, err := os.MkdirTemp(in.Dir, "perf-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	p, err := startPerf(groupMembers(in.Proc.PID()), dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.command("enable"); err != nil {
+		p.stop()
+		return nil, err
+	}
+	units, werr := work()
+	derr := p.command("disable")
+	c, serr := p.stop()
+	if err := errors.Join(werr, derr, serr); err != nil {
+		return nil, err
+	}
+	if units == 0 {
+		return nil, errors.New("no work completed")
+	}
+	return Metrics{
+		"syscalls_per_unit": c.Syscalls / float64(units),
+		"cpu_us_per_unit":   c.CPUms * 1e3 / float64(units),
+		"units":             float64(units),
+	}, nil
+}
+
+// rrOn does n 64 B request/responses on c.
+func rrOn(ctx context.Context, c net.Conn, n int) (int, error) {
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	done := 0
+	for ; done < n && ctx.Err() == nil; done++ {
+		if _, err := c.Write(msg); err != nil {
+			return done, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// costRR: request/response on kept connections, conns at once.
+func costRR(conns int) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+		addr := in.Addr("echo").String()
+		cs := make([]net.Conn, 0, conns)
+		defer func() {
+			for _, c := range cs {
+				c.Close()
+			}
+		}()
+		for i := 0; i < conns; i++ { // connected before counting starts
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, c)
+		}
+		if _, err := rrOn(ctx, cs[0], 10); err != nil { // the backend connection is up
+			return nil, err
+		}
+		per := sz.CostUnits / conns
+		return countWork(in, func() (int, error) {
+			var wg sync.WaitGroup
+			counts := make([]int, conns)
+			errs := make([]error, conns)
+			for i, c := range cs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					counts[i], errs[i] = rrOn(ctx, c, per)
+				}()
+			}
+			wg.Wait()
+			total := 0
+			for _, n := range counts {
+				total += n
+			}
+			return total, errors.Join(errs...)
+		})
+	}
+}
+
+// costCRR: a new connection per 64 B request, 4 clients.
+func costCRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("echo").String()
+	const clients = 4
+	per := sz.CostUnits / 4 / clients
+	return countWork(in, func() (int, error) {
+		var wg sync.WaitGroup
+		counts := make([]int, clients)
+		errs := make([]error, clients)
+		for g := 0; g < clients; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				msg, buf := make([]byte, 64), make([]byte, 64)
+				for i := 0; i < per && ctx.Err() == nil; i++ {
+					if err := oneShot(addr, msg, buf); err != nil {
+						errs[g] = err
+						return
+					}
+					counts[g]++
+				}
+			}()
+		}
+		wg.Wait()
+		return counts[0] + counts[1] + counts[2] + counts[3], errors.Join(errs...)
+	})
+}
+
+// costUDPRR: 64 B datagram request/response on one flow, sequential.
+func costUDPRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.Dial("udp", in.Addr("udp").String())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	msg, buf := make([]byte, 64), make([]byte, 2048)
+	exchange := func() error {
+		c.Write(msg)
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := c.Read(buf)
+		return err
+	}
+	if err := exchange(); err != nil { // the flow exists before counting starts
+		return nil, fmt.Errorf("first datagram: %w", err)
+	}
+	return countWork(in, func() (int, error) {
+		n := 0
+		for i := 0; i < sz.CostUnits && ctx.Err() == nil; i++ {
+			if exchange() == nil { // a lost reply is not a unit
+				n++
+			}
+		}
+		return n, nil
+	})
+}
