@@ -116,7 +116,8 @@ func New(name string, opts Options) (Engine, error) {
 
 // Options are the engine-wide settings.
 type Options struct {
-	// Loops is the number of event loops (eventloop engine); 0 means GOMAXPROCS.
+	// Loops is the number of event loops (eventloop engine); 0 means one per
+	// P, at most one per CPU. The engine raises GOMAXPROCS to Loops+1.
 	Loops int
 	// BufferSize is the per-direction copy buffer of a connection. It bounds
 	// the memory a slow reader can pin. Default 64 KiB.

@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -19,12 +19,15 @@ import (
 )
 
 // EventLoop is the epoll engine: a few event loops, each one goroutine that
-// owns its sockets, with no goroutine per connection. Backend connects are
-// non-blocking and completed on the loop; per-try timeouts are runtime
-// timers that post back to the loop. Each direction of a connection has at
-// most one fixed-size buffer, taken only while bytes are in flight, so an
-// idle connection holds no buffer and a slow reader pauses its writer.
-// A clean EOF is forwarded as shutdown(SHUT_WR).
+// owns its sockets, with no goroutine per connection. Each TCP listener has
+// one SO_REUSEPORT socket per loop, so a connection lives on the loop that
+// accepted it, with its backend socket, and never crosses loops. Backend
+// connects are non-blocking and completed on the loop; per-try timeouts,
+// back-offs and UDP flow expiry are the loop's own deadlines, driven by its
+// poll timeout. Each direction of a connection has at most one fixed-size
+// buffer, taken only while bytes are in flight, so an idle connection holds
+// no buffer and a slow reader pauses its writer. A clean EOF is forwarded
+// as shutdown(SHUT_WR).
 type EventLoop struct {
 	opts  Options
 	loops []*loop
@@ -42,7 +45,19 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	opts = opts.withDefaults()
 	n := opts.Loops
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0)
+		// One loop per P, up to one per CPU (an earlier engine in this
+		// process may have raised GOMAXPROCS past the CPUs; see below).
+		n = min(runtime.GOMAXPROCS(0), runtime.NumCPU())
+	}
+	// The loops block their threads in epoll_wait. While every P is held
+	// by a blocked loop, Go's sysmon takes Ps back after 20 us and wakes a
+	// thread to spin for work that is not there (futex and nanosleep on
+	// every wait). One P more than there are loops keeps a P idle, and
+	// sysmon then leaves a loop's P alone for up to 10 ms (bench cost-crr:
+	// futex 0.4 -> 0.02 and nanosleep 0.7 -> 0.3 per connection). It only
+	// ever raises GOMAXPROCS.
+	if runtime.GOMAXPROCS(0) <= n {
+		runtime.GOMAXPROCS(n + 1)
 	}
 	e := &EventLoop{opts: opts, listeners: map[Listener]struct{}{}}
 	for i := 0; i < n; i++ {
@@ -133,7 +148,7 @@ func (e *EventLoop) stopLoops() {
 	}
 	e.stopped.Wait()
 	for _, l := range e.loops {
-		l.epfile.Close() // closes the epoll descriptor and unregisters it from Go's poller
+		unix.Close(l.epfd)
 		unix.Close(l.wakefd)
 	}
 }
@@ -151,20 +166,20 @@ type registration struct {
 type loop struct {
 	e      *EventLoop
 	epfd   int
-	epfile *os.File // epfd, registered with Go's poller so the loop parks instead of blocking a thread
 	wakefd int
 
 	mu    sync.Mutex
 	tasks []func()
 
 	// Owned by the loop goroutine.
-	regs  map[int32]registration
-	seq   uint32
-	later []*tcpConn // connections that yielded with work left
-	free  [][]byte   // spare copy buffers
-	rbuf  []byte     // shared UDP receive buffer
-	oob   []byte
-	now   time.Time
+	regs   map[int32]registration
+	seq    uint32
+	later  []*tcpConn // connections that yielded with work left
+	again  []func()   // sockets that yielded with work left (accept, UDP)
+	timers deadlines
+	free   [][]byte // spare copy buffers
+	batch  *dgramBatch
+	now    time.Time
 	quit  bool
 	conns map[*tcpConn]struct{}
 	udp   map[*elUDPListener]struct{}
@@ -182,19 +197,11 @@ func newLoop(e *EventLoop) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	// The loop waits for its epoll descriptor through Go's own poller: it
-	// parks like any goroutine blocked on a socket, instead of holding an OS
-	// thread in epoll_wait, which costs a scheduler hand-off on every wake-up.
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		unix.Close(epfd)
-		unix.Close(wfd)
-		return nil, fmt.Errorf("epoll nonblock: %w", err)
-	}
-	l := &loop{e: e, epfd: epfd, epfile: os.NewFile(uintptr(epfd), "sluice-epoll"), wakefd: wfd, regs: map[int32]registration{},
-		rbuf: make([]byte, maxDatagram+1), oob: make([]byte, 64),
+	l := &loop{e: e, epfd: epfd, wakefd: wfd, regs: map[int32]registration{},
+		batch: newDgramBatch(dgramBatchSize, maxDatagram+1),
 		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}, exited: make(chan struct{})}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}); err != nil {
-		l.epfile.Close()
+		unix.Close(epfd)
 		unix.Close(wfd)
 		return nil, fmt.Errorf("epoll_ctl eventfd: %w", err)
 	}
@@ -234,8 +241,18 @@ func (l *loop) do(fn func()) bool {
 
 // register adds fd edge-triggered for reads and writes.
 func (l *loop) register(fd int, h handler) error {
+	return l.registerFor(fd, h, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP)
+}
+
+// registerReads adds fd edge-triggered for reads only: a datagram socket
+// that drops rather than waits when its send buffer is full would
+// otherwise wake the loop with an EPOLLOUT edge each time a sent datagram
+// is freed.
+func (l *loop) registerReads(fd int, h handler) error { return l.registerFor(fd, h, unix.EPOLLIN) }
+
+func (l *loop) registerFor(fd int, h handler, events uint32) error {
 	l.seq++
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: int32(l.seq)}
+	ev := unix.EpollEvent{Events: events | unix.EPOLLET, Fd: int32(fd), Pad: int32(l.seq)}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return err
 	}
@@ -264,25 +281,39 @@ func (l *loop) putBuf(b []byte) {
 	}
 }
 
+// after runs fn on the loop once d has passed; the loop's poll timeout
+// wakes it. Loop goroutine only.
+func (l *loop) after(d time.Duration, fn func()) *deadline {
+	return l.timers.add(l.e.opts.Now().Add(d), fn)
+}
+
+// run is the loop: one blocking epoll_wait per turn, whose timeout is the
+// earliest deadline (zero when a socket yielded with work left).
+//
+// The loop blocks its OS thread in epoll_wait rather than parking on Go's
+// netpoller: parking cost two epoll_wait calls (one that found nothing,
+// one after the wake-up) and the netpoller's epoll_pwait per wake-up, plus
+// the scheduler's hand-offs (bench cost-rr: 13.4 syscalls per
+// request/response before, see the README's engine section).
 func (l *loop) run() {
 	defer l.e.stopped.Done()
 	defer close(l.exited)
-	rc, err := l.epfile.SyscallConn()
-	if err != nil {
-		panic(fmt.Sprintf("epoll SyscallConn: %v", err)) // cannot happen for an *os.File
-	}
 	events := make([]unix.EpollEvent, 256)
+	l.now = l.e.opts.Now()
 	for !l.quit {
-		var n int
-		var werr error
-		// rc.Read calls the function at once, and parks until the epoll
-		// descriptor is readable only when it returns false.
-		err := rc.Read(func(fd uintptr) bool {
-			n, werr = unix.EpollWait(int(fd), events, 0)
-			return n > 0 || len(l.later) > 0 || (werr != nil && werr != unix.EINTR)
-		})
-		if err != nil || (werr != nil && werr != unix.EINTR) {
-			panic(fmt.Sprintf("epoll_wait: %v %v", err, werr)) // a programming error: the fd is ours
+		timeout := -1
+		switch {
+		case len(l.later) > 0 || len(l.again) > 0:
+			timeout = 0
+		case l.timers.len() > 0:
+			timeout = l.timers.waitMillis(l.e.opts.Now())
+		}
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if err != nil {
+			if err != unix.EINTR {
+				panic(fmt.Sprintf("epoll_wait: %v", err)) // a programming error: the fd is ours
+			}
+			n = 0
 		}
 		l.now = l.e.opts.Now()
 		for i := 0; i < n; i++ {
@@ -303,6 +334,15 @@ func (l *loop) run() {
 				c.queued = false
 				c.progress()
 			}
+		}
+		if again := l.again; len(again) > 0 {
+			l.again = nil
+			for _, fn := range again {
+				fn()
+			}
+		}
+		if l.timers.len() > 0 {
+			l.timers.fire(l.now)
 		}
 	}
 	l.closeAll()
@@ -353,6 +393,13 @@ func fromSockaddr(sa unix.Sockaddr) netip.AddrPort {
 }
 
 func bindSocket(typ int, addr netip.AddrPort) (int, error) {
+	return bindSocketOpts(typ, addr, false)
+}
+
+// bindSocketOpts binds a non-blocking socket; reusePort lets the engine's
+// loops each bind their own socket to the same address (SO_REUSEPORT: the
+// kernel spreads new connections across them by their 4-tuple).
+func bindSocketOpts(typ int, addr netip.AddrPort, reusePort bool) (int, error) {
 	sa, family := toSockaddr(addr)
 	fd, err := unix.Socket(family, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -361,6 +408,12 @@ func bindSocket(typ int, addr netip.AddrPort) (int, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		unix.Close(fd)
 		return -1, err
+	}
+	if reusePort {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("SO_REUSEPORT: %w", err)
+		}
 	}
 	if family == unix.AF_INET6 {
 		unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
@@ -387,30 +440,61 @@ func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDB
 
 // ---------------------------------------------------------------- TCP
 
+// elTCPListener is one TCP listening address served by every loop: a
+// socket per loop in one SO_REUSEPORT group, each accepting onto its own
+// loop.
 type elTCPListener struct {
-	e    *EventLoop
-	l    *loop
-	fd   int
-	addr netip.AddrPort
-	t    *Target
-	once sync.Once
+	e     *EventLoop
+	addr  netip.AddrPort
+	t     *Target
+	socks []*elTCPSocket
+	once  sync.Once
+}
+
+// elTCPSocket is one loop's listening socket.
+type elTCPSocket struct {
+	ln      *elTCPListener
+	l       *loop
+	fd      int
+	backoff *deadline // pending accept retry after EMFILE and the like
 }
 
 func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) {
-	fd, err := bindSocket(unix.SOCK_STREAM, addr)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Listen(fd, 4096); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
-	}
-	ln := &elTCPListener{e: e, l: e.pick(), fd: fd, addr: localAddr(fd), t: t}
-	err = errStopped
-	ln.l.do(func() { err = ln.l.register(fd, ln) })
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
+	ln := &elTCPListener{e: e, t: t}
+	for i, l := range e.loops {
+		at := addr
+		if i > 0 {
+			at = ln.addr // the port the first socket got, when addr asked for any
+		}
+		fd, err := bindSocketOpts(unix.SOCK_STREAM, at, len(e.loops) > 1)
+		if err == nil {
+			// Accepted sockets inherit TCP_NODELAY from the listener.
+			err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+			if err == nil {
+				if err = unix.Listen(fd, 4096); err != nil {
+					err = fmt.Errorf("listen %s: %w", at, err)
+				}
+			}
+			if err != nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			ln.closeSockets()
+			return nil, err
+		}
+		if i == 0 {
+			ln.addr = localAddr(fd)
+		}
+		s := &elTCPSocket{ln: ln, l: l, fd: fd}
+		err = errStopped
+		l.do(func() { err = l.register(fd, s) })
+		if err != nil {
+			unix.Close(fd)
+			ln.closeSockets()
+			return nil, err
+		}
+		ln.socks = append(ln.socks, s)
 	}
 	return ln, nil
 }
@@ -420,18 +504,36 @@ func (ln *elTCPListener) Addr() netip.AddrPort { return ln.addr }
 func (ln *elTCPListener) Close() error {
 	ln.once.Do(func() {
 		ln.e.forget(ln)
-		if !ln.l.do(func() { ln.l.closeFD(ln.fd) }) {
-			unix.Close(ln.fd)
-		}
+		ln.closeSockets()
 	})
 	return nil
 }
 
-func (ln *elTCPListener) event(uint32) {
+func (ln *elTCPListener) closeSockets() {
+	for _, s := range ln.socks {
+		if !s.l.do(func() {
+			s.l.timers.cancel(s.backoff)
+			s.l.closeFD(s.fd)
+		}) {
+			unix.Close(s.fd)
+		}
+	}
+	ln.socks = nil
+}
+
+// acceptBackoff is how long a listener that ran out of descriptors or
+// memory waits before accepting again: one pending retry per socket, not
+// one per failed accept.
+const acceptBackoff = 10 * time.Millisecond
+
+func (s *elTCPSocket) event(uint32) {
+	if s.backoff != nil {
+		return // out of descriptors: the retry comes
+	}
 	// Accept a bounded batch, then let other sockets run; ET means we must
-	// come back for the rest, so re-post ourselves when the batch is full.
+	// come back for the rest.
 	for i := 0; i < 64; i++ {
-		nfd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		nfd, client, err := accept4(s.fd)
 		switch {
 		case err == nil:
 		case errAgain(err):
@@ -441,24 +543,35 @@ func (ln *elTCPListener) event(uint32) {
 		default:
 			// Out of descriptors (EMFILE, ENFILE) or memory: the edge is
 			// spent, so come back shortly rather than spin or stall.
-			time.AfterFunc(10*time.Millisecond, func() { ln.l.post(ln.retryAccept) })
+			s.backoff = s.l.after(acceptBackoff, func() {
+				s.backoff = nil
+				s.retryAccept()
+			})
 			return
 		}
-		client := fromSockaddr(sa)
-		target := ln.e.pick()
-		if target == ln.l {
-			ln.l.startConn(nfd, client, ln.t)
-		} else {
-			target.post(func() { target.startConn(nfd, client, ln.t) })
-		}
+		s.l.startConn(nfd, client, s.ln.t)
 	}
-	ln.l.post(ln.retryAccept)
+	s.l.again = append(s.l.again, s.retryAccept)
 }
 
-func (ln *elTCPListener) retryAccept() {
-	if r, ok := ln.l.regs[int32(ln.fd)]; ok && r.h == handler(ln) {
-		ln.event(unix.EPOLLIN)
+func (s *elTCPSocket) retryAccept() {
+	if r, ok := s.l.regs[int32(s.fd)]; ok && r.h == handler(s) {
+		s.event(unix.EPOLLIN)
 	}
+}
+
+// accept4 accepts a non-blocking connection and its peer's address with
+// one syscall (x/sys/unix's Accept4 asks the socket's protocol with a
+// getsockopt on every call).
+func accept4(fd int) (int, netip.AddrPort, error) {
+	var raw unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	r, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&raw)), uintptr(unsafe.Pointer(&n)),
+		unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+	if errno != 0 {
+		return -1, netip.AddrPort{}, errno
+	}
+	return int(r), rawAddrPort(&raw), nil
 }
 
 // side is one socket of a proxied connection.
@@ -466,6 +579,9 @@ type side struct {
 	fd       int
 	readable bool
 	writable bool
+	// hup: the peer has shut its side (or the socket failed), so reads go
+	// on until EOF or an error, even after a short read.
+	hup bool
 }
 
 // pipe is one direction: bytes read from src wait in buf[r:w] for dst.
@@ -503,7 +619,7 @@ type tcpConn struct {
 	ep         netip.AddrPort
 	started    time.Time
 	attempt    uint32
-	timer      *time.Timer
+	timer      *deadline
 	connecting bool
 	connected  bool
 	closed     bool
@@ -513,14 +629,22 @@ type tcpConn struct {
 type clientHandler struct{ c *tcpConn }
 type backendHandler struct{ c *tcpConn }
 
-func (h clientHandler) event(ev uint32) {
-	c := h.c
+// note records what an edge says about one socket.
+func (s *side) note(ev uint32) {
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.cs.readable = true
+		s.readable = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		s.hup = true
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.cs.writable = true
+		s.writable = true
 	}
+}
+
+func (h clientHandler) event(ev uint32) {
+	c := h.c
+	c.cs.note(ev)
 	if c.connected {
 		c.progress()
 	}
@@ -529,17 +653,10 @@ func (h clientHandler) event(ev uint32) {
 func (h backendHandler) event(ev uint32) {
 	c := h.c
 	if c.connecting {
-		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
-			c.finishConnect()
-		}
+		c.finishConnect(ev)
 		return
 	}
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.bs.readable = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.bs.writable = true
-	}
+	c.bs.note(ev)
 	c.progress()
 }
 
@@ -557,7 +674,6 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 		resetClose(fd)
 		return
 	}
-	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	c := &tcpConn{l: l, t: t, client: client, cs: side{fd: fd}, bs: side{fd: -1}, started: l.now}
 	c.up = pipe{src: &c.cs, dst: &c.bs}
 	c.down = pipe{src: &c.bs, dst: &c.cs}
@@ -620,13 +736,11 @@ func (c *tcpConn) tryNext() {
 			c.failed(ep)
 			continue
 		}
-		attempt := c.attempt
-		c.timer = time.AfterFunc(timeout, func() {
-			l.post(func() {
-				if c.connecting && c.attempt == attempt && !c.closed {
-					c.connectFailed()
-				}
-			})
+		c.timer = l.after(timeout, func() {
+			c.timer = nil
+			if c.connecting && !c.closed {
+				c.connectFailed()
+			}
 		})
 		return
 	}
@@ -647,25 +761,27 @@ func (c *tcpConn) connectFailed() {
 }
 
 func (c *tcpConn) stopTimer() {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
+	c.l.timers.cancel(c.timer)
+	c.timer = nil
 }
 
-func (c *tcpConn) finishConnect() {
-	soerr, err := unix.GetsockoptInt(c.bs.fd, unix.SOL_SOCKET, unix.SO_ERROR)
-	if err != nil || soerr != 0 {
-		c.connectFailed()
-		return
-	}
-	// A spurious wake-up before the handshake finished: still connecting.
-	if _, err := unix.Getpeername(c.bs.fd); err != nil {
-		return
+// finishConnect handles an edge on a connecting backend socket. A TCP
+// socket reports EPOLLOUT only once the handshake is through, so SO_ERROR
+// is read only when the edge carries an error or hang-up.
+func (c *tcpConn) finishConnect(ev uint32) {
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+		soerr, err := unix.GetsockoptInt(c.bs.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil || soerr != 0 || ev&unix.EPOLLOUT == 0 {
+			c.connectFailed()
+			return
+		}
+	} else if ev&unix.EPOLLOUT == 0 {
+		return // not yet connected
 	}
 	c.connecting = false
 	c.connected = true
 	c.stopTimer()
+	c.bs.note(ev)
 	c.bs.writable = true
 	c.bs.readable = true // drain anything that arrived with the handshake
 	c.t.Picker.Connected(c.client.Addr(), c.ep)
@@ -732,6 +848,7 @@ func (c *tcpConn) step(p *pipe) (moved, ok bool) {
 func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 	// Flush what is waiting.
 	if p.r < p.w && p.dst.writable {
+		want := p.w - p.r
 		n, err := unix.Write(p.dst.fd, p.buf[p.r:p.w])
 		switch {
 		case errAgain(err):
@@ -742,6 +859,11 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 			p.r += n
 			p.bytes += uint64(n)
 			moved = true
+			// A short write means the socket buffer is full: wait for
+			// EPOLLOUT rather than try again for EAGAIN.
+			if n < want {
+				p.dst.writable = false
+			}
 		}
 	}
 	if p.buf != nil && p.r == p.w {
@@ -770,6 +892,13 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 			p.buf, p.r, p.w = buf, 0, n
 			p.bulk = n == len(buf)
 			moved = true
+			// A short read on a stream socket has drained it (epoll(7)):
+			// the next bytes bring a new edge, so no read is spent on
+			// EAGAIN. Once the peer has shut its side no edge may follow,
+			// so then reads go on until EOF.
+			if !p.bulk && !p.src.hup {
+				p.src.readable = false
+			}
 		}
 	}
 	return moved, true

@@ -22,9 +22,9 @@ type elUDPListener struct {
 	once     sync.Once
 
 	// Loop-owned.
-	flows    map[netip.AddrPort]*udpFlow
-	sweeping bool
-	closed   bool
+	flows  map[netip.AddrPort]*udpFlow
+	sweep  *deadline // the next expiry pass while there are flows
+	closed bool
 }
 
 type udpFlow struct {
@@ -53,7 +53,7 @@ func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 	ln := &elUDPListener{e: e, l: e.pick(), fd: fd, addr: localAddr(fd), t: t, wildcard: wildcard, flows: map[netip.AddrPort]*udpFlow{}}
 	err = errStopped
 	ln.l.do(func() {
-		if err = ln.l.register(fd, ln); err == nil {
+		if err = ln.l.registerReads(fd, ln); err == nil {
 			ln.l.udp[ln] = struct{}{}
 		}
 	})
@@ -72,6 +72,8 @@ func (ln *elUDPListener) Close() error {
 		ln.e.forget(ln)
 		closed := ln.l.do(func() {
 			ln.closed = true
+			ln.l.timers.cancel(ln.sweep)
+			ln.sweep = nil
 			ln.closeFlows()
 			ln.l.closeFD(ln.fd)
 			delete(ln.l.udp, ln)
@@ -94,35 +96,42 @@ func (ln *elUDPListener) event(ev uint32) {
 		return
 	}
 	l := ln.l
-	for i := 0; i < 64; i++ {
-		n, oobn, flags, from, err := unix.Recvmsg(ln.fd, l.rbuf, l.oob, 0)
+	b := l.batch
+	for round := 0; round < 4; round++ {
+		n, err := b.recv(ln.fd, true)
 		if err != nil {
 			if errAgain(err) {
 				return
 			}
 			continue // a queued ICMP error; keep reading
 		}
-		if flags&unix.MSG_TRUNC != 0 {
-			continue
+		for i := 0; i < n; i++ {
+			if b.truncated(i) {
+				continue
+			}
+			client := b.from(i)
+			f := ln.flow(client, b.oob(i))
+			if f == nil {
+				continue
+			}
+			d := b.data(i)
+			if _, err := unix.Write(f.fd, d); err == nil {
+				f.up += uint64(len(d))
+				f.lastActive = l.now
+			}
 		}
-		client := fromSockaddr(from)
-		f := ln.flow(client, from, l.oob[:oobn])
-		if f == nil {
-			continue
-		}
-		if _, err := unix.Write(f.fd, l.rbuf[:n]); err == nil {
-			f.up += uint64(n)
-			f.lastActive = l.now
+		if n < len(b.hdrs) {
+			return // drained: the next datagram brings a new edge
 		}
 	}
-	l.post(func() {
+	l.again = append(l.again, func() {
 		if !ln.closed {
 			ln.event(unix.EPOLLIN)
 		}
 	})
 }
 
-func (ln *elUDPListener) flow(client netip.AddrPort, sa unix.Sockaddr, oob []byte) *udpFlow {
+func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 	if f := ln.flows[client]; f != nil {
 		if ln.t.Picker.Has(f.ep) {
 			return f
@@ -149,11 +158,12 @@ func (ln *elUDPListener) flow(client netip.AddrPort, sa unix.Sockaddr, oob []byt
 		ctr.Refused()
 		return nil
 	}
+	sa, _ := toSockaddr(client)
 	f := &udpFlow{ln: ln, fd: fd, client: client, clientSA: sa, ep: ep, lastActive: ln.l.now}
 	if ln.wildcard {
 		f.oob = pktinfoSrc(pktinfoDst(oob))
 	}
-	if err := ln.l.register(fd, f); err != nil {
+	if err := ln.l.registerReads(fd, f); err != nil {
 		unix.Close(fd)
 		ctr.Refused()
 		return nil
@@ -169,30 +179,27 @@ func (ln *elUDPListener) flow(client netip.AddrPort, sa unix.Sockaddr, oob []byt
 	return f
 }
 
-// scheduleSweep arms one timer per listener while it has flows; flows end
-// between one and 1.25 UDP timeouts after their last datagram.
+// scheduleSweep arms one loop deadline per listener while it has flows;
+// flows end between one and 1.25 UDP timeouts after their last datagram.
 func (ln *elUDPListener) scheduleSweep() {
-	if ln.sweeping {
+	if ln.sweep != nil {
 		return
 	}
-	ln.sweeping = true
 	timeout := ln.t.UDPTimeout
-	time.AfterFunc(max(timeout/4, time.Millisecond), func() {
-		ln.l.post(func() {
-			ln.sweeping = false
-			if ln.closed {
-				return
+	ln.sweep = ln.l.after(max(timeout/4, time.Millisecond), func() {
+		ln.sweep = nil
+		if ln.closed {
+			return
+		}
+		now := ln.e.opts.Now()
+		for _, f := range ln.flows {
+			if now.Sub(f.lastActive) >= timeout {
+				f.close()
 			}
-			now := ln.e.opts.Now()
-			for _, f := range ln.flows {
-				if now.Sub(f.lastActive) >= timeout {
-					f.close()
-				}
-			}
-			if len(ln.flows) > 0 {
-				ln.scheduleSweep()
-			}
-		})
+		}
+		if len(ln.flows) > 0 {
+			ln.scheduleSweep()
+		}
 	})
 }
 
@@ -202,8 +209,9 @@ func (f *udpFlow) event(ev uint32) {
 		return
 	}
 	l := f.ln.l
-	for i := 0; i < 64; i++ {
-		n, err := unix.Read(f.fd, l.rbuf)
+	b := l.batch
+	for round := 0; round < 4; round++ {
+		n, err := b.recv(f.fd, false)
 		if err != nil {
 			if errAgain(err) {
 				return
@@ -216,12 +224,18 @@ func (f *udpFlow) event(ev uint32) {
 			}
 			continue
 		}
-		if err := unix.Sendmsg(f.ln.fd, l.rbuf[:n], f.oob, f.clientSA, 0); err == nil {
-			f.down += uint64(n)
-			f.lastActive = l.now
+		for i := 0; i < n; i++ {
+			d := b.data(i)
+			if err := unix.Sendmsg(f.ln.fd, d, f.oob, f.clientSA, 0); err == nil {
+				f.down += uint64(len(d))
+				f.lastActive = l.now
+			}
+		}
+		if n < len(b.hdrs) {
+			return // drained
 		}
 	}
-	l.post(func() {
+	l.again = append(l.again, func() {
 		if f.ln.flows[f.client] == f {
 			f.event(unix.EPOLLIN)
 		}

@@ -30,6 +30,19 @@ import (
 type Counts struct {
 	Syscalls float64
 	CPUms    float64 // task-clock
+	// Extra are the events named in SLUICE_BENCH_PERF_EVENTS (for example
+	// syscalls:sys_enter_futex,syscalls:sys_enter_read), counted beside the
+	// two above to say where the syscalls go.
+	Extra map[string]float64
+}
+
+// extraPerfEvents are the events SLUICE_BENCH_PERF_EVENTS names.
+func extraPerfEvents() []string {
+	v := os.Getenv("SLUICE_BENCH_PERF_EVENTS")
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
 }
 
 // perfCounter is a running `perf stat` attached to a process group, started
@@ -66,7 +79,8 @@ func startPerf(pids []int, dir string) (*perfCounter, error) {
 		ps[i] = strconv.Itoa(p)
 	}
 	out := filepath.Join(dir, "perf-stat.csv")
-	cmd := exec.Command("perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,task-clock",
+	events := strings.Join(append([]string{"raw_syscalls:sys_enter", "task-clock"}, extraPerfEvents()...), ",")
+	cmd := exec.Command("perf", "stat", "-x", ",", "-e", events,
 		"-D", "-1", "--control", "fd:3,4", "-o", out, "-p", strings.Join(ps, ","))
 	cmd.ExtraFiles = []*os.File{ctlR, ackW}
 	var stderr strings.Builder
@@ -110,7 +124,7 @@ func (p *perfCounter) stop() (Counts, error) {
 
 // parsePerfCSV reads `perf stat -x ,` output: value,unit,event,...
 func parsePerfCSV(s string) (Counts, error) {
-	var c Counts
+	c := Counts{Extra: map[string]float64{}}
 	var seen int
 	for _, line := range strings.Split(s, "\n") {
 		f := strings.Split(line, ",")
@@ -128,6 +142,8 @@ func parsePerfCSV(s string) (Counts, error) {
 		case strings.HasPrefix(f[2], "task-clock"):
 			c.CPUms = v
 			seen++
+		default:
+			c.Extra[f[2]] = v
 		}
 	}
 	if seen != 2 {
@@ -164,11 +180,15 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 	if units == 0 {
 		return nil, errors.New("no work completed")
 	}
-	return Metrics{
+	m := Metrics{
 		"syscalls_per_unit": c.Syscalls / float64(units),
 		"cpu_us_per_unit":   c.CPUms * 1e3 / float64(units),
 		"units":             float64(units),
-	}, nil
+	}
+	for ev, v := range c.Extra {
+		m[strings.TrimPrefix(ev, "syscalls:sys_enter_")+"_per_unit"] = v / float64(units)
+	}
+	return m, nil
 }
 
 // rrOn does n 64 B request/responses on c.
