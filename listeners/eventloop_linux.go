@@ -180,9 +180,9 @@ type loop struct {
 	free   [][]byte // spare copy buffers
 	batch  *dgramBatch
 	now    time.Time
-	quit  bool
-	conns map[*tcpConn]struct{}
-	udp   map[*elUDPListener]struct{}
+	quit   bool
+	conns  map[*tcpConn]struct{}
+	udp    map[*elUDPListener]struct{}
 
 	exited chan struct{} // closed when run returns; later tasks never run
 }
