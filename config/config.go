@@ -51,8 +51,11 @@ type Config struct {
 	UDPTimeout time.Duration
 
 	// sluice's own.
-	Manifests       string
-	Engine          string
+	Manifests string
+	Engine    string
+	// BusyPoll is how long an event loop keeps polling without sleeping
+	// after its last event (0: off).
+	BusyPoll        time.Duration
 	ConnectTimeouts []time.Duration
 	ConnectAttempts int
 	ConnectBudget   time.Duration
@@ -356,8 +359,14 @@ func (c *Config) Validate() error {
 			p.add("engine", "", c.Engine, "the eventloop engine needs Linux (epoll); use goroutine")
 		}
 	case "goroutine":
+		if c.BusyPoll != 0 {
+			p.add("busy-poll", "", c.BusyPoll, "only the eventloop engine busy-polls")
+		}
 	default:
 		p.add("engine", "", c.Engine, "want eventloop or goroutine")
+	}
+	if c.BusyPoll < 0 || c.BusyPoll > time.Second {
+		p.add("busy-poll", "", c.BusyPoll, "want 0 (off) up to 1s")
 	}
 	if c.IPVSDrainInterval <= 0 {
 		p.add("ipvs-drain-interval", "", c.IPVSDrainInterval, "must be greater than 0")

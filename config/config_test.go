@@ -55,6 +55,7 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		"--iptables-min-sync-period": {"--iptables-min-sync-period=1m"},
 		"--feature-gates":            {"--feature-gates=Foo=maybe"},
 		"--connect-timeouts":         {"--connect-timeouts=-2s"},
+		"--busy-poll":                {"--busy-poll=2s"},
 	}
 	for flag, args := range cases {
 		_, _, err := Parse(args)

@@ -28,9 +28,19 @@ import (
 var engineNames = []string{EngineEventLoop, EngineGoroutine}
 
 func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
+	type variant struct {
+		name, engine string
+		opts         Options
+	}
+	var variants []variant
 	for _, name := range engineNames {
-		t.Run(name, func(t *testing.T) {
-			e, err := New(name, Options{Loops: 2})
+		variants = append(variants, variant{name, name, Options{Loops: 2}})
+	}
+	// The event loop with --busy-poll must meet the same bar.
+	variants = append(variants, variant{"eventloop-busypoll", EngineEventLoop, Options{Loops: 2, BusyPoll: 200 * time.Microsecond}})
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			e, err := New(v.engine, v.opts)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -122,6 +122,9 @@ type Options struct {
 	// BufferSize is the per-direction copy buffer of a connection. It bounds
 	// the memory a slow reader can pin. Default 64 KiB.
 	BufferSize int
+	// BusyPoll is how long an event loop keeps polling without sleeping
+	// after its last event (eventloop engine; 0: off).
+	BusyPoll time.Duration
 	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
 	Now func() time.Time
 }

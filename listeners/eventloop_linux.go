@@ -180,9 +180,11 @@ type loop struct {
 	free   [][]byte // spare copy buffers
 	batch  *dgramBatch
 	now    time.Time
-	quit   bool
-	conns  map[*tcpConn]struct{}
-	udp    map[*elUDPListener]struct{}
+	// lastEvent is when the last wait returned events (for BusyPoll).
+	lastEvent time.Time
+	quit      bool
+	conns     map[*tcpConn]struct{}
+	udp       map[*elUDPListener]struct{}
 
 	exited chan struct{} // closed when run returns; later tasks never run
 }
@@ -281,6 +283,30 @@ func (l *loop) putBuf(b []byte) {
 	}
 }
 
+// wait is one epoll_wait. With BusyPoll, a wait that would sleep first
+// polls without sleeping until BusyPoll has passed since the last event,
+// so a reply that comes soon is taken without the wake-up of a parked CPU.
+func (l *loop) wait(events []unix.EpollEvent, timeout int) (int, error) {
+	if bp := l.e.opts.BusyPoll; bp > 0 && timeout != 0 {
+		until := l.lastEvent.Add(bp)
+		for {
+			n, err := unix.EpollWait(l.epfd, events, 0)
+			if n != 0 || (err != nil && err != unix.EINTR) {
+				l.lastEvent = l.e.opts.Now()
+				return n, err
+			}
+			if now := l.e.opts.Now(); !now.Before(until) || (timeout > 0 && now.Sub(l.now) >= time.Duration(timeout)*time.Millisecond) {
+				break
+			}
+		}
+	}
+	n, err := unix.EpollWait(l.epfd, events, timeout)
+	if n > 0 {
+		l.lastEvent = l.e.opts.Now()
+	}
+	return n, err
+}
+
 // after runs fn on the loop once d has passed; the loop's poll timeout
 // wakes it. Loop goroutine only.
 func (l *loop) after(d time.Duration, fn func()) *deadline {
@@ -308,7 +334,7 @@ func (l *loop) run() {
 		case l.timers.len() > 0:
 			timeout = l.timers.waitMillis(l.e.opts.Now())
 		}
-		n, err := unix.EpollWait(l.epfd, events, timeout)
+		n, err := l.wait(events, timeout)
 		if err != nil {
 			if err != unix.EINTR {
 				panic(fmt.Sprintf("epoll_wait: %v", err)) // a programming error: the fd is ours

@@ -99,7 +99,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		shared.close()
 	}()
 	for _, sys := range Systems(o.Config, topo) {
-		if len(o.Only) > 0 && !o.Only[sys.Name()] {
+		if len(o.Only) > 0 && !o.Only[sys.Name()] || len(o.Only) == 0 && OptIn(sys.Name()) {
 			continue
 		}
 		in, err := Launch(sys, topo, filepath.Join(o.Dir, "systems", sys.Name()), services, o.LBCPU)

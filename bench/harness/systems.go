@@ -79,8 +79,13 @@ func Systems(c Config, t *Topology) []System {
 	} else { // report order for re-rendering
 		all = append(all, sluiceKernel{mode: "iptables"}, sluiceKernel{mode: "ipvs"})
 	}
-	return append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
+	all = append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
+	// Busy-polling trades a core for latency: run only when named.
+	return append(all, sluice{bin: c.Sluice, engine: "eventloop", suffix: "-busypoll", args: []string{"--busy-poll=50us"}}, haproxy{busyPoll: true})
 }
+
+// OptIn reports whether a system runs only when --systems names it.
+func OptIn(name string) bool { return strings.HasSuffix(name, "-busypoll") }
 
 type direct struct{}
 
@@ -118,7 +123,10 @@ func manifests(svcs []Service, nodePorts bool) string {
 	return m.String()
 }
 
-type sluice struct{ bin, engine, suffix string }
+type sluice struct {
+	bin, engine, suffix string
+	args                []string // extra flags
+}
 
 func (s sluice) Name() string        { return "sluice-" + s.engine + s.suffix }
 func (sluice) Peer() bool            { return false }
@@ -128,9 +136,10 @@ func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, 
 	if err := os.WriteFile(file, []byte(manifests(svcs, true)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(s.Name(), cpu, t.InNode(s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
+	argv := append([]string{s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
 		"--bind-address", t.LB.String(), "--healthz-bind-address=", "--metrics-bind-address=",
-		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s")...)
+		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s"}, s.args...)
+	return StartProc(s.Name(), cpu, t.InNode(argv...)...)
 }
 
 // sluiceKernel is sluice in a kernel mode: it programs its own node
@@ -187,13 +196,17 @@ func (n naive) Start(t *Topology, _ string, svcs []Service, cpu int) (*Proc, err
 }
 
 type haproxy struct {
-	splice  bool
-	maxconn int // 0: proxiedConnLimit()
+	splice   bool
+	busyPoll bool // HAProxy's global busy-polling
+	maxconn  int  // 0: proxiedConnLimit()
 }
 
 func (h haproxy) Name() string {
-	if h.splice {
+	switch {
+	case h.splice:
 		return "haproxy-splice"
+	case h.busyPoll:
+		return "haproxy-busypoll"
 	}
 	return "haproxy"
 }
@@ -220,6 +233,9 @@ func (h haproxy) config(lb netip.Addr, svcs []Service) string {
 		maxconn = min(25000, proxiedConnLimit())
 	}
 	fmt.Fprintf(&c, "global\n  nbthread 2\n  maxconn %d\n", maxconn)
+	if h.busyPoll {
+		c.WriteString("  busy-polling\n")
+	}
 	c.WriteString("defaults\n  mode tcp\n  timeout connect 250ms\n  timeout client 120s\n  timeout server 120s\n  retries 3\n  option redispatch 1\n")
 	if h.splice {
 		c.WriteString("  option splice-auto\n")

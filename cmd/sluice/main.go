@@ -173,7 +173,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		engine, err := listeners.New(cfg.Engine, listeners.Options{})
+		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
