@@ -33,7 +33,25 @@ type Objects struct {
 	Endpoints []*corev1.Endpoints
 	// origin maps "Kind ns/name" to "file#doc" for error messages.
 	origin map[string]string
+	// emptyLists counts the v1 Lists with no items: an explicit "no
+	// objects", the one way a file may hold nothing (see ErrEmptyFile).
+	emptyLists int
 }
+
+// ExplicitlyEmpty reports whether the manifests hold a v1 List with no
+// items: how an operator says that no Service is meant to be served.
+func (o *Objects) ExplicitlyEmpty() bool { return o.emptyLists > 0 }
+
+// ErrEmptyFile is why a manifest file with no object in it is refused: a
+// file caught between a tool's truncate and its write reads empty, and
+// serving that would remove every Service it held. A file that means to
+// hold nothing says so with an empty List (apiVersion: v1, kind: List,
+// items: []).
+var ErrEmptyFile = errors.New("holds no object (empty, or only comments): a file being written? To mean no objects, write apiVersion: v1, kind: List, items: []")
+
+// ErrChangedWhileRead is why a manifest file that kept changing while it
+// was read is refused: what was read may be half of an edit.
+var ErrChangedWhileRead = errors.New("changed while it was read, three times: an edit in progress")
 
 // ManifestError is one problem in one object of one manifest file.
 type ManifestError struct {
@@ -110,8 +128,16 @@ func loadManifests(path string, cache *DocCache) (*Objects, error) {
 			return nil, fmt.Errorf("manifests: %w", err)
 		}
 		for _, e := range ents {
-			if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			if strings.HasPrefix(e.Name(), ".") {
 				continue
+			}
+			if !e.Type().IsRegular() {
+				// Symlinks to regular files are read: a ConfigMap mounted
+				// in a pod is a directory of them (name -> ..data/name).
+				fi, err := os.Stat(filepath.Join(path, e.Name()))
+				if err != nil || !fi.Mode().IsRegular() {
+					continue
+				}
 			}
 			if slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(e.Name()))) {
 				files = append(files, filepath.Join(path, e.Name()))
@@ -123,12 +149,17 @@ func loadManifests(path string, cache *DocCache) (*Objects, error) {
 	cache.begin()
 	var errs []error
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := readStable(f)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("manifests: %w", err))
+			errs = append(errs, &ManifestError{File: f, Err: err})
 			continue
 		}
-		errs = append(errs, objs.decode(f, data, cache)...)
+		before, lists := objs.count(), objs.emptyLists
+		ferrs := objs.decode(f, data, cache)
+		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists {
+			ferrs = append(ferrs, &ManifestError{File: f, Err: ErrEmptyFile})
+		}
+		errs = append(errs, ferrs...)
 	}
 	cache.end()
 	if len(errs) > 0 {
@@ -136,6 +167,32 @@ func loadManifests(path string, cache *DocCache) (*Objects, error) {
 	}
 	return objs, nil
 }
+
+// readStable reads a file whose size and modification time are the same
+// before and after the read, so a read never mixes two versions of an
+// edit made in place; it tries three times.
+func readStable(f string) ([]byte, error) {
+	for try := 0; try < 3; try++ {
+		before, err := os.Stat(f)
+		if err != nil {
+			return nil, err
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		after, err := os.Stat(f)
+		if err != nil {
+			return nil, err
+		}
+		if after.Size() == before.Size() && after.ModTime().Equal(before.ModTime()) && int64(len(data)) == after.Size() {
+			return data, nil
+		}
+	}
+	return nil, ErrChangedWhileRead
+}
+
+func (o *Objects) count() int { return len(o.Services) + len(o.EndpointSlices) + len(o.Endpoints) }
 
 // ParseManifest decodes one file's content; name is used in errors only.
 func ParseManifest(name string, data []byte) (*Objects, error) {
@@ -335,6 +392,9 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	gv := tm.APIVersion + "/" + tm.Kind
 	switch gv {
 	case "v1/List":
+		if len(tm.Items) == 0 {
+			o.emptyLists++
+		}
 		var errs []error
 		for i, item := range tm.Items {
 			ierrs, _ := o.decodeObject(fmt.Sprintf("%s items[%d]", where, i), item)

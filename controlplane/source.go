@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -43,35 +44,50 @@ type ManifestSource struct {
 	// After is the timer, injectable for tests; default time.After.
 	After func(time.Duration) <-chan time.Time
 
-	last  *lb.Snapshot
-	cache DocCache
-	memo  BuildMemo
+	last         *lb.Snapshot
+	lastServices int // Services in the last good read
+	cache        DocCache
+	memo         BuildMemo
 }
+
+// ErrWouldRemoveEveryService is why a reload that finds no Service, where
+// the state being served has some, is refused: a directory emptied by a
+// tool mid-way, or files replaced in the wrong order, would otherwise take
+// every Service off the node at once. To empty a node on purpose, leave a
+// manifest that says so: an empty List (apiVersion: v1, kind: List,
+// items: []).
+var ErrWouldRemoveEveryService = errors.New("would remove every Service; to serve none on purpose, leave a manifest holding an empty List (apiVersion: v1, kind: List, items: [])")
 
 // Load reads and validates the manifests once and publishes the result. It
 // is the start-up path: an error here should stop the process.
 func (s *ManifestSource) Load() error {
-	snap, err := s.read()
+	snap, services, err := s.read()
 	if err != nil {
 		return err
 	}
-	s.last = snap
+	s.last, s.lastServices = snap, services
 	s.Sink.Publish(snap)
 	return nil
 }
 
-func (s *ManifestSource) read() (*lb.Snapshot, error) {
+// read loads and builds the manifests; it also says how many Services
+// they hold.
+func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	objs, err := loadManifests(s.Path, &s.cache)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return s.memo.Build(objs, s.NodeName)
+	if len(objs.Services) == 0 && s.lastServices > 0 && !objs.ExplicitlyEmpty() {
+		return nil, 0, fmt.Errorf("manifests %s: %w (%d served now)", s.Path, ErrWouldRemoveEveryService, s.lastServices)
+	}
+	snap, err := s.memo.Build(objs, s.NodeName)
+	return snap, len(objs.Services), err
 }
 
 // Reload reads the manifests again. A bad update is rejected and the last
 // good snapshot stays; an update that changes nothing is dropped.
 func (s *ManifestSource) Reload() {
-	snap, err := s.read()
+	snap, services, err := s.read()
 	if err != nil {
 		s.Sink.Reject(err) // counted before it is logged, so a reader of the log finds it counted
 		s.logger().Error("manifest update rejected; still serving the last good state", "path", s.Path, "err", err)
@@ -81,7 +97,7 @@ func (s *ManifestSource) Reload() {
 		s.Sink.Unchanged()
 		return
 	}
-	s.last = snap
+	s.last, s.lastServices = snap, services
 	s.Sink.Publish(snap)
 }
 
@@ -108,13 +124,26 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	}
 	// Watch the directory: editors and kubectl-style tools replace files by
 	// rename, which a watch on the file itself would lose.
-	dir, only := s.Path, ""
+	dir, only := filepath.Clean(s.Path), ""
 	if fi, err := os.Stat(s.Path); err == nil && !fi.IsDir() {
-		dir, only = filepath.Dir(s.Path), filepath.Clean(s.Path)
+		dir, only = filepath.Dir(dir), dir
+		if li, err := os.Lstat(s.Path); err == nil && li.Mode()&os.ModeSymlink != 0 {
+			// A ConfigMap's file is a link through ..data, which kubelet
+			// swaps: the file's own name sees no event, so any will do.
+			only = ""
+		}
 	}
 	if err := w.Add(dir); err != nil {
 		w.Close()
 		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	// The parent is watched too, for the directory itself being deleted
+	// and created again (a watch ends with the directory it watched).
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := w.Add(parent); err != nil {
+			s.logger().Warn("cannot watch the manifest directory's parent; a deleted and recreated directory will be noticed only at the next resync", "path", parent, "err", err)
+		}
 	}
 	// An edit between Load and the watch being set up raised no event:
 	// read once more now that every later edit will.
@@ -130,9 +159,28 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 				if !ok {
 					return
 				}
-				if (only != "" && filepath.Clean(ev.Name) != only) || ev.Op == fsnotify.Chmod {
+				name := filepath.Clean(ev.Name)
+				switch {
+				case name == dir:
+					if ev.Op.Has(fsnotify.Create) {
+						// Forget the old watch first: its end (IN_IGNORED)
+						// may not have been processed yet, and fsnotify
+						// would then drop the new one along with it.
+						w.Remove(dir)
+						if err := w.Add(dir); err != nil {
+							s.logger().Warn("manifest directory recreated but cannot be watched", "path", dir, "err", err)
+						} else {
+							s.logger().Info("manifest directory recreated; watching it again", "path", dir)
+						}
+					}
+					// Removed: the reload fails and is rejected; the last
+					// good state keeps serving.
+				case filepath.Dir(name) != dir:
+					continue // the parent's other entries
+				case only != "" && name != only:
 					continue
 				}
+				// Chmod counts: a permission fix makes a file readable.
 				select {
 				case changes <- struct{}{}:
 				case <-ctx.Done():

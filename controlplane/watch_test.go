@@ -1,0 +1,145 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+var webHTTP = lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}
+
+// runSource loads and runs src until the test ends. It returns once Run
+// watches: Run re-reads once its watch is set up, which changes nothing.
+func runSource(t *testing.T, src *ManifestSource, sink *unchangedSink) {
+	t.Helper()
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-sink.unchanged
+}
+
+func newUnchangedSink() *unchangedSink {
+	return &unchangedSink{recordingSink{snaps: make(chan *lb.Snapshot, 64), rejects: make(chan error, 64)}, make(chan struct{}, 64)}
+}
+
+// waitNodePort waits for a published snapshot in which web's http port has
+// nodePort np; rejections are reported, and a bound keeps a lost event
+// from hanging the test.
+func waitNodePort(t *testing.T, sink *recordingSink, np int32) {
+	t.Helper()
+	bound := time.After(20 * time.Second)
+	for {
+		select {
+		case s := <-sink.snaps:
+			if sp := s.Ports[webHTTP]; sp != nil && int32(sp.NodePort) == np {
+				return
+			}
+		case err := <-sink.rejects:
+			t.Logf("rejected on the way: %v", err)
+		case <-bound:
+			t.Fatalf("no snapshot with nodePort %d: the change was not noticed", np)
+		}
+	}
+}
+
+func withNodePort(np string) string { return strings.Replace(goodManifest, "30080", np, 1) }
+
+// A ConfigMap mounted in a pod: svc.yaml -> ..data/svc.yaml, ..data ->
+// ..<timestamp>; kubelet updates it by swapping ..data atomically.
+func TestManifestsFromAConfigMapMount(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, content string) {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "svc.yaml"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(name, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..2026_01", withNodePort("30080"))
+	if err := os.Symlink("..data/svc.yaml", filepath.Join(dir, "svc.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	current := int32(30080)
+	for i, path := range []string{dir, filepath.Join(dir, "svc.yaml")} {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			sink := newUnchangedSink()
+			src := &ManifestSource{Path: path, Sink: sink, Coalesce: time.Millisecond}
+			runSource(t, src, sink)
+			waitNodePort(t, &sink.recordingSink, current)
+			current++
+			version(fmt.Sprintf("..2026_%02d", i+2), withNodePort(fmt.Sprint(current)))
+			waitNodePort(t, &sink.recordingSink, current)
+		})
+	}
+}
+
+// A manifest directory deleted and created again is watched again.
+func TestManifestDirectoryRecreatedIsWatchedAgain(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "m")
+	os.Mkdir(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(withNodePort("30080")), 0o644)
+	sink := newUnchangedSink()
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond}
+	runSource(t, src, sink)
+	waitNodePort(t, &sink.recordingSink, 30080)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A file written after the directory came back must be noticed.
+	tmp := filepath.Join(root, "svc.yaml")
+	os.WriteFile(tmp, []byte(withNodePort("30083")), 0o644)
+	if err := os.Rename(tmp, filepath.Join(dir, "svc.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitNodePort(t, &sink.recordingSink, 30083)
+}
+
+// unchangedSink reports reloads that changed nothing.
+type unchangedSink struct {
+	recordingSink
+	unchanged chan struct{}
+}
+
+func (u *unchangedSink) Unchanged() { u.unchanged <- struct{}{} }
+
+// A permission fix on an unreadable file is an event of its own (chmod,
+// nothing written), and must cause a reload. As root any mode is readable,
+// so the test checks the reload itself: a chmod alone is followed by one.
+func TestManifestChmodCausesAReload(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "svc.yaml")
+	os.WriteFile(file, []byte(withNodePort("30080")), 0o644)
+	sink := newUnchangedSink()
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond}
+	runSource(t, src, sink)
+	if err := os.Chmod(file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sink.unchanged:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a chmod caused no reload")
+	}
+}
