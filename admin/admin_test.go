@@ -116,3 +116,22 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 		t.Errorf("dump %q", body)
 	}
 }
+
+// A listener the state asks for that is not open makes the node unhealthy
+// until it opens (userspace mode's failed binds).
+func TestHealthzUnhealthyWhileAListenerIsUnserved(t *testing.T) {
+	now := time.Unix(1000, 0)
+	h := NewHealth(time.Minute, func() time.Time { return now })
+	h.Updated()
+	if ok, _, _ := h.Healthy(); !ok {
+		t.Fatal("not healthy after an update")
+	}
+	h.SetUnserved(2)
+	if ok, _, _ := h.Healthy(); ok {
+		t.Fatal("healthy with two listeners not open")
+	}
+	h.SetUnserved(0)
+	if ok, _, _ := h.Healthy(); !ok {
+		t.Fatal("not healthy once every listener is open")
+	}
+}

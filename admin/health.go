@@ -23,6 +23,16 @@ type Health struct {
 	lastUpdated    time.Time
 	oldestPending  time.Time
 	nodeIneligible bool
+	unserved       int
+}
+
+// SetUnserved records how many listeners the applied state asks for that
+// are not open (userspace mode). While any is missing the data plane does
+// not match the state, and /healthz answers 503.
+func (h *Health) SetUnserved(n int) {
+	h.mu.Lock()
+	h.unserved = n
+	h.mu.Unlock()
 }
 
 // SetNodeEligible records whether this node may take traffic: false once
@@ -65,7 +75,7 @@ func (h *Health) Healthy() (ok bool, lastUpdated, now time.Time) {
 	defer h.mu.Unlock()
 	now = h.now()
 	switch {
-	case h.lastUpdated.IsZero():
+	case h.lastUpdated.IsZero(), h.unserved > 0:
 		return false, h.lastUpdated, now
 	case !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout:
 		return false, h.lastUpdated, now

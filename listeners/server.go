@@ -97,7 +97,26 @@ type servedPort struct {
 	listeners  []Listener
 	proxyPorts []int        // allocated from ProxyPorts
 	nodeAddrs  []netip.Addr // where its NodePort listens
+	// failed are the frontends whose listener could not be opened (a port
+	// busy with another process, an address not yet assigned); RetryFailed
+	// tries them again.
+	failed []failedFrontend
 }
+
+// failedFrontend is a listener to open again, with its back-off.
+type failedFrontend struct {
+	fe      Frontend
+	t       *Target
+	next    time.Time
+	backoff time.Duration
+}
+
+// Back-off of a listener that failed to open: the first retry after
+// retryFirst, doubling up to retryMax.
+const (
+	retryFirst = time.Second
+	retryMax   = 30 * time.Second
+)
 
 func (s *Server) log() *slog.Logger {
 	if s.Log == nil {
@@ -258,6 +277,9 @@ func (s *Server) openPort(p *servedPort) []error {
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
+			if fe.Role != RoleProxyPort && fe.Role != RoleExternalProxyPort { // those move to another port of the range
+				p.failed = append(p.failed, failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
+			}
 			return false
 		}
 		fe.Addr = ln.Addr()
@@ -332,6 +354,70 @@ func (s *Server) openPort(p *servedPort) []error {
 	return errs
 }
 
+func (s *Server) now() time.Time {
+	if s.Clock != nil {
+		return s.Clock.Now()
+	}
+	return time.Now()
+}
+
+// Unserved counts the listeners the state asks for that are not open.
+// While it is above zero the data plane does not match the state, which
+// /healthz reports as unhealthy (kube-proxy's healthz semantics).
+func (s *Server) Unserved() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, p := range s.ports {
+		n += len(p.failed)
+	}
+	return n
+}
+
+// RetryFailed tries again each listener that failed to open and whose
+// back-off has passed (1 s, doubling to 30 s). It returns how many are
+// still not open and the errors of this round.
+func (s *Server) RetryFailed() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var errs []error
+	left := 0
+	for _, p := range s.ports {
+		kept := p.failed[:0]
+		for _, f := range p.failed {
+			if now.Before(f.next) {
+				kept = append(kept, f)
+				continue
+			}
+			var (
+				ln  Listener
+				err error
+			)
+			if p.sp.Name.Protocol == lb.SCTP {
+				ln, err = s.SCTP.Listen(f.fe.Addr, f.t)
+			} else {
+				ln, err = s.Engine.Listen(p.sp.Name.Protocol, f.fe.Addr, f.t)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", p.sp.Name, p.sp.Name.Protocol, f.fe.Role, f.fe.Addr, err))
+				f.backoff = min(2*f.backoff, retryMax)
+				f.next = now.Add(f.backoff)
+				kept = append(kept, f)
+				continue
+			}
+			fe := f.fe
+			fe.Addr = ln.Addr()
+			p.frontends = append(p.frontends, fe)
+			p.listeners = append(p.listeners, ln)
+			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
+		}
+		p.failed = kept
+		left += len(kept)
+	}
+	return left, errors.Join(errs...)
+}
+
 func (s *Server) closePort(p *servedPort) {
 	for _, ln := range p.listeners {
 		ln.Close()
@@ -341,7 +427,7 @@ func (s *Server) closePort(p *servedPort) {
 			s.ProxyPorts.Release(port)
 		}
 	}
-	p.listeners, p.frontends, p.proxyPorts = nil, nil, nil
+	p.listeners, p.frontends, p.proxyPorts, p.failed = nil, nil, nil, nil
 }
 
 // Frontends lists every open listener, sorted by service and address.

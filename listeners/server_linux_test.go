@@ -383,3 +383,61 @@ func TestServerLoadBalancerSourceRanges(t *testing.T) {
 		}
 	})
 }
+
+// stepClock is a clock the test moves by hand.
+type stepClock struct{ now time.Time }
+
+func (c *stepClock) Now() time.Time { return c.now }
+
+// A NodePort busy at start-up (another process, or the old sluice during
+// an upgrade) is retried with back-off until it opens, and counted as
+// unserved meanwhile (issue 19, item 2).
+func TestServerRetriesAListenerThatFailedToOpen(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bp := busy.Addr().(*net.TCPAddr).AddrPort().Port()
+		clock := &stepClock{now: time.Unix(1000, 0)}
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), Ejection: lb.DefaultEjectionPolicy(), Clock: clock}
+		defer srv.Close()
+		if err := srv.Apply(snapshotOf(webPort(bp, serveTCP(t, nameHandler("web"))))); err == nil {
+			t.Fatal("a nodePort already in use was not reported")
+		}
+		if n := srv.Unserved(); n != 1 {
+			t.Fatalf("Unserved = %d, want 1", n)
+		}
+		// Before its back-off: not tried, still unserved.
+		if left, err := srv.RetryFailed(); left != 1 || err != nil {
+			t.Fatalf("early retry: %d left, %v", left, err)
+		}
+		// Due, but the port is still busy: an error, and a longer back-off.
+		clock.now = clock.now.Add(time.Second)
+		if left, err := srv.RetryFailed(); left != 1 || err == nil || !strings.Contains(err.Error(), busy.Addr().String()) {
+			t.Fatalf("retry while busy: %d left, %v", left, err)
+		}
+		clock.now = clock.now.Add(time.Second)
+		if left, _ := srv.RetryFailed(); left != 1 {
+			t.Fatal("retried before the doubled back-off")
+		}
+		busy.Close()
+		clock.now = clock.now.Add(time.Second)
+		if left, err := srv.RetryFailed(); left != 0 || err != nil {
+			t.Fatalf("retry once free: %d left, %v", left, err)
+		}
+		if got, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), bp)); err != nil || got != "web" {
+			t.Fatalf("the nodePort is not served after the retry: %q %v", got, err)
+		}
+		if n := srv.Unserved(); n != 0 {
+			t.Fatalf("Unserved = %d after the retry", n)
+		}
+		// It is a listener like the others: a removal closes it.
+		if err := srv.Apply(snapshotOf()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), bp)); err == nil {
+			t.Fatal("the retried listener outlived its service")
+		}
+	})
+}

@@ -49,12 +49,11 @@ func extraPerfEvents() []string {
 // with its events disabled and driven through perf's control descriptors,
 // so the counted stretch is exactly the work in between.
 type perfCounter struct {
-	cmd      *exec.Cmd
-	ctl      *os.File // perf reads commands here
-	ack      *bufio.Reader
-	ackFile  *os.File
-	out      string
-	children []*os.File
+	cmd     *exec.Cmd
+	ctl     *os.File // perf reads commands here
+	ack     *bufio.Reader
+	ackFile *os.File
+	out     string
 }
 
 func startPerf(pids []int, dir string) (*perfCounter, error) {

@@ -33,7 +33,23 @@ type userspacePlane struct {
 	*listeners.Server
 	capture vipCapture
 	metrics *admin.Metrics
+	health  *admin.Health
 	log     *slog.Logger
+}
+
+// RetryListeners opens again, with back-off, the listeners that failed to
+// open (a port another process held); /healthz is unhealthy until every
+// one is open.
+func (u userspacePlane) RetryListeners() {
+	if u.Server.Unserved() == 0 {
+		return
+	}
+	left, err := u.Server.RetryFailed()
+	for _, e := range unjoin(err) {
+		u.metrics.ListenerError()
+		u.log.Warn("listener still cannot be opened; retrying with back-off", "err", e)
+	}
+	u.health.SetUnserved(left)
 }
 
 func (u userspacePlane) Apply(snap *lb.Snapshot) error {
@@ -47,6 +63,7 @@ func (u userspacePlane) Apply(snap *lb.Snapshot) error {
 		}
 		errs = append(errs, err)
 	}
+	u.health.SetUnserved(u.Server.Unserved())
 	// Frontends only when the capture asks: listing and sorting every
 	// listener costs tens of milliseconds at 10k services.
 	if err := u.capture.after(snap, u.Server.Frontends); err != nil {

@@ -207,7 +207,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			return err
 		}
 		defer capture.close()
-		plane = userspacePlane{Server: srv, capture: capture, metrics: metrics, log: log}
+		plane = userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log}
 		drain = func() {
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 			defer cancel()
@@ -286,12 +286,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		defer wg.Done()
 		t := time.NewTicker(time.Minute)
 		defer t.Stop()
+		// Listeners that failed to open are retried on their own
+		// back-off; this only wakes to look.
+		retry := time.NewTicker(time.Second)
+		defer retry.Stop()
+		r, _ := plane.(interface{ RetryListeners() })
 		for {
 			select {
 			case <-srcCtx.Done():
 				return
 			case <-t.C:
 				plane.Tick()
+			case <-retry.C:
+				if r != nil {
+					r.RetryListeners()
+				}
 			}
 		}
 	}()
