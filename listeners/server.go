@@ -266,15 +266,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			}
 			t = &guarded
 		}
-		var (
-			ln  Listener
-			err error
-		)
-		if sp.Name.Protocol == lb.SCTP {
-			ln, err = s.SCTP.Listen(fe.Addr, t)
-		} else {
-			ln, err = s.Engine.Listen(sp.Name.Protocol, fe.Addr, t)
-		}
+		ln, err := s.listen(sp.Name.Protocol, fe.Addr, t)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			if fe.Role != RoleProxyPort && fe.Role != RoleExternalProxyPort { // those move to another port of the range
@@ -390,15 +382,7 @@ func (s *Server) RetryFailed() (int, error) {
 				kept = append(kept, f)
 				continue
 			}
-			var (
-				ln  Listener
-				err error
-			)
-			if p.sp.Name.Protocol == lb.SCTP {
-				ln, err = s.SCTP.Listen(f.fe.Addr, f.t)
-			} else {
-				ln, err = s.Engine.Listen(p.sp.Name.Protocol, f.fe.Addr, f.t)
-			}
+			ln, err := s.listen(p.sp.Name.Protocol, f.fe.Addr, f.t)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", p.sp.Name, p.sp.Name.Protocol, f.fe.Role, f.fe.Addr, err))
 				f.backoff = min(2*f.backoff, retryMax)
@@ -416,6 +400,14 @@ func (s *Server) RetryFailed() (int, error) {
 		left += len(kept)
 	}
 	return left, errors.Join(errs...)
+}
+
+// listen opens one listener: SCTP on its own listener, the rest on the engine.
+func (s *Server) listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (Listener, error) {
+	if proto == lb.SCTP {
+		return s.SCTP.Listen(addr, t)
+	}
+	return s.Engine.Listen(proto, addr, t)
 }
 
 func (s *Server) closePort(p *servedPort) {
