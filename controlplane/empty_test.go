@@ -98,8 +98,7 @@ func TestRemovingEveryServiceNeedsAnExplicitEmptyList(t *testing.T) {
 	case err := <-sink.rejects:
 		t.Fatalf("explicit empty List rejected: %v", err)
 	}
-	// From nothing, a new Service is served again, and then removing it
-	// needs the List again (it is still there: allowed).
+	// From nothing, a new Service is served again.
 	if err := os.WriteFile(filepath.Join(filepath.Dir(file), "svc2.yaml"), []byte(goodManifest), 0o644); err != nil {
 		t.Fatal(err)
 	}

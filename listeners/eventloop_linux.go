@@ -288,16 +288,22 @@ func (l *loop) putBuf(b []byte) {
 // so a reply that comes soon is taken without the wake-up of a parked CPU.
 func (l *loop) wait(events []unix.EpollEvent, timeout int) (int, error) {
 	if bp := l.e.opts.BusyPoll; bp > 0 && timeout != 0 {
+		start := l.e.opts.Now()
 		until := l.lastEvent.Add(bp)
-		for {
+		if deadline := start.Add(time.Duration(timeout) * time.Millisecond); timeout > 0 && deadline.Before(until) {
+			until = deadline
+		}
+		now := start
+		for now.Before(until) {
 			n, err := unix.EpollWait(l.epfd, events, 0)
 			if n != 0 || (err != nil && err != unix.EINTR) {
 				l.lastEvent = l.e.opts.Now()
 				return n, err
 			}
-			if now := l.e.opts.Now(); !now.Before(until) || (timeout > 0 && now.Sub(l.now) >= time.Duration(timeout)*time.Millisecond) {
-				break
-			}
+			now = l.e.opts.Now()
+		}
+		if timeout > 0 { // what spinning spent comes off the sleep
+			timeout = max(0, timeout-int(now.Sub(start)/time.Millisecond))
 		}
 	}
 	n, err := unix.EpollWait(l.epfd, events, timeout)
@@ -492,19 +498,7 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		if i > 0 {
 			at = ln.addr // the port the first socket got, when addr asked for any
 		}
-		fd, err := bindSocketOpts(unix.SOCK_STREAM, at, len(e.loops) > 1)
-		if err == nil {
-			// Accepted sockets inherit TCP_NODELAY from the listener.
-			err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-			if err == nil {
-				if err = unix.Listen(fd, 4096); err != nil {
-					err = fmt.Errorf("listen %s: %w", at, err)
-				}
-			}
-			if err != nil {
-				unix.Close(fd)
-			}
-		}
+		fd, err := listenSocket(at, len(e.loops) > 1)
 		if err != nil {
 			ln.closeSockets()
 			return nil, err
@@ -523,6 +517,24 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		ln.socks = append(ln.socks, s)
 	}
 	return ln, nil
+}
+
+// listenSocket binds and listens one TCP socket. Accepted sockets inherit
+// TCP_NODELAY from it, so it is set once here.
+func listenSocket(at netip.AddrPort, reusePort bool) (int, error) {
+	fd, err := bindSocketOpts(unix.SOCK_STREAM, at, reusePort)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TCP_NODELAY on %s: %w", at, err)
+	}
+	if err := unix.Listen(fd, 4096); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("listen %s: %w", at, err)
+	}
+	return fd, nil
 }
 
 func (ln *elTCPListener) Addr() netip.AddrPort { return ln.addr }
@@ -644,7 +656,6 @@ type tcpConn struct {
 	walk       *lb.Walk
 	ep         netip.AddrPort
 	started    time.Time
-	attempt    uint32
 	timer      *deadline
 	connecting bool
 	connected  bool
@@ -754,7 +765,6 @@ func (c *tcpConn) tryNext() {
 		c.ep = ep
 		c.bs = side{fd: fd}
 		c.connecting = true
-		c.attempt++
 		if err := l.register(fd, backendHandler{c}); err != nil {
 			unix.Close(fd)
 			c.bs.fd = -1

@@ -228,51 +228,48 @@ func costRR(conns int) func(ctx context.Context, in *Instance, sz Size) (Metrics
 		}
 		per := sz.CostUnits / conns
 		return countWork(in, func() (int, error) {
-			var wg sync.WaitGroup
-			counts := make([]int, conns)
-			errs := make([]error, conns)
-			for i, c := range cs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					counts[i], errs[i] = rrOn(ctx, c, per)
-				}()
-			}
-			wg.Wait()
-			total := 0
-			for _, n := range counts {
-				total += n
-			}
-			return total, errors.Join(errs...)
+			return inParallel(conns, func(i int) (int, error) { return rrOn(ctx, cs[i], per) })
 		})
 	}
+}
+
+// inParallel runs work(0..n-1) at once and sums the units they completed.
+func inParallel(n int, work func(i int) (int, error)) (int, error) {
+	var wg sync.WaitGroup
+	counts := make([]int, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts[i], errs[i] = work(i)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	return total, errors.Join(errs...)
 }
 
 // costCRR: a new connection per 64 B request, 4 clients.
 func costCRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	addr := in.Addr("echo").String()
 	const clients = 4
+	// A connection costs several request/responses: a quarter of the units.
 	per := sz.CostUnits / 4 / clients
 	return countWork(in, func() (int, error) {
-		var wg sync.WaitGroup
-		counts := make([]int, clients)
-		errs := make([]error, clients)
-		for g := 0; g < clients; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				msg, buf := make([]byte, 64), make([]byte, 64)
-				for i := 0; i < per && ctx.Err() == nil; i++ {
-					if err := oneShot(addr, msg, buf); err != nil {
-						errs[g] = err
-						return
-					}
-					counts[g]++
+		return inParallel(clients, func(int) (int, error) {
+			msg, buf := make([]byte, 64), make([]byte, 64)
+			done := 0
+			for ; done < per && ctx.Err() == nil; done++ {
+				if err := oneShot(addr, msg, buf); err != nil {
+					return done, err
 				}
-			}()
-		}
-		wg.Wait()
-		return counts[0] + counts[1] + counts[2] + counts[3], errors.Join(errs...)
+			}
+			return done, nil
+		})
 	})
 }
 
