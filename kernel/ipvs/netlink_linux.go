@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"time"
 
@@ -13,8 +14,14 @@ import (
 )
 
 // Netlink is the kernel's IPVS table through moby/ipvs (generic netlink).
+// It is safe for concurrent use: every request holds mu. moby/ipvs shares
+// one socket per handle and discards replies whose sequence number is not
+// its own, so two goroutines talking at once could each take the other's
+// reply, and one would then wait for it forever (it retries on the receive
+// timeout): an IPVS sync running beside the drain check hung that way.
 type Netlink struct {
-	h *mobyipvs.Handle
+	mu sync.Mutex
+	h  *mobyipvs.Handle
 }
 
 // NewNetlink opens a handle in this process's network namespace. It
@@ -28,7 +35,11 @@ func NewNetlink() (*Netlink, error) {
 }
 
 // Close releases the handle.
-func (n *Netlink) Close() { n.h.Close() }
+func (n *Netlink) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.h.Close()
+}
 
 var protoNum = map[lb.Protocol]uint16{lb.TCP: syscall.IPPROTO_TCP, lb.UDP: syscall.IPPROTO_UDP, lb.SCTP: 132}
 
@@ -58,6 +69,8 @@ func toMoby(s Service) *mobyipvs.Service {
 func keyOnly(k Key) *mobyipvs.Service { return toMoby(Service{Key: k}) }
 
 func (n *Netlink) Services() ([]Service, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	ms, err := n.h.GetServices()
 	if err != nil {
 		return nil, err
@@ -74,11 +87,27 @@ func (n *Netlink) Services() ([]Service, error) {
 	return out, nil
 }
 
-func (n *Netlink) AddService(s Service) error    { return n.h.NewService(toMoby(s)) }
-func (n *Netlink) UpdateService(s Service) error { return n.h.UpdateService(toMoby(s)) }
-func (n *Netlink) DeleteService(k Key) error     { return n.h.DelService(keyOnly(k)) }
+func (n *Netlink) AddService(s Service) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.h.NewService(toMoby(s))
+}
+
+func (n *Netlink) UpdateService(s Service) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.h.UpdateService(toMoby(s))
+}
+
+func (n *Netlink) DeleteService(k Key) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.h.DelService(keyOnly(k))
+}
 
 func (n *Netlink) Reals(k Key) ([]Real, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	ds, err := n.h.GetDestinations(keyOnly(k))
 	if err != nil {
 		return nil, err
@@ -102,14 +131,28 @@ func dest(r Real) *mobyipvs.Destination {
 	return d
 }
 
-func (n *Netlink) AddReal(k Key, r Real) error    { return n.h.NewDestination(keyOnly(k), dest(r)) }
-func (n *Netlink) UpdateReal(k Key, r Real) error { return n.h.UpdateDestination(keyOnly(k), dest(r)) }
+func (n *Netlink) AddReal(k Key, r Real) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.h.NewDestination(keyOnly(k), dest(r))
+}
+
+func (n *Netlink) UpdateReal(k Key, r Real) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.h.UpdateDestination(keyOnly(k), dest(r))
+}
+
 func (n *Netlink) DeleteReal(k Key, a netip.AddrPort) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	return n.h.DelDestination(keyOnly(k), dest(Real{Addr: a}))
 }
 
 // Timeouts reads the TCP, TCP FIN and UDP timeouts (ipvsadm -L --timeout).
 func (n *Netlink) Timeouts() (tcp, tcpfin, udp time.Duration, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	c, err := n.h.GetConfig()
 	if err != nil {
 		return 0, 0, 0, err
@@ -119,6 +162,8 @@ func (n *Netlink) Timeouts() (tcp, tcpfin, udp time.Duration, err error) {
 
 // SetTimeouts is ipvsadm --set (tcp, tcpfin, udp); zero keeps a value.
 func (n *Netlink) SetTimeouts(tcp, tcpfin, udp int64) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	cur, err := n.h.GetConfig()
 	if err != nil {
 		return err

@@ -343,7 +343,13 @@ func startSluice(t *testing.T, args ...string) *proc {
 		}
 		close(p.lines)
 	}()
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			p.dump() // every failure shows what sluice logged
+		}
+	})
 	return p
 }
 

@@ -3,6 +3,7 @@
 package guest
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -28,7 +29,6 @@ func TestSCTPInIPTablesModeInVM(t *testing.T) {
 	p.waitLog("state applied")
 	t.Cleanup(func() {
 		if t.Failed() {
-			p.dump()
 			out, _ := exec.Command("iptables-legacy-save", "-c").CombinedOutput()
 			snmp, _ := os.ReadFile("/proc/net/sctp/snmp")
 			t.Logf("iptables:\n%s\nsctp snmp:\n%s", out, snmp)
@@ -76,6 +76,33 @@ func TestIPVSKernelForReal(t *testing.T) {
 	reals, err := k.Reals(svcs[0].Key)
 	if err != nil || len(reals) != 1 || reals[0].Weight != 1 {
 		t.Fatalf("reals %+v %v", reals, err)
+	}
+	// One handle used by several goroutines at once, as IPVS mode's sync
+	// and drain check do: every request gets its own answer and none
+	// waits forever for one another goroutine took.
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := 0; i < 300; i++ {
+				if s, err := k.Services(); err != nil || len(s) != 1 {
+					errs <- fmt.Errorf("services %+v: %v", s, err)
+					return
+				}
+				if r, err := k.Reals(svcs[0].Key); err != nil || len(r) != 1 {
+					errs <- fmt.Errorf("reals %+v: %v", r, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		select {
+		case err := <-errs:
+			must(t, err)
+		case <-time.After(60 * time.Second): // a safety net: a lost reply waits forever
+			t.Fatal("concurrent requests on one IPVS handle: no answer in 60 s")
+		}
 	}
 	must(t, ipvs.Cleanup(k, nil))
 	if svcs, _ := k.Services(); len(svcs) != 0 {
@@ -222,7 +249,6 @@ func TestIPVSModeInVM(t *testing.T) {
 	// NodePort alike.
 	for _, a := range []string{"10.96.0.10:81", "192.168.10.1:30081"} {
 		if m := b.tally("tcp", a, 4); m["10.244.0.1"] != 4 {
-			p.dump()
 			out, _ := exec.Command("iptables-legacy-save").CombinedOutput()
 			sets, _ := exec.Command("ipset", "list").CombinedOutput()
 			t.Logf("iptables:\n%s\nipsets:\n%s", out, sets)
