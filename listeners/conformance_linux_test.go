@@ -28,6 +28,11 @@ import (
 var engineNames = []string{EngineEventLoop, EngineGoroutine}
 
 func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
+	forEachEngineWith(t, nil, fn)
+}
+
+// forEachEngineWith is forEachEngine with options adjusted by set.
+func forEachEngineWith(t *testing.T, set func(*Options), fn func(t *testing.T, e Engine)) {
 	type variant struct {
 		name, engine string
 		opts         Options
@@ -40,6 +45,9 @@ func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
 	variants = append(variants, variant{"eventloop-busypoll", EngineEventLoop, Options{Loops: 2, BusyPoll: 200 * time.Microsecond}})
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
+			if set != nil {
+				set(&v.opts)
+			}
 			e, err := New(v.engine, v.opts)
 			if err != nil {
 				t.Fatal(err)
@@ -302,6 +310,161 @@ func TestConformanceHalfClose(t *testing.T) {
 	})
 }
 
+// silentBackend reads each request to the client's FIN (then eof gets a
+// value), and neither answers nor closes until the test ends; saw gets the
+// error that ended its socket (a reset shows as POLLHUP with SO_ERROR).
+type silentBackend struct {
+	addr netip.AddrPort
+	eof  chan struct{}
+	saw  chan error
+}
+
+func newSilentBackend(t *testing.T) *silentBackend {
+	b := &silentBackend{eof: make(chan struct{}, 16), saw: make(chan error, 16)}
+	release := make(chan struct{})
+	defer t.Cleanup(func() { close(release) }) // registered after serveTCP's, so it runs before it
+	b.addr = serveTCP(t, func(c *net.TCPConn) {
+		defer c.Close()
+		io.Copy(io.Discard, c)
+		b.eof <- struct{}{}
+		raw, err := c.SyscallConn()
+		if err != nil {
+			b.saw <- err
+			return
+		}
+		raw.Control(func(fd uintptr) {
+			// Events 0: only POLLHUP and POLLERR, which a FIN from the
+			// proxy does not raise (this side never shut its writes) and
+			// a reset does. The 100 ms poll only lets the test's end in.
+			pfd := []unix.PollFd{{Fd: int32(fd)}}
+			for {
+				select {
+				case <-release:
+					return
+				default:
+				}
+				if n, _ := unix.Poll(pfd, 100); n > 0 {
+					soerr, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+					b.saw <- syscall.Errno(soerr)
+					return
+				}
+			}
+		})
+	})
+	return b
+}
+
+// isReset: a reset met after the peer's FIN is reported as EPIPE.
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// ended waits for what the backend's socket met, with a safety net.
+func (b *silentBackend) ended(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-b.saw:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the backend's socket was neither reset nor closed in 20 s")
+		return nil
+	}
+}
+
+// A client that sent its request and closed, facing a backend that never
+// answers nor closes, is not held forever (issue 19, item 6): after
+// HalfCloseTimeout of silence both sides are reset.
+func TestConformanceHalfClosedToASilentBackendEnds(t *testing.T) {
+	forEachEngineWith(t, func(o *Options) { o.HalfCloseTimeout = 300 * time.Millisecond }, func(t *testing.T, e Engine) {
+		b := newSilentBackend(t)
+		f := newFixture(t, e, lb.TCP, b.addr)
+		c := f.dial()
+		defer c.Close()
+		if _, err := c.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		c.CloseWrite()
+		_, err := io.ReadAll(c)
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("client: %v, want a reset once the half-closed connection was idle", err)
+		}
+		if err := b.ended(t); !isReset(err) {
+			t.Fatalf("backend: %v, want a reset", err)
+		}
+		if got := <-f.ctr.closed; got[0] != uint64(len("request")) {
+			t.Fatalf("closed with %d bytes up, want %d", got[0], len("request"))
+		}
+	})
+}
+
+// The half-close timeout is for silence, not for length: a backend that
+// keeps streaming its answer after the client's FIN, for longer than the
+// timeout in all, is never cut; nor is a connection that idles with both
+// directions open.
+func TestConformanceHalfClosedButMovingIsNotCut(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	backend := func(c *net.TCPConn) {
+		io.Copy(io.Discard, c)
+		for i := 0; i < 10; i++ { // 1 s in all, a byte every 100 ms
+			time.Sleep(timeout / 3)
+			if _, err := c.Write([]byte{'0' + byte(i)}); err != nil {
+				return
+			}
+		}
+		c.CloseWrite()
+	}
+	forEachEngineWith(t, func(o *Options) { o.HalfCloseTimeout = timeout }, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, backend))
+		c := f.dial()
+		defer c.Close()
+		c.Write([]byte("request"))
+		c.CloseWrite()
+		got, err := io.ReadAll(c)
+		if err != nil || string(got) != "0123456789" {
+			t.Fatalf("streamed answer after the client's FIN: %q, %v; want all ten bytes and a clean end", got, err)
+		}
+		// Both directions open and idle for three timeouts: still alive.
+		c2 := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler)).dial()
+		defer c2.Close()
+		echoOnce(t, c2, []byte("first"))
+		time.Sleep(3 * timeout) // the time that must pass without a cut
+		echoOnce(t, c2, []byte("after an idle spell"))
+	})
+}
+
+// A drain ends by its deadline whatever the backends do (issue 19, item
+// 5): here the client has sent its request and closed, and the backend
+// stays silent; the goroutine engine used to wait on it forever.
+func TestConformanceShutdownCutsASilentBackendAtTheDeadline(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		b := newSilentBackend(t)
+		f := newFixture(t, e, lb.TCP, b.addr)
+		c := f.dial()
+		defer c.Close()
+		c.Write([]byte("request"))
+		c.CloseWrite()
+		<-b.eof // the backend has the request and its FIN before the drain starts
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- e.Shutdown(ctx) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("shutdown: %v, want the deadline (connections cut)", err)
+			}
+		case <-time.After(20 * time.Second): // a safety net
+			t.Fatal("shutdown still waiting 20 s after a 200 ms drain deadline")
+		}
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("client after the cut: %v, want a reset", err)
+		}
+		if err := b.ended(t); !isReset(err) {
+			t.Fatalf("backend after the cut: %v, want a reset", err)
+		}
+	})
+}
+
 // pushUntilStalled writes up to offered bytes and returns how many went out
 // before a write made no progress for a second, i.e. the pipeline was full.
 // The deadline measures that moment; nothing waits on it.
@@ -375,6 +538,60 @@ func TestConformanceRefusesAtOnceWithNoEndpoints(t *testing.T) {
 		}
 		if f.ctr.refused.Load() != 1 {
 			t.Fatalf("refused counter = %d", f.ctr.refused.Load())
+		}
+	})
+}
+
+// Every connection counted as opened is counted as closed once, refused
+// ones included, so the active-connections gauge (opened minus closed)
+// falls back to zero (issue 19, item 8: it counted 695 with nothing open).
+func TestConformanceEveryOpenedConnectionIsClosedOnce(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP)
+		refusedRead := func() {
+			t.Helper()
+			c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(f.ln.Addr()))
+			if err == nil {
+				c.SetDeadline(time.Now().Add(20 * time.Second))
+				_, err = c.Read(make([]byte, 1))
+				c.Close()
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("got %v, want a reset", err)
+			}
+		}
+		refusedRead() // no endpoints
+		f.target.Picker.SetEndpoints([]netip.AddrPort{refusingAddr(t)})
+		refusedRead() // every try refused
+		f.target.Picker.SetEndpoints([]netip.AddrPort{serveTCP(t, echoHandler)})
+		c := f.dial()
+		echoOnce(t, c, []byte("hello"))
+		c.Close()
+		var closed [][2]uint64
+		for len(closed) < 3 {
+			select {
+			case v := <-f.ctr.closed:
+				closed = append(closed, v)
+			case <-time.After(20 * time.Second): // a safety net
+				t.Fatalf("closed %v after 3 connections opened (%d counted)", closed, f.ctr.opened.Load())
+			}
+		}
+		if n := f.ctr.opened.Load(); n != 3 {
+			t.Fatalf("opened %d, want 3", n)
+		}
+		select {
+		case v := <-f.ctr.closed:
+			t.Fatalf("a fourth Closed %v for three connections", v)
+		default:
+		}
+		zero := 0
+		for _, v := range closed {
+			if v == [2]uint64{} {
+				zero++
+			}
+		}
+		if zero != 2 {
+			t.Fatalf("closed %v, want the two refusals with no bytes", closed)
 		}
 	})
 }

@@ -18,13 +18,16 @@ import (
 // Counters receives per-service-port events from the data path. Calls are
 // cheap and never block; implementations must be safe for concurrent use.
 type Counters interface {
-	// Opened: a TCP connection was accepted or a UDP flow created.
+	// Opened: a TCP connection was accepted or a UDP flow created. Exactly
+	// one Closed follows each, a refused connection's included, so that
+	// Opened minus Closed is what is open now.
 	Opened()
 	// Connected: a TCP connection reached an endpoint after tries attempts.
 	Connected(latency time.Duration, tries int)
 	// ConnectFailed: one connect attempt failed (refused, timed out, unreachable).
 	ConnectFailed()
-	// Refused: the client was refused because no endpoint could be reached.
+	// Refused: the client was refused because no endpoint could be reached
+	// (its Closed follows, with the bytes it carried: none).
 	Refused()
 	// Closed: a connection or flow ended having carried up bytes client to
 	// endpoint and down bytes endpoint to client.
@@ -125,6 +128,14 @@ type Options struct {
 	// BusyPoll is how long an event loop keeps polling without sleeping
 	// after its last event (eventloop engine; 0: off).
 	BusyPoll time.Duration
+	// HalfCloseTimeout ends a connection whose one direction has closed
+	// (FIN passed on) when the other moves no byte for this long, as
+	// HAProxy's client-fin/server-fin timeouts do: a client that has sent
+	// its request and closed, facing a backend that never answers nor
+	// closes, would otherwise hold both sockets forever. Default 1 h,
+	// kube-proxy's conntrack CLOSE_WAIT timeout, after which a kernel mode
+	// forgets such a connection too.
+	HalfCloseTimeout time.Duration
 	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
 	Now func() time.Time
 }
@@ -132,6 +143,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.BufferSize <= 0 {
 		o.BufferSize = 64 << 10
+	}
+	if o.HalfCloseTimeout <= 0 {
+		o.HalfCloseTimeout = time.Hour
 	}
 	if o.Now == nil {
 		o.Now = time.Now

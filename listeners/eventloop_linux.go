@@ -38,6 +38,7 @@ type EventLoop struct {
 	closing   bool
 	active    sync.WaitGroup // connections and flows
 	stopped   sync.WaitGroup // loop goroutines
+	stopOnce  sync.Once      // a second Shutdown must not close the loops' descriptors again
 }
 
 // NewEventLoop starts the loops.
@@ -142,7 +143,9 @@ func (e *EventLoop) Shutdown(ctx context.Context) error {
 	return err
 }
 
-func (e *EventLoop) stopLoops() {
+func (e *EventLoop) stopLoops() { e.stopOnce.Do(e.stopLoopsOnce) }
+
+func (e *EventLoop) stopLoopsOnce() {
 	for _, l := range e.loops {
 		l.post(func() { l.quit = true })
 	}
@@ -709,6 +712,7 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	e.mu.Unlock()
 	if closing {
 		resetClose(fd)
+		ctr.Closed(0, 0)
 		return
 	}
 	c := &tcpConn{l: l, t: t, client: client, cs: side{fd: fd}, bs: side{fd: -1}, started: l.now}
@@ -718,11 +722,13 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	if err != nil {
 		ctr.Refused()
 		resetClose(fd)
+		ctr.Closed(0, 0)
 		e.active.Done()
 		return
 	}
 	if err := l.register(fd, clientHandler{c}); err != nil {
 		resetClose(fd)
+		ctr.Closed(0, 0)
 		e.active.Done()
 		return
 	}
@@ -848,6 +854,9 @@ func (c *tcpConn) progress() {
 			c.close()
 			return
 		}
+		if c.up.shut != c.down.shut && c.timer == nil {
+			c.armHalfClose()
+		}
 		if !moved {
 			return
 		}
@@ -856,6 +865,24 @@ func (c *tcpConn) progress() {
 		c.queued = true
 		c.l.later = append(c.l.later, c)
 	}
+}
+
+// armHalfClose starts the half-close timer once one direction has ended
+// (the connect timer is long gone by then, so c.timer is free): the other
+// direction gets Options.HalfCloseTimeout to move a byte, each time.
+func (c *tcpConn) armHalfClose() {
+	mark := c.up.bytes + c.down.bytes
+	c.timer = c.l.after(c.l.e.opts.HalfCloseTimeout, func() {
+		c.timer = nil
+		if c.closed {
+			return
+		}
+		if c.up.bytes+c.down.bytes != mark {
+			c.armHalfClose()
+			return
+		}
+		c.abort()
+	})
 }
 
 // step advances one direction. It returns whether anything happened, and

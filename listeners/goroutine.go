@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -157,12 +158,55 @@ func (l *goTCPListener) serve() {
 			continue
 		}
 		backoff = 0
-		if !l.g.track(c) {
+		gc := newGoConn(c)
+		if !l.g.track(gc) {
 			c.Close()
 			continue
 		}
-		go l.handle(c)
+		go l.handle(gc)
 	}
+}
+
+// goConn is one proxied TCP connection, as the engine tracks it: Close
+// (the drain's cut) cancels a connect in progress and resets both sides,
+// so a copy blocked on a silent backend returns too.
+type goConn struct {
+	client *net.TCPConn
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	backend *net.TCPConn
+	cut     bool
+}
+
+func newGoConn(c *net.TCPConn) *goConn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &goConn{client: c, ctx: ctx, cancel: cancel}
+}
+
+// connected records the backend; false if the connection was cut meanwhile.
+func (c *goConn) connected(b *net.TCPConn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut {
+		return false
+	}
+	c.backend = b
+	return true
+}
+
+func (c *goConn) Close() error {
+	c.cancel()
+	c.mu.Lock()
+	c.cut = true
+	b := c.backend
+	c.mu.Unlock()
+	refuse(c.client)
+	if b != nil {
+		refuse(b)
+	}
+	return nil
 }
 
 // refuse resets the client connection: the nearest a userspace proxy gets
@@ -172,10 +216,14 @@ func refuse(c *net.TCPConn) {
 	c.Close()
 }
 
-func (l *goTCPListener) handle(client *net.TCPConn) {
-	defer l.g.untrack(client)
+func (l *goTCPListener) handle(gc *goConn) {
+	defer l.g.untrack(gc)
+	defer gc.cancel()
+	client := gc.client
 	t, ctr := l.t, l.t.counters()
 	ctr.Opened()
+	var up, down uint64
+	defer func() { ctr.Closed(up, down) }() // refusals too
 	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	order, err := t.order(src)
 	if err != nil {
@@ -193,9 +241,16 @@ func (l *goTCPListener) handle(client *net.TCPConn) {
 			refuse(client)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := context.WithTimeout(gc.ctx, timeout)
 		c, err := l.g.dialer.DialContext(ctx, "tcp", ep.String())
 		cancel()
+		if gc.ctx.Err() != nil { // cut by the drain
+			if err == nil {
+				c.Close()
+			}
+			ctr.Refused()
+			return
+		}
 		if err != nil {
 			t.Picker.Failed(src, ep)
 			ctr.ConnectFailed()
@@ -208,17 +263,23 @@ func (l *goTCPListener) handle(client *net.TCPConn) {
 			ctr.ConnectFailed()
 			continue
 		}
+		if !gc.connected(tc) {
+			tc.Close()
+			ctr.Refused()
+			return
+		}
 		backend = tc
 		t.Picker.Connected(src, ep)
 		ctr.Connected(l.g.opts.Now().Sub(start), walk.Tries())
 	}
-	up, down := splice2(client, backend)
-	ctr.Closed(up, down)
+	up, down = splice2(client, backend, l.g.opts.HalfCloseTimeout, l.g.opts.Now)
 }
 
 // splice2 pumps both directions until both have ended. A clean EOF is
-// passed on as a half-close (CloseWrite); an error resets both sides.
-func splice2(client, backend *net.TCPConn) (up, down uint64) {
+// passed on as a half-close (CloseWrite); an error resets both sides. Once
+// one direction has ended, the other is reset when it moves nothing for
+// halfClose.
+func splice2(client, backend *net.TCPConn, halfClose time.Duration, now func() time.Time) (up, down uint64) {
 	var wg sync.WaitGroup
 	var once sync.Once
 	abort := func() {
@@ -229,23 +290,37 @@ func splice2(client, backend *net.TCPConn) (up, down uint64) {
 			backend.Close()
 		})
 	}
-	pump := func(dst, src *net.TCPConn, n *uint64) {
+	var ended sync.Once
+	pump := func(dst, src, other *net.TCPConn, n *uint64) {
 		defer wg.Done()
-		// io.Copy uses splice(2) between TCP sockets on Linux; memory per
-		// direction stays bounded because a blocked write stops the reads.
-		c, err := io.Copy(dst, src)
-		*n = uint64(c)
-		if err != nil {
+		for {
+			// io.Copy uses splice(2) between TCP sockets on Linux; memory
+			// per direction stays bounded because a blocked write stops
+			// the reads. A read deadline (set once the other direction has
+			// ended) stops it with nothing left in flight.
+			c, err := io.Copy(dst, src)
+			*n += uint64(c)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) && c > 0 {
+				src.SetReadDeadline(now().Add(halfClose)) // still moving: another period
+				continue
+			}
 			abort()
 			return
 		}
 		if err := dst.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ENOTCONN) {
 			abort()
+			return
 		}
+		// This direction is done: the other now has halfClose to move
+		// something, each time.
+		ended.Do(func() { other.SetReadDeadline(now().Add(halfClose)) })
 	}
 	wg.Add(2)
-	go pump(backend, client, &up)
-	go pump(client, backend, &down)
+	go pump(backend, client, backend, &up)
+	go pump(client, backend, client, &down)
 	wg.Wait()
 	once.Do(func() {
 		client.Close()

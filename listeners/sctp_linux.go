@@ -243,6 +243,8 @@ func (l *sctpListener) handle(client net.Conn) {
 	}()
 	t, ctr := l.t, l.t.counters()
 	ctr.Opened()
+	var up, down int64
+	defer func() { ctr.Closed(uint64(up), uint64(down)) }() // refusals too
 	var src netip.Addr
 	if a, ok := client.RemoteAddr().(*sctp.SCTPAddr); ok && a != nil && len(a.IPAddrs) > 0 {
 		src, _ = netip.AddrFromSlice(a.IPAddrs[0].IP)
@@ -282,7 +284,6 @@ func (l *sctpListener) handle(client net.Conn) {
 		delete(l.s.conns, backend)
 		l.s.mu.Unlock()
 	}()
-	var up, down int64
 	var wg sync.WaitGroup
 	var once sync.Once
 	closeBoth := func() { once.Do(func() { sctpClose(client); sctpClose(backend) }) }
@@ -290,7 +291,6 @@ func (l *sctpListener) handle(client net.Conn) {
 	go func() { defer wg.Done(); up, _ = io.Copy(backend, client); closeBoth() }()
 	go func() { defer wg.Done(); down, _ = io.Copy(client, backend); closeBoth() }()
 	wg.Wait()
-	ctr.Closed(uint64(up), uint64(down))
 }
 
 // Shutdown closes the listeners and waits for associations until ctx

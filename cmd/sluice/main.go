@@ -120,6 +120,21 @@ func apiConfigured(cfg *config.Config) bool {
 	return cfg.KubeProxy.ClientConnection.Kubeconfig != "" || cfg.Master != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 }
 
+// halfCloseTimeout is how long a connection one side of which has closed
+// may stay silent in userspace mode: the CLOSE_WAIT timeout kube-proxy
+// gives conntrack (--conntrack-tcp-timeout-close-wait, 1 h by default),
+// which is when a kernel mode forgets such a connection; 0 there leaves
+// the kernel's own default, 60 s.
+func halfCloseTimeout(cfg *config.Config) time.Duration {
+	if d := cfg.KubeProxy.Conntrack.TCPCloseWaitTimeout; d != nil {
+		if d.Duration == 0 {
+			return 60 * time.Second
+		}
+		return d.Duration
+	}
+	return time.Hour
+}
+
 // serve runs userspace mode until ctx ends, then drains.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.Writer) error {
 	switch {
@@ -173,7 +188,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll})
+		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, HalfCloseTimeout: halfCloseTimeout(cfg)})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
