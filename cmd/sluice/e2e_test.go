@@ -348,6 +348,48 @@ func endToEnd(t *testing.T, engine string) {
 	}
 }
 
+// SIGHUP drains like SIGTERM (issue 19, item 11): Go's default ended the
+// process at once, cutting a streaming client with what looked like a
+// clean end of its data.
+func TestEndToEndSIGHUPDrainsLikeSIGTERM(t *testing.T) {
+	bport := freePort(t, "tcp")
+	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "b1")
+	np := freePort(t, "tcp")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), manifest(np, freePort(t, "udp"), bport, freePort(t, "udp"), "127.0.0.1"))
+	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=")
+	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
+	open, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", np))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	open.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(open)
+	ask := func(header string) string {
+		fmt.Fprintf(open, "GET / HTTP/1.1\r\nHost: x\r\n%s\r\n", header)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request on the open connection: %v", err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got := ask(""); got != "b1" {
+		t.Fatalf("keep-alive request got %q", got)
+	}
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	p.waitLog("shutting down", "signal=hangup")
+	if got := ask("Connection: close\r\n"); got != "b1" {
+		t.Fatalf("connection open across SIGHUP got %q, want it served to its end", got)
+	}
+	open.Close()
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGHUP", code)
+	}
+}
+
 func TestEndToEndBadInputAtStartupExitsNonZero(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")

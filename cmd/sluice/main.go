@@ -41,11 +41,33 @@ var version = "v0.1.0-dev"
 // kubeProxyCompat is the kube-proxy release whose flags and config we follow.
 const kubeProxyCompat = "v1.34"
 
+// main runs until SIGTERM, SIGINT or SIGHUP, each of which drains up to
+// --drain-timeout and exits 0. SIGHUP drains rather than reloads: sluice
+// has no configuration to re-read that it does not already watch (the
+// manifests, the API, --config with --config-sync-period), and Go's default
+// for it, an exit at once, cut streaming clients with what looked to them
+// like a clean end of their data.
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() { cancel(stopSignal{<-sigs}) }() // later signals are caught and ignored: the drain goes on
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	signal.Stop(sigs)
 	os.Exit(code)
+}
+
+// stopSignal is the cause of the run's end when a signal asked for it.
+type stopSignal struct{ os.Signal }
+
+func (s stopSignal) Error() string { return "signal " + s.String() }
+
+// signalName names the signal that ended ctx, or "" when none did.
+func signalName(ctx context.Context) string {
+	if s, ok := context.Cause(ctx).(stopSignal); ok {
+		return s.String()
+	}
+	return ""
 }
 
 // run is the whole program; it returns the exit code.
@@ -350,7 +372,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, mode, engineOf, nListeners, source)
 
 	<-ctx.Done()
-	log.Info("shutting down: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
+	log.Info("shutting down: no new connections; draining open ones", "signal", signalName(ctx), "timeout", cfg.DrainTimeout)
 	stopAll()
 	log.Info("stopped")
 	return nil
