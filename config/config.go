@@ -66,6 +66,9 @@ type Config struct {
 	// ManifestCoalesce is how long a burst of manifest edits is gathered
 	// into one reload.
 	ManifestCoalesce time.Duration
+	// ManifestMaxBytes bounds what one load of the manifests reads; a load
+	// over it is refused. 0: no limit.
+	ManifestMaxBytes int64
 	LogFormat        string
 	Verbosity        int
 	// IPTablesBackend picks the iptables binaries: auto (iptables, as the
@@ -141,6 +144,7 @@ func Defaults() *Config {
 		EjectMaxBackoff:   time.Minute,
 		DrainTimeout:      30 * time.Second,
 		ManifestCoalesce:  100 * time.Millisecond,
+		ManifestMaxBytes:  64 << 20,
 		LogFormat:         "text",
 	}
 }
@@ -289,6 +293,9 @@ func (c *Config) Validate() error {
 	}
 	if v := kp.Conntrack.Min; v != nil && *v < 0 {
 		p.add("conntrack-min", "conntrack.min", *v, "must not be negative")
+	}
+	if c.ManifestMaxBytes < 0 {
+		p.add("manifest-max-bytes", "", c.ManifestMaxBytes, "must not be negative (0: no limit)")
 	}
 	if kp.ClientConnection.QPS < 0 {
 		p.add("kube-api-qps", "clientConnection.qps", kp.ClientConnection.QPS, "must not be negative")

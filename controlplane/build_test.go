@@ -311,10 +311,10 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadManifests(dir, &cache); err != nil {
+	if _, err := loadCached(dir, &cache); err != nil {
 		t.Fatal(err)
 	}
-	warm, err := loadManifests(dir, &cache)
+	warm, err := loadCached(dir, &cache)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	}
 	// Edit one document: the change is seen.
 	os.WriteFile(file, []byte(strings.Replace(goodManifest, "nodePort: 30080", "nodePort: 30090", 1)), 0o644)
-	edited, err := loadManifests(dir, &cache)
+	edited, err := loadCached(dir, &cache)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,13 +338,13 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	}
 	// A cached document repeated is a duplicate, reported at its own place.
 	os.WriteFile(file, []byte(goodManifest+"---\n"+strings.SplitN(goodManifest, "---\n", 2)[0]), 0o644)
-	_, err = loadManifests(dir, &cache)
+	_, err = loadCached(dir, &cache)
 	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: Service demo/web: metadata.name: duplicate object, first defined in") {
 		t.Fatalf("duplicate through the cache: %v", err)
 	}
 	// A broken document after cached ones names its own position.
 	os.WriteFile(file, []byte(goodManifest+"---\napiVersion: v1\nkind: [\n"), 0o644)
-	_, err = loadManifests(dir, &cache)
+	_, err = loadCached(dir, &cache)
 	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: malformed") {
 		t.Fatalf("bad document through the cache: %v", err)
 	}
@@ -427,7 +427,7 @@ func TestBuildMemoMatchesAFreshBuild(t *testing.T) {
 		if err := os.WriteFile(file, []byte(render(s)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		objs, lerr := loadManifests(dir, &cache)
+		objs, lerr := loadCached(dir, &cache)
 		if lerr != nil {
 			t.Fatalf("step %d: load: %v", step, lerr)
 		}
@@ -460,4 +460,10 @@ func TestBuildMemoMatchesAFreshBuild(t *testing.T) {
 	if failed > 100 {
 		t.Fatalf("%d of 300 states were rejected: the walk tests errors more than builds", failed)
 	}
+}
+
+// loadCached is loadManifests without a size limit.
+func loadCached(dir string, c *DocCache) (*Objects, error) {
+	objs, _, err := loadManifests(dir, c, 0)
+	return objs, err
 }

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,5 +121,59 @@ func TestEmptyManifestFileFailsStartUp(t *testing.T) {
 	// An empty directory is still a valid start (nothing to serve yet).
 	if err := (&ManifestSource{Path: t.TempDir(), Sink: &recordingSink{snaps: make(chan *lb.Snapshot, 1)}}).Load(); err != nil {
 		t.Fatalf("empty directory: %v", err)
+	}
+}
+
+// A load over the size limit is refused before anything is decoded, at
+// start-up as on a reload, naming the file that crossed it (issue 19, item
+// 9: a 50 MB file once peaked at 663 MB of RSS).
+func TestManifestsOverTheSizeLimitAreRefused(t *testing.T) {
+	src, sink, file := loadedSource(t)
+	src.MaxBytes = int64(len(goodManifest)) + 100
+	big := filepath.Join(filepath.Dir(file), "zz-big.yaml")
+	if err := os.WriteFile(big, []byte("# padding\n"+strings.Repeat("#", 200)+"\n"+goodManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := reloadRejected(t, src, sink)
+	if !errors.Is(err, ErrManifestsTooLarge) || !strings.Contains(err.Error(), big) {
+		t.Fatalf("rejection %v, want ErrManifestsTooLarge naming %s", err, big)
+	}
+	fresh := &ManifestSource{Path: filepath.Dir(file), Sink: sink, MaxBytes: src.MaxBytes}
+	if err := fresh.Load(); !errors.Is(err, ErrManifestsTooLarge) {
+		t.Fatalf("start-up load: %v, want ErrManifestsTooLarge", err)
+	}
+	// Under the limit again: served.
+	os.Remove(big)
+	src.Reload()
+	select {
+	case err := <-sink.rejects:
+		t.Fatalf("rejected under the limit: %v", err)
+	case <-sink.snaps:
+	default: // unchanged from the last good state: nothing published
+	}
+}
+
+// Thousands of broken objects make one bounded report: the first
+// MaxReportedErrors and a count of the rest, and no more culprits than
+// that for the per-object rejection metric.
+func TestManyErrorsAreReportedBounded(t *testing.T) {
+	src, sink, file := loadedSource(t)
+	var b strings.Builder
+	for i := 0; i < 500; i++ {
+		fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  ports: [{name: p, port: 70000}]\n---\n", i)
+	}
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := reloadRejected(t, src, sink)
+	msg := err.Error()
+	if n := strings.Count(msg, "\n") + 1; n != MaxReportedErrors+1 {
+		t.Fatalf("%d lines reported, want %d and a summary:\n%s", n, MaxReportedErrors+1, msg)
+	}
+	if !strings.Contains(msg, "and 480 more errors") || !strings.Contains(msg, "Service x/s0") {
+		t.Fatalf("report %q: want the first objects named and the other 480 counted", msg)
+	}
+	if c := Culprits(err); len(c) != MaxReportedErrors {
+		t.Fatalf("%d culprits, want %d", len(c), MaxReportedErrors)
 	}
 }

@@ -113,19 +113,34 @@ var manifestExtensions = []string{".yaml", ".yml", ".json"}
 // LoadManifests reads a file, or every .yaml/.yml/.json file of a directory
 // (not recursive, sorted by name), and returns the objects or every problem
 // found, joined. Validation happens in Build.
-func LoadManifests(path string) (*Objects, error) { return loadManifests(path, nil) }
+func LoadManifests(path string) (*Objects, error) {
+	objs, _, err := loadManifests(path, nil, DefaultMaxManifestBytes)
+	return objs, err
+}
 
-func loadManifests(path string, cache *DocCache) (*Objects, error) {
+// DefaultMaxManifestBytes bounds what one load reads (--manifest-max-bytes):
+// decoding costs about ten times the size in memory at its peak, so a
+// runaway file (a log written into the directory, a generator gone wrong)
+// must not take the node's memory with it. 64 MiB holds some 25,000
+// Services with their slices as kubectl writes them.
+const DefaultMaxManifestBytes = 64 << 20
+
+// ErrManifestsTooLarge is why a load over the size limit is refused.
+var ErrManifestsTooLarge = errors.New("manifests larger than --manifest-max-bytes")
+
+// loadManifests also returns how many bytes it read. maxBytes (0: no
+// limit) is checked against the files' sizes before any is read.
+func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int64, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
+		return nil, 0, fmt.Errorf("manifests: %w", err)
 	}
 	files := []string{path}
 	if fi.IsDir() {
 		files = nil
 		ents, err := os.ReadDir(path)
 		if err != nil {
-			return nil, fmt.Errorf("manifests: %w", err)
+			return nil, 0, fmt.Errorf("manifests: %w", err)
 		}
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ".") {
@@ -145,14 +160,31 @@ func loadManifests(path string, cache *DocCache) (*Objects, error) {
 		}
 		sort.Strings(files)
 	}
+	if maxBytes > 0 {
+		var total int64
+		for _, f := range files {
+			if fi, err := os.Stat(f); err == nil {
+				total += fi.Size()
+				if total > maxBytes {
+					return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
+				}
+			}
+		}
+	}
 	objs := &Objects{origin: map[string]string{}}
 	cache.begin()
 	var errs []error
+	var read int64
 	for _, f := range files {
 		data, err := readStable(f)
 		if err != nil {
 			errs = append(errs, &ManifestError{File: f, Err: err})
 			continue
+		}
+		read += int64(len(data))
+		if maxBytes > 0 && read > maxBytes { // grew since the check above
+			cache.end()
+			return nil, read, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}
 		}
 		before, lists := objs.count(), objs.emptyLists
 		ferrs := objs.decode(f, data, cache)
@@ -163,9 +195,39 @@ func loadManifests(path string, cache *DocCache) (*Objects, error) {
 	}
 	cache.end()
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return nil, read, errors.Join(errs...)
 	}
-	return objs, nil
+	return objs, read, nil
+}
+
+// MaxReportedErrors is how many of a load's errors are reported (logged,
+// returned, counted by object); the rest are counted in one line. A broken
+// generator can produce tens of thousands, which once made one 6.9 MB log
+// line and as many metric series.
+const MaxReportedErrors = 20
+
+// BoundErrors keeps the first max leaf errors of err (errors.Join trees
+// are flattened) and sums up the rest.
+func BoundErrors(err error, max int) error {
+	var leaves []error
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			if _, isManifest := e.(*ManifestError); !isManifest {
+				for _, x := range j.Unwrap() {
+					walk(x)
+				}
+				return
+			}
+		}
+		leaves = append(leaves, e)
+	}
+	walk(err)
+	if len(leaves) <= max {
+		return err
+	}
+	kept := append(leaves[:max:max], fmt.Errorf("... and %d more errors", len(leaves)-max))
+	return errors.Join(kept...)
 }
 
 // readStable reads a file whose size and modification time are the same

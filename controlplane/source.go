@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -43,6 +44,9 @@ type ManifestSource struct {
 	Resync time.Duration
 	// After is the timer, injectable for tests; default time.After.
 	After func(time.Duration) <-chan time.Time
+	// MaxBytes bounds what one load reads; a load over it is refused.
+	// Default DefaultMaxManifestBytes; negative: no limit.
+	MaxBytes int64
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
@@ -57,6 +61,10 @@ type ManifestSource struct {
 // manifest that says so: an empty List (apiVersion: v1, kind: List,
 // items: []).
 var ErrWouldRemoveEveryService = errors.New("would remove every Service; to serve none on purpose, leave a manifest holding an empty List (apiVersion: v1, kind: List, items: [])")
+
+// bigLoad is the size of a load after which its memory is returned to
+// the OS at once.
+const bigLoad = 8 << 20
 
 // Load reads and validates the manifests once and publishes the result. It
 // is the start-up path: an error here should stop the process.
@@ -73,15 +81,30 @@ func (s *ManifestSource) Load() error {
 // read loads and builds the manifests; it also says how many Services
 // they hold.
 func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
-	objs, err := loadManifests(s.Path, &s.cache)
+	limit := s.MaxBytes
+	switch {
+	case limit == 0:
+		limit = DefaultMaxManifestBytes
+	case limit < 0:
+		limit = 0
+	}
+	objs, n, err := loadManifests(s.Path, &s.cache, limit)
+	if n >= bigLoad {
+		// Decoding took some ten times the size at its peak; hand it back
+		// now rather than over the minutes the scavenger would take.
+		defer debug.FreeOSMemory()
+	}
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, BoundErrors(err, MaxReportedErrors)
 	}
 	if len(objs.Services) == 0 && s.lastServices > 0 && !objs.ExplicitlyEmpty() {
 		return nil, 0, fmt.Errorf("manifests %s: %w (%d served now)", s.Path, ErrWouldRemoveEveryService, s.lastServices)
 	}
 	snap, err := s.memo.Build(objs, s.NodeName)
-	return snap, len(objs.Services), err
+	if err != nil {
+		return nil, 0, BoundErrors(err, MaxReportedErrors)
+	}
+	return snap, len(objs.Services), nil
 }
 
 // Reload reads the manifests again. A bad update is rejected and the last

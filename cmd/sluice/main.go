@@ -157,6 +157,15 @@ func halfCloseTimeout(cfg *config.Config) time.Duration {
 	return time.Hour
 }
 
+// manifestMaxBytes maps --manifest-max-bytes (0: no limit) onto
+// ManifestSource.MaxBytes (0: the default, negative: no limit).
+func manifestMaxBytes(cfg *config.Config) int64 {
+	if cfg.ManifestMaxBytes == 0 {
+		return -1
+	}
+	return cfg.ManifestMaxBytes
+}
+
 // serve runs userspace mode until ctx ends, then drains.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.Writer) error {
 	switch {
@@ -285,7 +294,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	if cfg.Manifests != "" {
 		sink.source = "manifests"
 		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
-			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg)}
+			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg)}
 		if err := src.Load(); err != nil {
 			drain()
 			return fmt.Errorf("manifests rejected at start-up:\n%w", err)
