@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -873,6 +874,57 @@ func TestConformanceIPv6(t *testing.T) {
 		got, from := udpAsk(t, uc, to, []byte("v6"))
 		if string(got) != "v6" || from != to {
 			t.Fatalf("UDP over IPv6: %q from %s", got, from)
+		}
+	})
+}
+
+// A UDP flow waiting for its backend's reply holds no datagram buffer: 300
+// open flows cost well under 32 KiB each of heap and stacks (issue 19, item
+// 10: the goroutine engine's flows held a 64 KiB buffer each, about 130 KB
+// per flow in all).
+func TestConformanceWaitingUDPFlowsHoldNoBuffers(t *testing.T) {
+	const flows = 300
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		got := make(chan struct{}, flows)
+		backend := serveUDP(t, func([]byte) []byte { got <- struct{}{}; return nil }) // answers with nothing
+		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Minute}
+		tg.Picker.SetEndpoints([]netip.AddrPort{backend})
+		ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		var clients []*net.UDPConn
+		defer func() {
+			for _, c := range clients {
+				c.Close()
+			}
+		}()
+		for i := 0; i < flows; i++ {
+			c := udpClient(t)
+			clients = append(clients, c)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		// One at a time: a burst would overflow the socket's receive buffer.
+		for i, c := range clients {
+			if _, err := c.WriteToUDPAddrPort([]byte("q"), ln.Addr()); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-got: // the flow exists once its datagram reached the backend
+			case <-time.After(20 * time.Second): // a safety net
+				t.Fatalf("%d of %d datagrams reached the backend", i, flows)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		grown := int64(after.HeapInuse+after.StackInuse) - int64(before.HeapInuse+before.StackInuse)
+		per := grown / flows
+		t.Logf("%d bytes of heap and stack per waiting flow", per)
+		if per > 32<<10 {
+			t.Fatalf("%d bytes of heap and stack per waiting flow, want under 32 KiB", per)
 		}
 	})
 }

@@ -32,6 +32,7 @@ type Goroutine struct {
 	closing   bool
 	wg        sync.WaitGroup // open connections and flows
 	loops     sync.WaitGroup // accept and read loops
+	dgrams    *datagramReader
 }
 
 // NewGoroutine returns a goroutine engine that dials with net.Dialer.
@@ -41,7 +42,7 @@ func NewGoroutine(opts Options) *Goroutine {
 
 // NewGoroutineWithDialer returns a goroutine engine with an injected dialer.
 func NewGoroutineWithDialer(opts Options, d Dialer) *Goroutine {
-	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}}
+	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader()}
 }
 
 // Name returns "goroutine".

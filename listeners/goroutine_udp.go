@@ -182,11 +182,10 @@ func (f *goUDPFlow) serve() {
 		l.t.counters().Closed(up, down)
 	}()
 	timeout := l.t.UDPTimeout
-	buf := make([]byte, maxDatagram+1)
 	oob := pktinfoSrc(f.local)
 	for {
 		f.backend.SetReadDeadline(f.idleSince().Add(timeout))
-		n, err := f.backend.Read(buf)
+		buf, n, truncated, err := l.g.dgrams.read(f.backend)
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -201,7 +200,13 @@ func (f *goUDPFlow) serve() {
 			}
 			return
 		}
-		if _, _, err := l.conn.WriteMsgUDPAddrPort(buf[:n], oob, f.client); err != nil {
+		if truncated {
+			l.g.dgrams.put(buf)
+			continue // never forward a truncated datagram
+		}
+		_, _, err = l.conn.WriteMsgUDPAddrPort((*buf)[:n], oob, f.client)
+		l.g.dgrams.put(buf)
+		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
