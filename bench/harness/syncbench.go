@@ -100,7 +100,7 @@ func RunSyncBench(backends []string, sizes []int, rounds int, limit time.Duratio
 			changed := SyncSnapshot(n)
 			one := changed.Sorted()[n/2]
 			one.Endpoints = one.Endpoints[1:]
-			r := &timedRunner{Runner: &iptables.Exec{Command: "iptables-" + be, Timeout: limit}}
+			r := &timedRunner{Runner: &iptables.Exec{Command: "iptables-" + be, Timeout: limit, RestoreTimeout: limit}}
 			measure := func(kind string, p *iptables.Proxier, snap *lb.Snapshot, prev iptables.Bodies) error {
 				rs := time.Now()
 				data, _, _ := iptables.RenderPartial(snap, p.Options, prev)

@@ -513,12 +513,20 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 	}
 	a.mu.Unlock()
 	took := time.Since(start)
-	a.metrics.Synced(took, time.Now())
 	a.health.Updated()
 	shown := changed
 	if len(shown) > 8 {
 		shown = shown[:8]
 	}
+	if err != nil {
+		// Not "state applied", and not counted as a sync: what failed
+		// (each part logged above) is retried by the plane's resync, and
+		// what was applied before it stays (issue 18: a killed restore
+		// was followed by "state applied" and counted as a sync).
+		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "failures", len(unjoin(err)), "took", took)
+		return
+	}
+	a.metrics.Synced(took, time.Now())
 	a.log.Info("state applied", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
 }
 

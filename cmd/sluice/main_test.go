@@ -1,9 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/lb"
 )
 
 func addrs(ss ...string) []netip.Addr {
@@ -31,5 +41,39 @@ func TestSelectNodePortAddrs(t *testing.T) {
 		if (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
 			t.Errorf("%v: got %v, want %v", tc.spec, got, tc.want)
 		}
+	}
+}
+
+// failingPlane is a data plane whose every Apply fails, as a killed or
+// refused iptables-restore does.
+type failingPlane struct{ err error }
+
+func (p failingPlane) Apply(*lb.Snapshot) error { return p.err }
+func (p failingPlane) Dump() any                 { return nil }
+func (p failingPlane) Tick()                     {}
+
+// A state the data plane failed to apply is logged as an error, not as
+// "state applied", and is not counted as a sync (issue 18).
+func TestAFailedApplyIsNotReportedAsApplied(t *testing.T) {
+	var logs bytes.Buffer
+	metrics := admin.NewMetrics()
+	a := &applier{plane: failingPlane{errors.New("iptables-restore: killed")}, local: &localAddrs{}, health: admin.NewHealth(time.Minute, nil),
+		metrics: metrics, log: slog.New(slog.NewTextHandler(&logs, nil)), first: make(chan struct{})}
+	a.Publish(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}})
+	if strings.Contains(logs.String(), "state applied") || !strings.Contains(logs.String(), "state not applied in full") {
+		t.Fatalf("log after a failed apply:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "iptables-restore: killed") {
+		t.Fatalf("the failure itself is not logged:\n%s", logs.String())
+	}
+	want := `# HELP kubeproxy_sync_proxy_rules_service_changes_total Applied changes of the service set.
+# TYPE kubeproxy_sync_proxy_rules_service_changes_total counter
+kubeproxy_sync_proxy_rules_service_changes_total 0
+`
+	if err := testutil.GatherAndCompare(metrics.Registry, strings.NewReader(want), "kubeproxy_sync_proxy_rules_service_changes_total"); err != nil {
+		t.Fatalf("a failed apply was counted as a sync: %v", err)
+	}
+	if a.lastErr() == nil {
+		t.Fatal("the failure is not kept for --bind-address-hard-fail")
 	}
 }

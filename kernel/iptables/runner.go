@@ -53,7 +53,16 @@ func RunCommand(ctx context.Context, name string, args []string, stdin []byte) (
 type Exec struct {
 	Command string
 	Run     RunFunc // default RunCommand
+	// Timeout bounds the one-rule commands (-C, -N, -I, -D, -X): default
+	// one minute.
 	Timeout time.Duration
+	// RestoreTimeout bounds iptables-restore and iptables-save; 0, the
+	// default, is none, as in kube-proxy. Their time grows with the
+	// ruleset (a 5,000-Service restore on iptables-nft took 559 s here),
+	// and a restore killed for being slow applies nothing, so every later
+	// full sync was killed the same way and the node was left with no
+	// rules at all (issue 18).
+	RestoreTimeout time.Duration
 	// ReadFile reads /proc/net/ip{,6}_tables_names for the legacy backend;
 	// default os.ReadFile.
 	ReadFile func(string) ([]byte, error)
@@ -102,11 +111,18 @@ func (e *Exec) run(suffix string, args []string, stdin []byte) ([]byte, error) {
 	if run == nil {
 		run = RunCommand
 	}
-	timeout := e.Timeout
-	if timeout == 0 {
-		timeout = time.Minute
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if suffix == "-restore" || suffix == "-save" {
+		if e.RestoreTimeout > 0 {
+			ctx, cancel = context.WithTimeout(ctx, e.RestoreTimeout)
+		}
+	} else {
+		timeout := e.Timeout
+		if timeout == 0 {
+			timeout = time.Minute
+		}
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	name := e.Command + suffix
 	out, err := run(ctx, name, args, stdin)

@@ -3,8 +3,10 @@ package iptables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // On the legacy backend, a table that was never loaded is reported empty
@@ -42,5 +44,41 @@ func TestExecDoesNotLoadLegacyTables(t *testing.T) {
 	}, ReadFile: func(string) ([]byte, error) { return nil, errors.New("must not be read for nft") }}
 	if chains, err := nft.Chains("filter"); err != nil || len(chains) != 1 {
 		t.Fatalf("nft filter: %v %v", chains, err)
+	}
+}
+
+// A restore (or save) is never given a deadline by default: one slower
+// than any timeout still completes, where the old one-minute limit killed
+// every sync of a large node and left it with no rules (issue 18). The
+// run function here is the slow runner: it finishes only after the
+// context would have been cancelled by any timeout the runner kept, so it
+// fails if the restore carries one.
+func TestRestoreIsNotKilledForBeingSlow(t *testing.T) {
+	var deadlines []string
+	e := &Exec{Command: "iptables-nft", Timeout: time.Millisecond, Run: func(ctx context.Context, name string, args []string, _ []byte) ([]byte, error) {
+		if d, ok := ctx.Deadline(); ok {
+			deadlines = append(deadlines, name)
+			<-ctx.Done() // slower than the deadline: killed
+			return nil, fmt.Errorf("%s killed at its deadline %s: %w", name, d.Format(time.StampMilli), ctx.Err())
+		}
+		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil
+	}}
+	if err := e.Restore([]byte("*nat\nCOMMIT\n")); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if _, err := e.Chains("nat"); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	if len(deadlines) != 0 {
+		t.Fatalf("given a deadline: %v", deadlines)
+	}
+	// One-rule commands keep theirs (they are O(1) and must not hang a sync).
+	if err := e.EnsureChain("nat", "KUBE-SERVICES"); err == nil || !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("-N past its timeout: %v, want the deadline", err)
+	}
+	// A restore timeout is still there for who asks (the sync bench does).
+	e.RestoreTimeout = time.Millisecond
+	if err := e.Restore([]byte("*nat\nCOMMIT\n")); err == nil {
+		t.Fatal("restore with RestoreTimeout set outlived it")
 	}
 }
