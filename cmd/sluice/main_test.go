@@ -49,8 +49,8 @@ func TestSelectNodePortAddrs(t *testing.T) {
 type failingPlane struct{ err error }
 
 func (p failingPlane) Apply(*lb.Snapshot) error { return p.err }
-func (p failingPlane) Dump() any                 { return nil }
-func (p failingPlane) Tick()                     {}
+func (p failingPlane) Dump() any                { return nil }
+func (p failingPlane) Tick()                    {}
 
 // A state the data plane failed to apply is logged as an error, not as
 // "state applied", and is not counted as a sync (issue 18).
