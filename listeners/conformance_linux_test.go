@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -33,7 +34,7 @@ func forEachEngine(t *testing.T, fn func(t *testing.T, e Engine)) {
 }
 
 // forEachEngineWith is forEachEngine with options adjusted by set.
-func forEachEngineWith(t *testing.T, set func(*Options), fn func(t *testing.T, e Engine)) {
+func forEachEngineWith(t *testing.T, set func(engine string, o *Options), fn func(t *testing.T, e Engine)) {
 	type variant struct {
 		name, engine string
 		opts         Options
@@ -47,7 +48,7 @@ func forEachEngineWith(t *testing.T, set func(*Options), fn func(t *testing.T, e
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			if set != nil {
-				set(&v.opts)
+				set(v.engine, &v.opts)
 			}
 			e, err := New(v.engine, v.opts)
 			if err != nil {
@@ -376,7 +377,7 @@ func (b *silentBackend) ended(t *testing.T) error {
 // answers nor closes, is not held forever (issue 19, item 6): after
 // HalfCloseTimeout of silence both sides are reset.
 func TestConformanceHalfClosedToASilentBackendEnds(t *testing.T) {
-	forEachEngineWith(t, func(o *Options) { o.HalfCloseTimeout = 300 * time.Millisecond }, func(t *testing.T, e Engine) {
+	forEachEngineWith(t, func(_ string, o *Options) { o.HalfCloseTimeout = 300 * time.Millisecond }, func(t *testing.T, e Engine) {
 		b := newSilentBackend(t)
 		f := newFixture(t, e, lb.TCP, b.addr)
 		c := f.dial()
@@ -414,7 +415,7 @@ func TestConformanceHalfClosedButMovingIsNotCut(t *testing.T) {
 		}
 		c.CloseWrite()
 	}
-	forEachEngineWith(t, func(o *Options) { o.HalfCloseTimeout = timeout }, func(t *testing.T, e Engine) {
+	forEachEngineWith(t, func(_ string, o *Options) { o.HalfCloseTimeout = timeout }, func(t *testing.T, e Engine) {
 		f := newFixture(t, e, lb.TCP, serveTCP(t, backend))
 		c := f.dial()
 		defer c.Close()
@@ -925,6 +926,48 @@ func TestConformanceWaitingUDPFlowsHoldNoBuffers(t *testing.T) {
 		t.Logf("%d bytes of heap and stack per waiting flow", per)
 		if per > 32<<10 {
 			t.Fatalf("%d bytes of heap and stack per waiting flow, want under 32 KiB", per)
+		}
+	})
+}
+
+// Past its descriptor budget an engine stops accepting: a further client
+// waits in the accept queue, neither refused nor served, and is served as
+// soon as a connection ends (issue 19, item 7: out of descriptors, every
+// accept failed with EMFILE and the admin endpoints could not accept
+// either). Five connections fill the budget.
+func TestConformanceDescriptorBudgetPausesAccepts(t *testing.T) {
+	budget := func(engine string, o *Options) {
+		o.MaxFDs = 5 * 2 // two sockets each
+		if engine == EngineGoroutine {
+			o.MaxFDs = 5 * goConnFDs // and Go's splice pipes
+		}
+	}
+	forEachEngineWith(t, budget, func(t *testing.T, e Engine) {
+		f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+		var open []*net.TCPConn
+		for i := 0; i < 5; i++ {
+			c := f.dial()
+			echoOnce(t, c, []byte("in"))
+			open = append(open, c)
+		}
+		waiting := f.dial() // the kernel completes the handshake; sluice has not accepted
+		defer waiting.Close()
+		if _, err := waiting.Write([]byte("queued")); err != nil {
+			t.Fatal(err)
+		}
+		waiting.SetReadDeadline(time.Now().Add(300 * time.Millisecond)) // the time it must stay unserved
+		if n, err := waiting.Read(make([]byte, 16)); err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the sixth connection past a budget of five: read %d bytes, %v; want it waiting", n, err)
+		}
+		open[0].Close()
+		waiting.SetReadDeadline(time.Now().Add(20 * time.Second)) // a safety net
+		buf := make([]byte, len("queued"))
+		if _, err := io.ReadFull(waiting, buf); err != nil || string(buf) != "queued" {
+			t.Fatalf("once a connection ended, the waiting one got %q, %v", buf, err)
+		}
+		for _, c := range open[1:] {
+			echoOnce(t, c, []byte("still"))
+			c.Close()
 		}
 	})
 }

@@ -136,6 +136,11 @@ type Options struct {
 	// kube-proxy's conntrack CLOSE_WAIT timeout, after which a kernel mode
 	// forgets such a connection too.
 	HalfCloseTimeout time.Duration
+	// MaxFDs caps the descriptors the data plane holds (two per TCP
+	// connection, two per splice pipe, one per UDP flow); past it, accepts
+	// pause until some are freed. 0: RLIMIT_NOFILE less a reserve (a
+	// sixteenth, at least 64) for everything else; negative: no cap.
+	MaxFDs int
 	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
 	Now func() time.Time
 }

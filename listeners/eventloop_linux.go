@@ -39,6 +39,7 @@ type EventLoop struct {
 	active    sync.WaitGroup // connections and flows
 	stopped   sync.WaitGroup // loop goroutines
 	stopOnce  sync.Once      // a second Shutdown must not close the loops' descriptors again
+	fds       *fdBudget
 }
 
 // NewEventLoop starts the loops.
@@ -60,7 +61,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if runtime.GOMAXPROCS(0) <= n {
 		runtime.GOMAXPROCS(n + 1)
 	}
-	e := &EventLoop{opts: opts, listeners: map[Listener]struct{}{}}
+	e := &EventLoop{opts: opts, listeners: map[Listener]struct{}{}, fds: newFDBudget(opts.MaxFDs)}
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -573,26 +574,43 @@ func (s *elTCPSocket) event(uint32) {
 	}
 	// Accept a bounded batch, then let other sockets run; ET means we must
 	// come back for the rest.
+	fds := s.l.e.fds
 	for i := 0; i < 64; i++ {
+		// A connection's two descriptors (client and backend) are taken
+		// before the accept: past the budget, clients wait in the accept
+		// queue rather than the process running out.
+		if !fds.take(2) {
+			s.pause()
+			return
+		}
 		nfd, client, err := accept4(s.fd)
 		switch {
 		case err == nil:
 		case errAgain(err):
+			fds.give(2)
 			return
 		case err == unix.EINTR || err == unix.ECONNABORTED:
+			fds.give(2)
 			continue
 		default:
 			// Out of descriptors (EMFILE, ENFILE) or memory: the edge is
 			// spent, so come back shortly rather than spin or stall.
-			s.backoff = s.l.after(acceptBackoff, func() {
-				s.backoff = nil
-				s.retryAccept()
-			})
+			fds.give(2)
+			s.pause()
 			return
 		}
 		s.l.startConn(nfd, client, s.ln.t)
 	}
 	s.l.again = append(s.l.again, s.retryAccept)
+}
+
+// pause stops accepting on this socket for acceptBackoff: the edge is
+// spent, so the retry is a deadline, one per socket.
+func (s *elTCPSocket) pause() {
+	s.backoff = s.l.after(acceptBackoff, func() {
+		s.backoff = nil
+		s.retryAccept()
+	})
 }
 
 func (s *elTCPSocket) retryAccept() {
@@ -712,6 +730,7 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	e.mu.Unlock()
 	if closing {
 		resetClose(fd)
+		e.fds.give(2)
 		ctr.Closed(0, 0)
 		return
 	}
@@ -722,12 +741,14 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	if err != nil {
 		ctr.Refused()
 		resetClose(fd)
+		e.fds.give(2)
 		ctr.Closed(0, 0)
 		e.active.Done()
 		return
 	}
 	if err := l.register(fd, clientHandler{c}); err != nil {
 		resetClose(fd)
+		e.fds.give(2)
 		ctr.Closed(0, 0)
 		e.active.Done()
 		return
@@ -970,7 +991,13 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 // startSplice switches a drained bulk direction to splice(2). If no pipe can
 // be had (descriptor limits), the direction keeps copying.
 func (c *tcpConn) startSplice(p *pipe) bool {
+	fds := c.l.e.fds
+	if !fds.take(2) {
+		p.bulk = false
+		return false
+	}
 	if err := unix.Pipe2(p.kpipe[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		fds.give(2)
 		p.bulk = false
 		return false
 	}
@@ -1026,8 +1053,10 @@ func (c *tcpConn) release() {
 			unix.Close(p.kpipe[0])
 			unix.Close(p.kpipe[1])
 			p.spliced = false
+			c.l.e.fds.give(2)
 		}
 	}
+	c.l.e.fds.give(2) // client and backend, taken at the accept
 	c.stopTimer()
 	delete(c.l.conns, c)
 	c.t.counters().Closed(c.up.bytes, c.down.bytes)

@@ -146,13 +146,20 @@ func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 	}
 	ep := order[0]
 	epsa, family := toSockaddr(ep)
+	fds := ln.e.fds
+	if !fds.take(1) {
+		ctr.Refused() // out of descriptors: the datagram is dropped
+		return nil
+	}
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		fds.give(1)
 		ctr.Refused()
 		return nil
 	}
 	if err := unix.Connect(fd, epsa); err != nil {
 		unix.Close(fd)
+		fds.give(1)
 		ln.t.Picker.Failed(client.Addr(), ep)
 		ctr.ConnectFailed()
 		ctr.Refused()
@@ -165,6 +172,7 @@ func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 	}
 	if err := ln.l.registerReads(fd, f); err != nil {
 		unix.Close(fd)
+		fds.give(1)
 		ctr.Refused()
 		return nil
 	}
@@ -249,6 +257,7 @@ func (f *udpFlow) close() {
 	}
 	delete(ln.flows, f.client)
 	ln.l.closeFD(f.fd)
+	ln.e.fds.give(1)
 	ln.t.counters().Closed(f.up, f.down)
 	ln.e.active.Done()
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +34,7 @@ type Goroutine struct {
 	wg        sync.WaitGroup // open connections and flows
 	loops     sync.WaitGroup // accept and read loops
 	dgrams    *datagramReader
+	fds       *fdBudget
 }
 
 // NewGoroutine returns a goroutine engine that dials with net.Dialer.
@@ -42,7 +44,7 @@ func NewGoroutine(opts Options) *Goroutine {
 
 // NewGoroutineWithDialer returns a goroutine engine with an injected dialer.
 func NewGoroutineWithDialer(opts Options, d Dialer) *Goroutine {
-	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader()}
+	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader(), fds: newFDBudget(opts.MaxFDs)}
 }
 
 // Name returns "goroutine".
@@ -127,10 +129,11 @@ func (g *Goroutine) Shutdown(ctx context.Context) error {
 }
 
 type goTCPListener struct {
-	g    *Goroutine
-	ln   *net.TCPListener
-	t    *Target
-	once sync.Once
+	g      *Goroutine
+	ln     *net.TCPListener
+	t      *Target
+	once   sync.Once
+	closed atomic.Bool
 }
 
 func (l *goTCPListener) Addr() netip.AddrPort { return l.ln.Addr().(*net.TCPAddr).AddrPort() }
@@ -138,6 +141,7 @@ func (l *goTCPListener) Addr() netip.AddrPort { return l.ln.Addr().(*net.TCPAddr
 func (l *goTCPListener) Close() error {
 	var err error
 	l.once.Do(func() {
+		l.closed.Store(true)
 		err = l.ln.Close()
 		l.g.removeListener(l)
 	})
@@ -147,9 +151,21 @@ func (l *goTCPListener) Close() error {
 func (l *goTCPListener) serve() {
 	defer l.g.loops.Done()
 	var backoff time.Duration
+	fds := l.g.fds
 	for {
+		// A connection's descriptors are taken before the accept: past
+		// the budget, clients wait in the accept queue.
+		if !fds.take(goConnFDs) {
+			backoff = min(max(2*backoff, 5*time.Millisecond), 100*time.Millisecond)
+			if l.closed.Load() {
+				return
+			}
+			time.Sleep(backoff)
+			continue
+		}
 		c, err := l.ln.AcceptTCP()
 		if err != nil {
+			fds.give(goConnFDs)
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -162,6 +178,7 @@ func (l *goTCPListener) serve() {
 		gc := newGoConn(c)
 		if !l.g.track(gc) {
 			c.Close()
+			fds.give(goConnFDs)
 			continue
 		}
 		go l.handle(gc)
@@ -218,6 +235,7 @@ func refuse(c *net.TCPConn) {
 }
 
 func (l *goTCPListener) handle(gc *goConn) {
+	defer l.g.fds.give(goConnFDs)
 	defer l.g.untrack(gc)
 	defer gc.cancel()
 	client := gc.client

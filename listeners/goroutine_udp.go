@@ -121,9 +121,14 @@ func (l *goUDPListener) flow(client netip.AddrPort, oob []byte) *goUDPFlow {
 		return nil
 	}
 	ep := order[0]
+	if !l.g.fds.take(1) {
+		ctr.Refused() // out of descriptors: the datagram is dropped
+		return nil
+	}
 	// A UDP "dial" is a local socket and connect: it does not wait on the network.
 	bc, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ep))
 	if err != nil {
+		l.g.fds.give(1)
 		l.t.Picker.Failed(client.Addr(), ep)
 		ctr.ConnectFailed()
 		ctr.Refused()
@@ -131,6 +136,7 @@ func (l *goUDPListener) flow(client netip.AddrPort, oob []byte) *goUDPFlow {
 	}
 	if !l.g.track(bc) {
 		bc.Close()
+		l.g.fds.give(1)
 		return nil
 	}
 	l.t.Picker.Connected(client.Addr(), ep)
@@ -172,6 +178,7 @@ func (f *goUDPFlow) idleSince() time.Time {
 // the UDP timeout, or the endpoint refuses.
 func (f *goUDPFlow) serve() {
 	l := f.l
+	defer l.g.fds.give(1)
 	defer l.g.untrack(f.backend)
 	defer func() {
 		f.backend.Close()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -387,6 +388,64 @@ func TestEndToEndSIGHUPDrainsLikeSIGTERM(t *testing.T) {
 	open.Close()
 	if code := p.exitCode(); code != 0 {
 		t.Fatalf("exit code %d after SIGHUP", code)
+	}
+}
+
+// With the data plane full (more clients than its descriptors allow),
+// /healthz and /metrics still answer: the data plane stops accepting at
+// its budget, below RLIMIT_NOFILE, and clients wait in the accept queue
+// (issue 19, item 7). Before, accepts took every descriptor, the admin
+// server's accepts failed with EMFILE, and a liveness probe would have
+// restarted the pod. sluice runs under prlimit with 256 descriptors.
+func TestEndToEndAdminAnswersWhenTheDataPlaneIsFull(t *testing.T) {
+	bport := freePort(t, "tcp")
+	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "b1")
+	np, hz, mp := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), manifest(np, freePort(t, "udp"), bport, freePort(t, "udp"), "127.0.0.1"))
+	for _, engine := range []string{"eventloop", "goroutine"} {
+		t.Run(engine, func(t *testing.T) {
+			p := startCmd(t, exec.Command("prlimit", "--nofile=256:256", "--", sluiceBin, "--manifests", dir, "--engine", engine,
+				"--bind-address", "127.0.0.1", fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)))
+			p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
+			var held []net.Conn
+			defer func() {
+				for _, c := range held {
+					c.Close()
+				}
+			}()
+			for i := 0; i < 200; i++ { // 400 descriptors' worth
+				c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", np))
+				if err != nil {
+					t.Fatalf("client %d: %v", i, err)
+				}
+				held = append(held, c)
+			}
+			// The last client is only queued: proof that the data plane is full.
+			last := held[len(held)-1]
+			fmt.Fprintf(last, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			last.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if _, err := last.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the 200th client: %v; want it waiting (data plane full)", err)
+			}
+			client := &http.Client{Timeout: 10 * time.Second} // a safety net
+			for _, url := range []string{fmt.Sprintf("http://127.0.0.1:%d/healthz", hz), fmt.Sprintf("http://127.0.0.1:%d/livez", hz), fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)} {
+				resp, err := client.Get(url)
+				if err != nil {
+					t.Fatalf("%s with the data plane full: %v", url, err)
+				}
+				resp.Body.Close()
+			}
+			for _, c := range held[:len(held)-1] {
+				c.Close()
+			}
+			last.SetReadDeadline(time.Now().Add(20 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(last), nil)
+			if err != nil {
+				t.Fatalf("the queued client once others left: %v", err)
+			}
+			resp.Body.Close()
+		})
 	}
 }
 
