@@ -117,3 +117,45 @@ func TestPartialSyncRewritesOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("after a failure: %+v %v", st, err)
 	}
 }
+
+// countingRunner counts the commands a sync runs.
+type countingRunner struct {
+	Runner
+	ran []string
+}
+
+func (c *countingRunner) Restore(d []byte) error { c.ran = append(c.ran, "restore"); return c.Runner.Restore(d) }
+func (c *countingRunner) Chains(t string) ([]string, error) {
+	c.ran = append(c.ran, "save "+t)
+	return c.Runner.Chains(t)
+}
+func (c *countingRunner) EnsureChain(t, ch string) error {
+	c.ran = append(c.ran, "-N "+ch)
+	return c.Runner.EnsureChain(t, ch)
+}
+func (c *countingRunner) EnsureRule(t, ch string, a ...string) error {
+	c.ran = append(c.ran, "-C "+ch)
+	return c.Runner.EnsureRule(t, ch, a...)
+}
+
+// A partial sync is one iptables-restore and nothing else, as kube-proxy's
+// (issue 18: it ran 17 -C/-N besides, each reading the whole nat table on
+// the legacy backend); the full sync ensures the jumps and canaries.
+func TestAPartialSyncIsOneRestore(t *testing.T) {
+	states := partialStates()
+	r := &countingRunner{Runner: NewFake()}
+	p := &Proxier{Runner: r, Options: opts()}
+	if st, err := p.SyncStats(states[0]); err != nil || !st.Full {
+		t.Fatalf("first sync: full=%v %v", st.Full, err)
+	}
+	if n := len(r.ran); n < 3 || !strings.Contains(strings.Join(r.ran, ","), "-C ") || !strings.Contains(strings.Join(r.ran, ","), "-N ") {
+		t.Fatalf("the full sync ran %v; want the jumps and canaries ensured", r.ran)
+	}
+	r.ran = nil
+	if st, err := p.SyncStats(states[1]); err != nil || st.Full {
+		t.Fatalf("second sync: full=%v %v", st.Full, err)
+	}
+	if strings.Join(r.ran, ",") != "restore" {
+		t.Fatalf("the partial sync ran %v; want one restore", r.ran)
+	}
+}

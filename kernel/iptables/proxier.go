@@ -98,6 +98,14 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	for _, c := range chains {
 		p.chains[c] = true
 	}
+	if !full {
+		// As kube-proxy's: a partial sync is the one restore. The jumps
+		// and canaries were ensured by the last full sync, and a flush
+		// since then is what the canary check (and the hourly full sync)
+		// catches; checking them each time cost 17 iptables commands per
+		// sync, each reading the whole nat table on legacy (issue 18).
+		return st, nil
+	}
 	for _, j := range Jumps(o) {
 		if err := p.Runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
 			p.applied = nil
