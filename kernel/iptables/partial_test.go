@@ -124,7 +124,10 @@ type countingRunner struct {
 	ran []string
 }
 
-func (c *countingRunner) Restore(d []byte) error { c.ran = append(c.ran, "restore"); return c.Runner.Restore(d) }
+func (c *countingRunner) Restore(d []byte) error {
+	c.ran = append(c.ran, "restore")
+	return c.Runner.Restore(d)
+}
 func (c *countingRunner) Chains(t string) ([]string, error) {
 	c.ran = append(c.ran, "save "+t)
 	return c.Runner.Chains(t)
