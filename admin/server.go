@@ -69,10 +69,16 @@ type Server struct {
 // Serve listens on addr and serves h until Close. An empty addr disables it
 // (nil server, nil error).
 func Serve(addr string, h http.Handler) (*Server, error) {
+	return ServeWith(addr, h, net.Listen)
+}
+
+// ServeWith is Serve with the listener opened by listen (hitless restart
+// hands the socket from process to process).
+func ServeWith(addr string, h http.Handler, listen func(network, addr string) (net.Listener, error)) (*Server, error) {
 	if addr == "" {
 		return nil, nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}

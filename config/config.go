@@ -69,8 +69,13 @@ type Config struct {
 	// ManifestMaxBytes bounds what one load of the manifests reads; a load
 	// over it is refused. 0: no limit.
 	ManifestMaxBytes int64
-	LogFormat        string
-	Verbosity        int
+	// HandoverSocket is the Unix socket through which a new sluice takes
+	// the listening sockets of the running one (hitless restart): "auto"
+	// derives it from the command line under /run/sluice; "" turns the
+	// hand-over off.
+	HandoverSocket string
+	LogFormat      string
+	Verbosity      int
 	// IPTablesBackend picks the iptables binaries: auto (iptables, as the
 	// system's alternatives choose), nft or legacy.
 	IPTablesBackend string
@@ -145,6 +150,7 @@ func Defaults() *Config {
 		DrainTimeout:      30 * time.Second,
 		ManifestCoalesce:  100 * time.Millisecond,
 		ManifestMaxBytes:  64 << 20,
+		HandoverSocket:    "auto",
 		LogFormat:         "text",
 	}
 }

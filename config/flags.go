@@ -250,6 +250,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.EjectMaxBackoff, "eject-max-backoff", c.EjectMaxBackoff, "Upper bound of the ejection back-off.")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "On SIGTERM, how long open connections may drain before they are cut.")
 	fs.DurationVar(&c.ManifestCoalesce, "manifest-coalesce", c.ManifestCoalesce, "How long a burst of --manifests edits is gathered into one reload.")
+	fs.StringVar(&c.HandoverSocket, "handover-socket", c.HandoverSocket, "Unix socket through which a new sluice started with the same command line takes the running one's listening sockets (hitless restart); auto: derived from the command line under /run/sluice; empty: off.")
 	fs.Int64Var(&c.ManifestMaxBytes, "manifest-max-bytes", c.ManifestMaxBytes, "Largest total size of the --manifests files one load reads; a larger load is refused (0: no limit).")
 	return fs
 }

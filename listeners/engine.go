@@ -141,8 +141,34 @@ type Options struct {
 	// pause until some are freed. 0: RLIMIT_NOFILE less a reserve (a
 	// sixteenth, at least 64) for everything else; negative: no cap.
 	MaxFDs int
+	// Sockets gives listeners a predecessor's sockets and keeps theirs
+	// for a successor (hitless restart); nil: none.
+	Sockets Sockets
 	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
 	Now func() time.Time
+}
+
+// Sockets is where listening sockets come from and go to across a hitless
+// restart (handover.Broker is one): Take returns (and hands over) the
+// sockets a predecessor listened on at addr, Hold records one this
+// process listens on, Release forgets it before it is closed.
+type Sockets interface {
+	Take(network string, addr netip.AddrPort) []int
+	Hold(network string, addr netip.AddrPort, fd int)
+	Release(fd int)
+}
+
+type noSockets struct{}
+
+func (noSockets) Take(string, netip.AddrPort) []int { return nil }
+func (noSockets) Hold(string, netip.AddrPort, int)  {}
+func (noSockets) Release(int)                       {}
+
+func (o Options) sockets() Sockets {
+	if o.Sockets == nil {
+		return noSockets{}
+	}
+	return o.Sockets
 }
 
 func (o Options) withDefaults() Options {

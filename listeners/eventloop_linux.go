@@ -119,9 +119,26 @@ func (e *EventLoop) forget(ln Listener) {
 // ends, then closes the rest and stops the loops.
 func (e *EventLoop) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
-	e.closing = true
 	var ls []Listener
 	for l := range e.listeners {
+		ls = append(ls, l)
+	}
+	e.mu.Unlock()
+	// The listeners close first, on their loops: a connection accepted
+	// before that is served, not reset (after a hand-over the successor
+	// accepts on the same sockets, and any client reset here would be one
+	// too many).
+	for _, l := range ls {
+		if u, ok := l.(*elUDPListener); ok {
+			u.drain()
+		} else {
+			l.Close()
+		}
+	}
+	e.mu.Lock()
+	e.closing = true
+	ls = ls[:0]
+	for l := range e.listeners { // opened meanwhile
 		ls = append(ls, l)
 	}
 	e.mu.Unlock()
@@ -270,6 +287,17 @@ func (l *loop) registerFor(fd int, h handler, events uint32) error {
 func (l *loop) closeFD(fd int) {
 	delete(l.regs, int32(fd))
 	unix.Close(fd) // closing the only reference removes it from epoll
+}
+
+// closeListening unregisters and closes a listening socket, which a
+// successor process may hold too (hitless restart): epoll drops a
+// registration only when the last descriptor of the socket closes, so it
+// is removed first, and the successor's copy keeps the socket and its
+// queue.
+func (l *loop) closeListening(fd int) {
+	l.e.opts.sockets().Release(fd)
+	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+	l.closeFD(fd)
 }
 
 func (l *loop) getBuf() []byte {
@@ -497,27 +525,51 @@ type elTCPSocket struct {
 
 func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) {
 	ln := &elTCPListener{e: e, t: t}
-	for i, l := range e.loops {
+	socks := e.opts.sockets()
+	// A predecessor's sockets for this address (hitless restart) are all
+	// served, however many loops there are here: closing one of a
+	// reuseport group would drop the connections queued on it.
+	fds := socks.Take("tcp", addr)
+	inherited := len(fds) > 0
+	for _, fd := range fds {
+		unix.SetNonblock(fd, true)
+		unix.CloseOnExec(fd)
+	}
+	if len(fds) > 0 {
+		ln.addr = localAddr(fds[0])
+	}
+	for len(fds) < len(e.loops) {
 		at := addr
-		if i > 0 {
+		if len(fds) > 0 {
 			at = ln.addr // the port the first socket got, when addr asked for any
 		}
-		fd, err := listenSocket(at, len(e.loops) > 1)
+		// SO_REUSEPORT on every socket of a fixed port, so that a
+		// successor with more loops can add its own to the group.
+		fd, err := listenSocket(at, len(e.loops) > 1 || at.Port() != 0)
 		if err != nil {
-			ln.closeSockets()
+			if inherited {
+				break // serve on what was handed over (a predecessor without reuseport)
+			}
 			return nil, err
 		}
-		if i == 0 {
+		if len(fds) == 0 {
 			ln.addr = localAddr(fd)
 		}
+		fds = append(fds, fd)
+	}
+	for i, fd := range fds {
+		l := e.loops[i%len(e.loops)]
 		s := &elTCPSocket{ln: ln, l: l, fd: fd}
-		err = errStopped
+		err := errStopped
 		l.do(func() { err = l.register(fd, s) })
 		if err != nil {
-			unix.Close(fd)
+			for _, fd := range fds[i:] {
+				unix.Close(fd)
+			}
 			ln.closeSockets()
 			return nil, err
 		}
+		socks.Hold("tcp", ln.addr, fd)
 		ln.socks = append(ln.socks, s)
 	}
 	return ln, nil
@@ -555,8 +607,9 @@ func (ln *elTCPListener) closeSockets() {
 	for _, s := range ln.socks {
 		if !s.l.do(func() {
 			s.l.timers.cancel(s.backoff)
-			s.l.closeFD(s.fd)
+			s.l.closeListening(s.fd)
 		}) {
+			s.ln.e.opts.sockets().Release(s.fd)
 			unix.Close(s.fd)
 		}
 	}

@@ -22,9 +22,10 @@ type elUDPListener struct {
 	once     sync.Once
 
 	// Loop-owned.
-	flows  map[netip.AddrPort]*udpFlow
-	sweep  *deadline // the next expiry pass while there are flows
-	closed bool
+	flows    map[netip.AddrPort]*udpFlow
+	sweep    *deadline // the next expiry pass while there are flows
+	closed   bool
+	draining bool // no longer read; closes with its last flow
 }
 
 type udpFlow struct {
@@ -39,7 +40,7 @@ type udpFlow struct {
 }
 
 func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) {
-	fd, err := bindSocket(unix.SOCK_DGRAM, addr)
+	fd, err := adoptOrBindUDP(e.opts.sockets(), addr)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +62,22 @@ func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 		unix.Close(fd)
 		return nil, err
 	}
+	e.opts.sockets().Hold("udp", ln.addr, fd)
 	return ln, nil
+}
+
+// adoptOrBindUDP takes a predecessor's socket for addr (hitless restart:
+// datagrams queued on it are not lost), else binds one.
+func adoptOrBindUDP(socks Sockets, addr netip.AddrPort) (int, error) {
+	if fds := socks.Take("udp", addr); len(fds) > 0 {
+		for _, extra := range fds[1:] {
+			unix.Close(extra)
+		}
+		unix.SetNonblock(fds[0], true)
+		unix.CloseOnExec(fds[0])
+		return fds[0], nil
+	}
+	return bindSocket(unix.SOCK_DGRAM, addr)
 }
 
 func (ln *elUDPListener) Addr() netip.AddrPort { return ln.addr }
@@ -75,14 +91,46 @@ func (ln *elUDPListener) Close() error {
 			ln.l.timers.cancel(ln.sweep)
 			ln.sweep = nil
 			ln.closeFlows()
-			ln.l.closeFD(ln.fd)
+			ln.l.closeListening(ln.fd)
 			delete(ln.l.udp, ln)
 		})
 		if !closed {
+			ln.e.opts.sockets().Release(ln.fd)
 			unix.Close(ln.fd)
 		}
 	})
 	return nil
+}
+
+// drain is Shutdown's close: the socket is no longer read (after a
+// hand-over the successor reads it), while the flows go on relaying their
+// endpoints' replies until they idle out; the socket closes with the last
+// one, or at the drain's deadline.
+func (ln *elUDPListener) drain() {
+	ln.once.Do(func() {
+		ln.e.forget(ln)
+		if !ln.l.do(func() {
+			ln.e.opts.sockets().Release(ln.fd)
+			unix.EpollCtl(ln.l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
+			delete(ln.l.regs, int32(ln.fd))
+			ln.draining = true
+			if len(ln.flows) == 0 {
+				ln.finish()
+			}
+		}) {
+			ln.e.opts.sockets().Release(ln.fd)
+			unix.Close(ln.fd)
+		}
+	})
+}
+
+// finish closes a draining listener's socket once its flows are gone.
+func (ln *elUDPListener) finish() {
+	ln.closed = true
+	ln.l.timers.cancel(ln.sweep)
+	ln.sweep = nil
+	unix.Close(ln.fd)
+	delete(ln.l.udp, ln)
 }
 
 func (ln *elUDPListener) closeFlows() {
@@ -125,7 +173,7 @@ func (ln *elUDPListener) event(ev uint32) {
 		}
 	}
 	l.again = append(l.again, func() {
-		if !ln.closed {
+		if !ln.closed && !ln.draining {
 			ln.event(unix.EPOLLIN)
 		}
 	})
@@ -259,5 +307,8 @@ func (f *udpFlow) close() {
 	ln.l.closeFD(f.fd)
 	ln.e.fds.give(1)
 	ln.t.counters().Closed(f.up, f.down)
+	if ln.draining && !ln.closed && len(ln.flows) == 0 {
+		ln.finish()
+	}
 	ln.e.active.Done()
 }

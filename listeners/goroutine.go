@@ -72,14 +72,17 @@ func (g *Goroutine) untrack(c io.Closer) {
 func (g *Goroutine) Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (Listener, error) {
 	switch proto {
 	case lb.TCP:
-		ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
+		lns, err := g.adoptOrListenTCP(addr)
 		if err != nil {
 			return nil, err
 		}
-		l := &goTCPListener{g: g, ln: ln, t: t}
+		l := &goTCPListener{g: g, ln: lns[0], rest: lns[1:], t: t}
 		g.addListener(l)
-		g.loops.Add(1)
-		go l.serve()
+		for _, ln := range lns {
+			g.opts.sockets().Hold("tcp", l.Addr(), rawFD(ln))
+			g.loops.Add(1)
+			go l.serve(ln)
+		}
 		return l, nil
 	case lb.UDP:
 		return g.listenUDP(addr, t)
@@ -102,9 +105,25 @@ func (g *Goroutine) removeListener(l io.Closer) {
 // Shutdown closes the listeners and drains connections until ctx ends.
 func (g *Goroutine) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
-	g.closing = true
 	var ls []io.Closer
 	for l := range g.listeners {
+		ls = append(ls, l)
+	}
+	g.mu.Unlock()
+	// The listeners close and their loops end first: a connection
+	// accepted before that is served, not closed unanswered.
+	for _, l := range ls {
+		if u, ok := l.(*goUDPListener); ok {
+			u.drain()
+		} else {
+			l.Close()
+		}
+	}
+	g.loops.Wait()
+	g.mu.Lock()
+	g.closing = true
+	ls = ls[:0]
+	for l := range g.listeners { // opened meanwhile
 		ls = append(ls, l)
 	}
 	g.mu.Unlock()
@@ -128,9 +147,44 @@ func (g *Goroutine) Shutdown(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// adoptOrListenTCP serves a predecessor's sockets for addr (hitless
+// restart), every one of them, or listens anew.
+func (g *Goroutine) adoptOrListenTCP(addr netip.AddrPort) ([]*net.TCPListener, error) {
+	var lns []*net.TCPListener
+	for _, fd := range g.opts.sockets().Take("tcp", addr) {
+		f := os.NewFile(uintptr(fd), "inherited listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err == nil {
+			lns = append(lns, ln.(*net.TCPListener))
+		}
+	}
+	if len(lns) > 0 {
+		return lns, nil
+	}
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
+	if err != nil {
+		return nil, err
+	}
+	return []*net.TCPListener{ln}, nil
+}
+
+// rawFD is a listener's or socket's descriptor, for Sockets.Hold and
+// Release; -1 if it has none.
+func rawFD(c syscall.Conn) int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
+}
+
 type goTCPListener struct {
 	g      *Goroutine
 	ln     *net.TCPListener
+	rest   []*net.TCPListener // more of a predecessor's reuseport group (hitless restart)
 	t      *Target
 	once   sync.Once
 	closed atomic.Bool
@@ -142,13 +196,18 @@ func (l *goTCPListener) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.closed.Store(true)
-		err = l.ln.Close()
+		for _, ln := range append([]*net.TCPListener{l.ln}, l.rest...) {
+			l.g.opts.sockets().Release(rawFD(ln))
+			if cerr := ln.Close(); err == nil {
+				err = cerr
+			}
+		}
 		l.g.removeListener(l)
 	})
 	return err
 }
 
-func (l *goTCPListener) serve() {
+func (l *goTCPListener) serve(ln *net.TCPListener) {
 	defer l.g.loops.Done()
 	var backoff time.Duration
 	fds := l.g.fds
@@ -163,7 +222,7 @@ func (l *goTCPListener) serve() {
 			time.Sleep(backoff)
 			continue
 		}
-		c, err := l.ln.AcceptTCP()
+		c, err := ln.AcceptTCP()
 		if err != nil {
 			fds.give(goConnFDs)
 			if errors.Is(err, net.ErrClosed) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -16,9 +17,10 @@ type goUDPListener struct {
 	t        *Target
 	wildcard bool
 
-	mu    sync.Mutex
-	flows map[netip.AddrPort]*goUDPFlow
-	once  sync.Once
+	mu       sync.Mutex
+	flows    map[netip.AddrPort]*goUDPFlow
+	once     sync.Once
+	draining bool // under mu: no longer read; closes with its last flow
 }
 
 type goUDPFlow struct {
@@ -47,11 +49,25 @@ func (g *Goroutine) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 	if addr.Addr().Is6() {
 		network = "udp6"
 	}
-	pc, err := lc.ListenPacket(context.Background(), network, addr.String())
-	if err != nil {
-		return nil, err
+	var pc net.PacketConn
+	for _, fd := range g.opts.sockets().Take("udp", addr) { // a predecessor's (hitless restart)
+		f := os.NewFile(uintptr(fd), "inherited UDP socket")
+		if c, err := net.FilePacketConn(f); err == nil && pc == nil {
+			pc = c
+		} else if err == nil {
+			c.Close()
+		}
+		f.Close()
+	}
+	if pc == nil {
+		var err error
+		pc, err = lc.ListenPacket(context.Background(), network, addr.String())
+		if err != nil {
+			return nil, err
+		}
 	}
 	l := &goUDPListener{g: g, conn: pc.(*net.UDPConn), t: t, wildcard: wildcard, flows: map[netip.AddrPort]*goUDPFlow{}}
+	g.opts.sockets().Hold("udp", l.Addr(), rawFD(l.conn))
 	g.addListener(l)
 	g.loops.Add(1)
 	go l.serve()
@@ -65,6 +81,7 @@ func (l *goUDPListener) Addr() netip.AddrPort { return l.conn.LocalAddr().(*net.
 func (l *goUDPListener) Close() error {
 	var err error
 	l.once.Do(func() {
+		l.g.opts.sockets().Release(rawFD(l.conn))
 		err = l.conn.Close()
 		l.g.removeListener(l)
 		l.mu.Lock()
@@ -76,6 +93,25 @@ func (l *goUDPListener) Close() error {
 	return err
 }
 
+// drain is Shutdown's close: the socket is no longer read (after a
+// hand-over the successor reads it) while the flows go on relaying
+// replies until they idle out; the socket closes with the last one.
+func (l *goUDPListener) drain() {
+	l.once.Do(func() {
+		l.g.removeListener(l)
+		l.mu.Lock()
+		l.draining = true
+		empty := len(l.flows) == 0
+		l.mu.Unlock()
+		l.g.opts.sockets().Release(rawFD(l.conn))
+		if empty {
+			l.conn.Close()
+		} else {
+			l.conn.SetReadDeadline(time.Now()) // ends serve's read
+		}
+	})
+}
+
 func (l *goUDPListener) serve() {
 	defer l.g.loops.Done()
 	buf := make([]byte, maxDatagram+1)
@@ -83,7 +119,10 @@ func (l *goUDPListener) serve() {
 	for {
 		n, oobn, flags, client, err := l.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			l.mu.Lock()
+			draining := l.draining
+			l.mu.Unlock()
+			if draining || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue // e.g. ICMP errors reported on the socket
@@ -157,7 +196,11 @@ func (l *goUDPListener) remove(f *goUDPFlow) {
 	if l.flows[f.client] == f {
 		delete(l.flows, f.client)
 	}
+	last := l.draining && len(l.flows) == 0
 	l.mu.Unlock()
+	if last {
+		l.conn.Close()
+	}
 }
 
 func (f *goUDPFlow) touch(up, down uint64, now time.Time) {

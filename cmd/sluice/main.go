@@ -31,6 +31,7 @@ import (
 	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/controlplane/kube"
+	"github.com/sluice-proxy/sluice/handover"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
 )
@@ -56,6 +57,9 @@ func main() {
 	signal.Stop(sigs)
 	os.Exit(code)
 }
+
+// errHandedOver ends a sluice whose successor serves (hitless restart).
+var errHandedOver = errors.New("handed over to a successor")
 
 // stopSignal is the cause of the run's end when a signal asked for it.
 type stopSignal struct{ os.Signal }
@@ -120,6 +124,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := prepareProcess(cfg, log); err != nil {
 		log.Warn("process setup", "err", err)
 	}
+	cfg.HandoverSocket = handoverPath(cfg.HandoverSocket, args)
 	if err := serve(ctx, cfg, log, stdout); err != nil {
 		log.Error(err.Error())
 		return 1
@@ -178,6 +183,24 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	health := admin.NewHealth(2*cfg.KubeProxy.IPTables.SyncPeriod.Duration, nil)
 	local := &localAddrs{}
 
+	// Hitless restart: take the listening sockets of a sluice running with
+	// the same command line before binding anything; it retires once this
+	// one serves.
+	ctx, retire := context.WithCancelCause(ctx)
+	defer retire(nil)
+	broker := &handover.Broker{}
+	var pred *handover.Predecessor
+	if path := cfg.HandoverSocket; path != "" {
+		p, err := handover.Connect(path, broker, 10*time.Second)
+		switch {
+		case err != nil:
+			log.Warn("hand-over: the running sluice did not answer; binding anew", "path", path, "err", err)
+		case p != nil:
+			log.Info("hand-over: took the listening sockets of the running sluice", "path", path)
+			pred = p
+		}
+	}
+
 	var (
 		plane    dataPlane
 		srv      *listeners.Server
@@ -219,7 +242,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, HalfCloseTimeout: halfCloseTimeout(cfg)})
+		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
@@ -270,18 +293,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	svcHealth := &admin.ServiceHealth{
 		Addrs:        func() []netip.Addr { return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list()) },
 		ProxyHealthy: func() bool { ok, _, _ := health.Healthy(); return ok },
+		Listen:       brokerListen(broker),
 	}
 	defer svcHealth.Close()
 	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
 		Dump: plane.Dump}
-	hz, err := admin.Serve(cfg.HealthzAddress(), ep.HealthzHandler())
+	hz, err := admin.ServeWith(cfg.HealthzAddress(), ep.HealthzHandler(), brokerListen(broker))
 	if err != nil {
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)
 	}
 	defer hz.Close()
-	ms, err := admin.Serve(cfg.MetricsAddress(), ep.MetricsHandler())
+	ms, err := admin.ServeWith(cfg.MetricsAddress(), ep.MetricsHandler(), brokerListen(broker))
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address %s: %w", cfg.MetricsAddress(), err)
 	}
@@ -380,8 +404,33 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	}
 	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, mode, engineOf, nListeners, source)
 
+	// Serving: offer the sockets to a successor, and retire the
+	// predecessor (it stops accepting and drains).
+	if path := cfg.HandoverSocket; path != "" {
+		offer, err := handover.Serve(path, broker, func() { retire(errHandedOver) })
+		if err != nil {
+			log.Warn("hand-over: a successor will have to bind anew", "err", err)
+		} else {
+			defer offer.Close()
+		}
+	}
+	if pred != nil {
+		if n := broker.Untaken(); n > 0 {
+			log.Info("hand-over: closed sockets no longer served", "sockets", n)
+		}
+		if err := pred.Retire(); err != nil {
+			log.Warn("hand-over: could not tell the previous sluice to retire; stop it yourself", "err", err)
+		} else {
+			log.Info("hand-over: the previous sluice retires")
+		}
+	}
+
 	<-ctx.Done()
-	log.Info("shutting down: no new connections; draining open ones", "signal", signalName(ctx), "timeout", cfg.DrainTimeout)
+	if errors.Is(context.Cause(ctx), errHandedOver) {
+		log.Info("handed over to a new sluice: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
+	} else {
+		log.Info("shutting down: no new connections; draining open ones", "signal", signalName(ctx), "timeout", cfg.DrainTimeout)
+	}
 	stopAll()
 	log.Info("stopped")
 	return nil

@@ -1,0 +1,133 @@
+// Package handover owns the hitless restart: a new sluice, started with the
+// same command line while the old one runs, receives the old one's
+// listening sockets over a Unix socket (SCM_RIGHTS, as HAProxy's
+// `expose-fd listeners` and Envoy's hot restart do), serves on them, and
+// then tells the old one to retire. The sockets are the same kernel
+// objects throughout, so no connection waiting in an accept queue is lost
+// and no client is refused; the old process stops accepting and drains
+// what it has.
+//
+// A Broker is the process's register of listening sockets: components ask
+// it for an inherited socket before they bind (Take) and record the ones
+// they listen on (Hold, Release) so that a successor can have them.
+package handover
+
+import (
+	"net/netip"
+	"sync"
+)
+
+// key names a listening socket: its network ("tcp", "udp", "sctp") and
+// address.
+type key struct {
+	network string
+	addr    netip.AddrPort
+}
+
+// Broker holds the sockets inherited from a predecessor until they are
+// taken, and the sockets this process listens on. The zero value is
+// usable and inherits nothing. It is safe for concurrent use.
+type Broker struct {
+	mu        sync.Mutex
+	inherited map[key][]int
+	held      map[int]key
+	closeFD   func(int) error
+}
+
+// Take returns the inherited sockets listening on network/addr (several
+// for a TCP listener whose predecessor had one SO_REUSEPORT socket per
+// event loop), and forgets them: they are the caller's to serve, all of
+// them (a socket of a reuseport group that is closed drops its queue).
+// A port 0 address never matches.
+func (b *Broker) Take(network string, addr netip.AddrPort) []int {
+	if b == nil || addr.Port() == 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := key{network, addr}
+	fds := b.inherited[k]
+	delete(b.inherited, k)
+	return fds
+}
+
+// Hold records a socket this process listens on, for a successor.
+func (b *Broker) Hold(network string, addr netip.AddrPort, fd int) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held == nil {
+		b.held = map[int]key{}
+	}
+	b.held[fd] = key{network, addr}
+}
+
+// Release forgets a held socket; call it before closing the socket.
+func (b *Broker) Release(fd int) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.held, fd)
+}
+
+// inherit adds a received socket.
+func (b *Broker) inherit(network string, addr netip.AddrPort, fd int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inherited == nil {
+		b.inherited = map[key][]int{}
+	}
+	k := key{network, addr}
+	b.inherited[k] = append(b.inherited[k], fd)
+}
+
+// Untaken closes the inherited sockets nobody took (services removed
+// while the processes changed over) and says how many there were.
+func (b *Broker) Untaken() int {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for k, fds := range b.inherited {
+		for _, fd := range fds {
+			b.close(fd)
+			n++
+		}
+		delete(b.inherited, k)
+	}
+	return n
+}
+
+func (b *Broker) close(fd int) {
+	if b.closeFD != nil {
+		b.closeFD(fd)
+		return
+	}
+	closeFD(fd)
+}
+
+// socket is one held socket, for sending.
+type socket struct {
+	key
+	fd int
+}
+
+// eachHeld calls fn for every held socket, under the lock, so that no
+// socket is released and closed (and its number reused) while it is being
+// sent.
+func (b *Broker) eachHeld(fn func(socket) error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for fd, k := range b.held {
+		if err := fn(socket{k, fd}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
