@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,7 +48,25 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	removeStaleHandoverSockets()
 	os.Exit(code)
+}
+
+// removeStaleHandoverSockets removes the hand-over socket files under
+// /run/sluice that no process answers on (sluice processes the tests
+// killed with SIGKILL; startCmd users that pass no --handover-socket).
+func removeStaleHandoverSockets() {
+	files, _ := filepath.Glob(filepath.Join(handoverDir, "handover-*.sock"))
+	for _, f := range files {
+		c, err := net.Dial("unixpacket", f)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			os.Remove(f)
+		}
+	}
 }
 
 func freePort(t *testing.T, network string) int {
@@ -109,6 +128,11 @@ type proc struct {
 
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--handover-socket") }) {
+		// Tests kill sluice with SIGKILL, which leaves the socket file: keep
+		// it in the test's directory rather than /run/sluice.
+		args = append(args, "--handover-socket", filepath.Join(t.TempDir(), "handover.sock"))
+	}
 	return startCmd(t, exec.Command(sluiceBin, args...))
 }
 

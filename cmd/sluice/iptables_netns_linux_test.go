@@ -183,6 +183,9 @@ func newNetnsBed(t *testing.T) *netnsBed {
 // start runs a command in a namespace until the test ends (killed by PID).
 func (b *netnsBed) start(ns string, env []string, args ...string) *proc {
 	b.t.Helper()
+	if len(args) > 0 && args[0] == sluiceBin {
+		args = append(args, "--handover-socket", filepath.Join(b.t.TempDir(), "handover.sock")) // not /run/sluice: see start
+	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	return startCmd(b.t, cmd)
