@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,7 +184,7 @@ func newNetnsBed(t *testing.T) *netnsBed {
 // start runs a command in a namespace until the test ends (killed by PID).
 func (b *netnsBed) start(ns string, env []string, args ...string) *proc {
 	b.t.Helper()
-	if len(args) > 0 && args[0] == sluiceBin {
+	if len(args) > 0 && args[0] == sluiceBin && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--handover-socket") }) {
 		args = append(args, "--handover-socket", filepath.Join(b.t.TempDir(), "handover.sock")) // not /run/sluice: see start
 	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
@@ -351,6 +352,69 @@ endpoints:
 - {addresses: [10.244.0.5], nodeName: node-a}
 - {addresses: [10.244.0.6], nodeName: node-b}
 `
+
+// A restart of iptables mode, then a crash and a start, while a client
+// keeps connecting through a ClusterIP and a NodePort: every connection
+// is answered (issue 14). The rules stay in the kernel throughout; the new
+// process takes /healthz and /metrics over and replaces the rules in one
+// restore per table.
+func TestIPTablesModeRestartAndCrashKeepServing(t *testing.T) {
+	b := newNetnsBed(t)
+	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	args := []string{sluiceBin, "--proxy-mode=iptables", "--hostname-override=node-a", "--iptables-backend=nft", "--manifests", dir,
+		"--cluster-cidr=10.244.0.0/16", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+		"--handover-socket", filepath.Join(t.TempDir(), "handover.sock")}
+	p := b.start(b.node, nil, args...)
+	p.waitLog("state applied")
+	stop := make(chan struct{})
+	answers := make(chan []string, 1)
+	go func() {
+		var all []string
+		for {
+			select {
+			case <-stop:
+				answers <- all
+				return
+			default:
+			}
+			for _, a := range []string{"10.96.0.10:80", "192.168.10.1:30080"} {
+				cmd := exec.Command("ip", "netns", "exec", b.client, os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), helperEnv+"=client", fmt.Sprintf("%s=tcp,%s,20", helperArgsEnv, a))
+				out, err := cmd.Output()
+				if err != nil {
+					all = append(all, "error: client helper: "+err.Error())
+					continue
+				}
+				all = append(all, strings.Split(strings.TrimSpace(string(out)), "\n")...)
+			}
+		}
+	}()
+	// A restart: the successor takes the admin sockets and retires p.
+	next := b.start(b.node, nil, args...)
+	next.waitLog("hand-over: the previous sluice retires") // after its first sync
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("the retired sluice exited %d", code)
+	}
+	// A crash: the rules stay; traffic goes on with no process at all.
+	next.cmd.Process.Kill()
+	next.exitCode()
+	mid := b.tries("tcp", "10.96.0.10:80", 20)
+	third := b.start(b.node, nil, args...)
+	third.waitLog("state applied")
+	close(stop)
+	all := append(<-answers, mid...)
+	if d := distinct(all); d["error"] > 0 || d["b@10.244.0.5"] == 0 || d["b@10.244.0.6"] == 0 {
+		for _, a := range all {
+			if strings.HasPrefix(a, "error") {
+				t.Fatalf("%d connections across a restart and a crash: %v; first error %q", len(all), d, a)
+			}
+		}
+		t.Fatalf("%d connections across a restart and a crash: %v", len(all), d)
+	}
+	t.Logf("%d connections across a restart and a crash, none failed", len(all))
+}
 
 func TestIPTablesModeInNetns(t *testing.T) {
 	for _, backend := range []string{"nft", "legacy"} {
