@@ -24,10 +24,13 @@ type Proc struct {
 	cmd  *exec.Cmd
 	out  *bytes.Buffer
 	done chan error
+	argv []string // as given, for again
+	cpu  int
 }
 
 // StartProc starts argv, pinned to cpu when cpu >= 0 (via taskset).
 func StartProc(name string, cpu int, argv ...string) (*Proc, error) {
+	given := argv
 	if cpu >= 0 {
 		if _, err := exec.LookPath("taskset"); err == nil {
 			argv = append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
@@ -40,10 +43,14 @@ func StartProc(name string, cpu int, argv ...string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &Proc{Name: name, cmd: cmd, out: out, done: make(chan error, 1)}
+	p := &Proc{Name: name, cmd: cmd, out: out, done: make(chan error, 1), argv: given, cpu: cpu}
 	go func() { p.done <- cmd.Wait() }()
 	return p, nil
 }
+
+// again starts the same command line once more (a restart beside the
+// running process).
+func (p *Proc) again() (*Proc, error) { return StartProc(p.Name, p.cpu, p.argv...) }
 
 // PID is the process's PID (taskset execs the real program in place).
 func (p *Proc) PID() int { return p.cmd.Process.Pid }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -131,6 +132,20 @@ type sluice struct {
 func (s sluice) Name() string        { return "sluice-" + s.engine + s.suffix }
 func (sluice) Peer() bool            { return false }
 func (sluice) Supports(Service) bool { return true }
+// restart starts a second sluice with the same command line: it takes
+// the running one's sockets and retires it (the hitless restart).
+func (s sluice) restart(in *Instance) (*Proc, error) {
+	next, err := in.Proc.again()
+	if err != nil {
+		return nil, err
+	}
+	if !next.WaitFor(10*time.Second, func() bool { return strings.Contains(next.Output(), "the previous sluice retires") }) {
+		next.Stop(5 * time.Second)
+		return nil, fmt.Errorf("no hand-over in 10 s: %s", next.Output())
+	}
+	return next, nil
+}
+
 func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
 	file := filepath.Join(dir, "services.yaml")
 	if err := os.WriteFile(file, []byte(manifests(svcs, true)), 0o644); err != nil {
@@ -217,10 +232,26 @@ func (h haproxy) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc,
 		return nil, fmt.Errorf("haproxy not installed (apt-get install haproxy)")
 	}
 	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(h.config(t.LB, svcs)), 0o644); err != nil {
+	// The stats socket with expose-fd listeners is what HAProxy's seamless
+	// reload (-x) takes the listening sockets from (the restart workload).
+	conf := strings.Replace(h.config(t.LB, svcs), "global\n", fmt.Sprintf("global\n  stats socket %s mode 600 level admin expose-fd listeners\n", filepath.Join(dir, "haproxy.sock")), 1)
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
 	return StartProc(h.Name(), cpu, t.InNode("haproxy", "-f", cfg, "-db")...)
+}
+
+// restart is HAProxy's seamless reload as its users do it without the
+// master-worker: a new process takes the listening sockets from the old
+// one's stats socket (-x) and tells it to finish (-sf).
+func (h haproxy) restart(in *Instance) (*Proc, error) {
+	cfg, sock := filepath.Join(in.Dir, "haproxy.cfg"), filepath.Join(in.Dir, "haproxy.sock")
+	old := in.Proc
+	next, err := StartProc(h.Name(), old.cpu, in.Topo.InNode("haproxy", "-f", cfg, "-db", "-x", sock, "-sf", strconv.Itoa(old.PID()))...)
+	if err != nil {
+		return nil, err
+	}
+	return next, nil
 }
 
 // config is the HAProxy configuration: the same threads as sluice's loops

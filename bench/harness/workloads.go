@@ -89,6 +89,7 @@ func Workloads() []Workload {
 		{"cost-keepalive", "cost: 64 B request/response on 32 kept connections at once, fixed count", "cpu_us_per_unit", true, "echo", costRR(32)},
 		{"cost-crr", "cost: a new connection per 64 B request, 4 clients, fixed count; per connection", "cpu_us_per_unit", true, "echo", costCRR},
 		{"cost-udp-rr", "cost: 64 B UDP request/response on one flow, fixed count; per datagram exchanged", "cpu_us_per_unit", true, "udp", costUDPRR},
+		{"restart", "restarted 3 times under new-connection load (sluice's hand-over, HAProxy's seamless reload -x -sf)", "failed_conns", true, "echo", restartLoad},
 		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
 		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
 		{"churn-10k", "the same with 10,000 services", "update_p50_ms", true, "http", churn(10000)},
@@ -582,4 +583,79 @@ func udpFlows(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	}
 	wg.Wait()
 	return Metrics{"flows_per_s": float64(ok.Load()) / time.Since(t).Seconds(), "lost": float64(lost.Load())}, nil
+}
+
+// restarter is a system that can be restarted beside itself: sluice's
+// hand-over, HAProxy's seamless reload.
+type restarter interface {
+	restart(in *Instance) (*Proc, error)
+}
+
+// restartLoad is the restart workload: four clients open a new
+// connection per 64 B request without pause while the system is
+// restarted three times; it counts the failed connections and the
+// longest time no client got an answer (the outage).
+func restartLoad(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	r, ok := in.System.(restarter)
+	if !ok || in.Proc == nil || IsKernelMode(in.System) {
+		return nil, errNotApplicable
+	}
+	addr := in.Addr("echo").String()
+	var n, errs atomic.Int64
+	var lastOK atomic.Int64 // unix nanoseconds of the latest answer
+	var gapMu sync.Mutex
+	var maxGap time.Duration
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	lastOK.Store(time.Now().UnixNano())
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg, buf := make([]byte, 64), make([]byte, 64)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := oneShot(addr, msg, buf); err != nil {
+					errs.Add(1)
+					continue
+				}
+				now := time.Now().UnixNano()
+				if gap := time.Duration(now - lastOK.Swap(now)); gap > 0 {
+					gapMu.Lock()
+					maxGap = max(maxGap, gap)
+					gapMu.Unlock()
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	start := time.Now()
+	var rerr error
+	var olds []*Proc
+	for i := 0; i < 3 && rerr == nil && ctx.Err() == nil; i++ {
+		time.Sleep(sz.CRRDuration / 2) // load before each restart
+		old := in.Proc
+		next, err := r.restart(in)
+		if err != nil {
+			rerr = err
+			break
+		}
+		in.Proc = next
+		olds = append(olds, old)
+	}
+	time.Sleep(sz.CRRDuration / 2)
+	close(stop)
+	wg.Wait()
+	took := time.Since(start)
+	for _, old := range olds { // they retire by themselves; reap them
+		if !old.WaitFor(30*time.Second, func() bool { return false }) {
+			old.Stop(5 * time.Second)
+		}
+	}
+	m := Metrics{"failed_conns": float64(errs.Load()), "conn_per_s": float64(n.Load()) / took.Seconds(), "max_gap_ms": float64(maxGap) / 1e6, "restarts": float64(len(olds))}
+	return m, rerr
 }
