@@ -326,7 +326,19 @@ func TestIPVSModeInVM(t *testing.T) {
 	if reals, _ := k.Reals(holdKey); len(reals) != 1 || reals[0].Addr.Addr().String() != "10.244.0.5" {
 		t.Fatalf("after the drain: %+v, want only 10.244.0.5", reals)
 	}
-	p.stop()
+
+	// A restart (issue 14) under traffic: the successor takes the
+	// running one's sockets and retires it; the virtual servers stay in
+	// the kernel throughout, and no connection through them fails.
+	during := make(chan map[string]int, 1)
+	go func() { during <- b.tally("tcp", "10.96.0.10:80", 40) }()
+	next := startSluice(t, args...)
+	next.waitLog("hand-over: the previous sluice retires")
+	if m := <-during; m["error"] > 0 {
+		t.Fatalf("ClusterIP TCP across a restart: %v, want no error", m)
+	}
+	both(t, "ClusterIP TCP after a restart", b.tally("tcp", "10.96.0.10:80", 10))
+	next.stop()
 
 	// The scheduler flag reaches the kernel.
 	p2 := startSluice(t, append(args, "--ipvs-scheduler=sh")...)
