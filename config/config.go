@@ -74,6 +74,9 @@ type Config struct {
 	// derives it from the command line under /run/sluice; "" turns the
 	// hand-over off.
 	HandoverSocket string
+	// ConfigWarnings are what decoding --config had to say (a file that
+	// decoded only leniently), for the log.
+	ConfigWarnings []string
 	LogFormat      string
 	Verbosity      int
 	// IPTablesBackend picks the iptables binaries: auto (iptables, as the
@@ -177,13 +180,117 @@ func LoadFile(path string, into *Config) error {
 		return fmt.Errorf("--config %s: want apiVersion %s and kind KubeProxyConfiguration, got apiVersion %q kind %q",
 			path, kpv1alpha1.SchemeGroupVersion, tm.APIVersion, tm.Kind)
 	}
-	if err := yaml.UnmarshalStrict(data, &into.KubeProxy); err != nil {
-		return fmt.Errorf("--config %s: %w", path, err)
+	// As kube-proxy v1.34 decodes it: strictly first; when that fails only
+	// for unknown or duplicate fields (files from older releases carry
+	// fields removed since, such as udpIdleTimeout), leniently, with a
+	// warning; anything else is an error.
+	var kp kpv1alpha1.KubeProxyConfiguration
+	if err := yaml.UnmarshalStrict(data, &kp); err != nil {
+		if !strictOnly(err) {
+			return fmt.Errorf("--config %s: %w", path, err)
+		}
+		kp = kpv1alpha1.KubeProxyConfiguration{}
+		if lerr := yaml.Unmarshal(data, &kp); lerr != nil {
+			return fmt.Errorf("--config %s: %w", path, lerr)
+		}
+		into.ConfigWarnings = append(into.ConfigWarnings, fmt.Sprintf("--config %s: using lenient decoding as strict decoding failed: %v", path, err))
 	}
-	if into.KubeProxy.Mode == "" {
-		into.KubeProxy.Mode = ModeUserspace
-	}
+	setKubeProxyDefaults(&kp, &into.KubeProxy)
+	into.KubeProxy = kp
 	return nil
+}
+
+// strictOnly reports whether a strict decoding error is only about
+// unknown or duplicate fields.
+func strictOnly(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "unknown field") || strings.Contains(msg, "already set in map") || strings.Contains(msg, "duplicate field")
+}
+
+// setKubeProxyDefaults fills what the file left unset, or zero, as
+// kube-proxy's SetDefaults_KubeProxyConfiguration does: kubeadm writes
+// every field, with "0s" and null for the ones it leaves to the defaults
+// (syncPeriod: 0s means 30s). def holds the defaults. The mode is
+// sluice's default (userspace) when the file names none.
+func setKubeProxyDefaults(kp, def *kpv1alpha1.KubeProxyConfiguration) {
+	kp.TypeMeta = def.TypeMeta
+	if kp.BindAddress == "" {
+		kp.BindAddress = def.BindAddress
+	}
+	healthz, metrics := "0.0.0.0", "127.0.0.1"
+	if a, err := netip.ParseAddr(kp.BindAddress); err == nil && a.Is6() && !a.Is4In6() {
+		healthz, metrics = "[::]", "[::1]"
+	}
+	kp.HealthzBindAddress = withDefaultPort(kp.HealthzBindAddress, healthz, 10256)
+	kp.MetricsBindAddress = withDefaultPort(kp.MetricsBindAddress, metrics, 10249)
+	if kp.Mode == "" {
+		kp.Mode = def.Mode
+	}
+	if kp.OOMScoreAdj == nil {
+		kp.OOMScoreAdj = def.OOMScoreAdj
+	}
+	zeroDur := func(d *metav1.Duration, to metav1.Duration) {
+		if d.Duration == 0 {
+			*d = to
+		}
+	}
+	zeroDur(&kp.ConfigSyncPeriod, def.ConfigSyncPeriod)
+	zeroDur(&kp.IPTables.SyncPeriod, def.IPTables.SyncPeriod)
+	zeroDur(&kp.IPTables.MinSyncPeriod, def.IPTables.MinSyncPeriod)
+	zeroDur(&kp.IPVS.SyncPeriod, def.IPVS.SyncPeriod)
+	zeroDur(&kp.NFTables.SyncPeriod, def.NFTables.SyncPeriod)
+	zeroDur(&kp.NFTables.MinSyncPeriod, def.NFTables.MinSyncPeriod)
+	if kp.IPTables.LocalhostNodePorts == nil {
+		kp.IPTables.LocalhostNodePorts = def.IPTables.LocalhostNodePorts
+	}
+	if kp.IPTables.MasqueradeBit == nil {
+		kp.IPTables.MasqueradeBit = def.IPTables.MasqueradeBit
+	}
+	if kp.NFTables.MasqueradeBit == nil {
+		kp.NFTables.MasqueradeBit = def.NFTables.MasqueradeBit
+	}
+	if kp.Conntrack.MaxPerCore == nil {
+		kp.Conntrack.MaxPerCore = def.Conntrack.MaxPerCore
+	}
+	if kp.Conntrack.Min == nil {
+		kp.Conntrack.Min = def.Conntrack.Min
+	}
+	if kp.Conntrack.TCPEstablishedTimeout == nil {
+		kp.Conntrack.TCPEstablishedTimeout = def.Conntrack.TCPEstablishedTimeout
+	}
+	if kp.Conntrack.TCPCloseWaitTimeout == nil {
+		kp.Conntrack.TCPCloseWaitTimeout = def.Conntrack.TCPCloseWaitTimeout
+	}
+	if kp.ClientConnection.ContentType == "" {
+		kp.ClientConnection.ContentType = def.ClientConnection.ContentType
+	}
+	if kp.ClientConnection.QPS == 0 {
+		kp.ClientConnection.QPS = def.ClientConnection.QPS
+	}
+	if kp.ClientConnection.Burst == 0 {
+		kp.ClientConnection.Burst = def.ClientConnection.Burst
+	}
+	if kp.DetectLocalMode == "" {
+		kp.DetectLocalMode = def.DetectLocalMode
+	}
+	if kp.FeatureGates == nil {
+		kp.FeatureGates = map[string]bool{}
+	}
+}
+
+// withDefaultPort is kube-proxy's handling of the healthz and metrics
+// addresses: empty means host:port, and an address without a port gets
+// the default one.
+func withDefaultPort(addr, host string, port int) string {
+	if addr == "" {
+		return fmt.Sprintf("%s:%d", host, port)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		if a, perr := netip.ParseAddr(addr); perr == nil {
+			return netip.AddrPortFrom(a, uint16(port)).String()
+		}
+	}
+	return addr
 }
 
 // WriteFile writes the effective KubeProxyConfiguration, as kube-proxy's

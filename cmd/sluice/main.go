@@ -104,6 +104,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(cfg, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
+	for _, w := range cfg.ConfigWarnings {
+		log.Warn(w) // kube-proxy's "Using lenient decoding as strict decoding failed"
+	}
 	if cfg.Cleanup {
 		if err := cleanup(cfg, log); err != nil {
 			log.Error("cleanup failed", "err", err)
