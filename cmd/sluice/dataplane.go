@@ -212,7 +212,9 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 			log.Warn("iptables mode: IPv6 rules disabled", "err", err)
 			continue
 		}
-		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: iptablesOptions(cfg, fam.v6), Log: log})
+		o := iptablesOptions(cfg, fam.v6)
+		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
+		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: o, Log: log})
 	}
 	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp != nil && *lnp {
 		// kube-proxy sets this so DNAT of 127.0.0.1:NodePort works.

@@ -449,6 +449,10 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 			t.Fatalf("%s: %v, want both backends", what, d)
 		}
 	}
+	// As kube-proxy when iptables has it (1.6.2 and later; 1.8 here).
+	if nat := b.in(b.node, "iptables-"+backend+"-save", "-t", "nat"); !strings.Contains(nat, `"kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`) {
+		t.Fatalf("KUBE-POSTROUTING's SNAT rule without --random-fully:\n%s", nat)
+	}
 	want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 20))
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 20))
 	want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 20))

@@ -96,7 +96,7 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 		p.proxiers = append(p.proxiers, &ipvs.Proxier{Kernel: k, ExcludeCIDRs: exclude,
 			Options: ipvs.Options{IPv6: fam.v6, Scheduler: ip.Scheduler}})
 		p.filters = append(p.filters, &ipvs.Netfilter{Sets: sets, IPTables: r, IPv6: fam.v6,
-			MasqueradeBit: o.MasqueradeBit, MasqueradeAll: o.MasqueradeAll, ClusterCIDR: o.ClusterCIDR})
+			MasqueradeBit: o.MasqueradeBit, MasqueradeAll: o.MasqueradeAll, ClusterCIDR: o.ClusterCIDR, RandomFully: r.HasRandomFully()})
 	}
 	sched := ip.Scheduler
 	if sched == "" {

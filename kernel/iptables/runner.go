@@ -69,6 +69,39 @@ type Exec struct {
 
 	legacyOnce sync.Once
 	legacy     bool
+
+	versionOnce sync.Once
+	version     [3]int
+}
+
+// Version is the binary's version (iptables v1.8.9 -> [1 8 9]); zero if
+// it cannot be told.
+func (e *Exec) Version() [3]int {
+	e.versionOnce.Do(func() {
+		out, err := e.run("", []string{"--version"}, nil)
+		if err == nil {
+			e.version = parseVersion(string(out))
+		}
+	})
+	return e.version
+}
+
+// parseVersion reads "iptables v1.8.9 (nf_tables)".
+func parseVersion(s string) [3]int {
+	var v [3]int
+	i := strings.Index(s, " v")
+	if i < 0 {
+		return v
+	}
+	fmt.Sscanf(s[i+2:], "%d.%d.%d", &v[0], &v[1], &v[2])
+	return v
+}
+
+// HasRandomFully reports whether MASQUERADE takes --random-fully
+// (iptables 1.6.2 and later), as kube-proxy checks before using it.
+func (e *Exec) HasRandomFully() bool {
+	v := e.Version()
+	return v[0] > 1 || v[0] == 1 && (v[1] > 6 || v[1] == 6 && v[2] >= 2)
 }
 
 // isLegacy reports whether Command drives the legacy (x_tables) backend,

@@ -82,3 +82,23 @@ func TestRestoreIsNotKilledForBeingSlow(t *testing.T) {
 		t.Fatal("restore with RestoreTimeout set outlived it")
 	}
 }
+
+// --random-fully is used when iptables has it (1.6.2 and later), as
+// kube-proxy decides (issue 18's parity gap).
+func TestHasRandomFullyFromTheVersion(t *testing.T) {
+	for out, want := range map[string]bool{
+		"iptables v1.8.9 (nf_tables)\n": true,
+		"iptables v1.8.7 (legacy)\n":    true,
+		"iptables v1.6.2\n":             true,
+		"iptables v1.6.1\n":             false,
+		"iptables v1.4.21\n":            false,
+		"garbage":                       false,
+	} {
+		e := &Exec{Command: "iptables", Run: func(_ context.Context, _ string, args []string, _ []byte) ([]byte, error) {
+			return []byte(out), nil
+		}}
+		if got := e.HasRandomFully(); got != want {
+			t.Errorf("%q: HasRandomFully %v, want %v", out, got, want)
+		}
+	}
+}

@@ -202,6 +202,12 @@ func RestoreSets(specs []SetSpec, entries map[string][]string, ipv6 bool) []byte
 // ports, and the rejection of other ports on addresses bound to
 // kube-ipvs0. Chains shared with iptables mode keep their names.
 func RenderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR netip.Prefix) []byte {
+	return renderRules(o, masqueradeBit, masqueradeAll, clusterCIDR, false)
+}
+
+// renderRules is RenderRules, with --random-fully on the SNAT rule when
+// iptables has it (as kube-proxy's IPVS mode).
+func renderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR netip.Prefix, randomFully bool) []byte {
 	set := func(n string) string { return SetName(n, o.IPv6) }
 	mark := fmt.Sprintf("%#08x", 1<<masqueradeBit)
 	c := func(s string) string { return "-m comment --comment \"" + s + "\"" }
@@ -217,7 +223,11 @@ func RenderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR n
 	l("-A KUBE-POSTROUTING " + c("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose") + " -m set --match-set " + set(SetLoopBack) + " dst,dst,src -j MASQUERADE")
 	l("-A KUBE-POSTROUTING -m mark ! --mark " + mark + "/" + mark + " -j RETURN")
 	l("-A KUBE-POSTROUTING -j MARK --xor-mark " + mark)
-	l("-A KUBE-POSTROUTING " + c("kubernetes service traffic requiring SNAT") + " -j MASQUERADE")
+	if randomFully {
+		l("-A KUBE-POSTROUTING " + c("kubernetes service traffic requiring SNAT") + " -j MASQUERADE --random-fully")
+	} else {
+		l("-A KUBE-POSTROUTING " + c("kubernetes service traffic requiring SNAT") + " -j MASQUERADE")
+	}
 	l("-A KUBE-MARK-MASQ -j MARK --or-mark " + mark)
 	l("-A KUBE-SERVICES " + c("Kubernetes service lb portal") + " -m set --match-set " + set(SetLoadBalancer) + " dst,dst -j " + ChainLoadBalancer)
 	l("-A KUBE-LOAD-BALANCER -m set --match-set " + set(SetLoadBalancerLocal) + " dst,dst -j RETURN")
@@ -293,6 +303,7 @@ type Netfilter struct {
 	MasqueradeBit int
 	MasqueradeAll bool
 	ClusterCIDR   netip.Prefix
+	RandomFully   bool // --random-fully on the SNAT rule
 }
 
 // Sync applies the sets, then the rules that match on them, then the jumps.
@@ -302,7 +313,7 @@ func (n *Netfilter) Sync(snap *lb.Snapshot, o Options, bound []netip.Addr) error
 	if err := n.Sets.Restore(RestoreSets(specs, entries, n.IPv6)); err != nil {
 		return fmt.Errorf("ipsets: %w", err)
 	}
-	if err := n.IPTables.Restore(RenderRules(o, n.MasqueradeBit, n.MasqueradeAll, n.ClusterCIDR)); err != nil {
+	if err := n.IPTables.Restore(renderRules(o, n.MasqueradeBit, n.MasqueradeAll, n.ClusterCIDR, n.RandomFully)); err != nil {
 		return fmt.Errorf("iptables rules: %w", err)
 	}
 	for _, j := range RuleJumps() {

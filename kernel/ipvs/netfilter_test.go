@@ -128,3 +128,14 @@ func TestFakeIPSetRefuses(t *testing.T) {
 		t.Errorf("IPv6 name %q", SetName(SetNodePortLocalSCTP, true))
 	}
 }
+
+// The SNAT rule takes --random-fully when iptables has it, as kube-proxy's
+// IPVS mode writes it.
+func TestSNATRuleRandomFully(t *testing.T) {
+	without := string(renderRules(Options{}, 14, false, netip.Prefix{}, false))
+	with := string(renderRules(Options{}, 14, false, netip.Prefix{}, true))
+	rule := `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE`
+	if !strings.Contains(without, rule+"\n") || !strings.Contains(with, rule+" --random-fully\n") {
+		t.Fatalf("without:\n%s\nwith:\n%s", without, with)
+	}
+}
