@@ -132,6 +132,7 @@ type sluice struct {
 func (s sluice) Name() string        { return "sluice-" + s.engine + s.suffix }
 func (sluice) Peer() bool            { return false }
 func (sluice) Supports(Service) bool { return true }
+
 // restart starts a second sluice with the same command line: it takes
 // the running one's sockets and retires it (the hitless restart).
 func (s sluice) restart(in *Instance) (*Proc, error) {
