@@ -41,7 +41,16 @@ type Options struct {
 	// ExistingNATChains are the nat table's chains now (from iptables-save):
 	// unused per-service ones are deleted in the same restore.
 	ExistingNATChains []string
+
+	// largeCluster is set by the render when the snapshot has more than
+	// LargeClusterEndpoints endpoints.
+	largeCluster bool
 }
+
+// LargeClusterEndpoints is kube-proxy's largeClusterEndpointsThreshold:
+// above it the KUBE-SVC-* and KUBE-SEP-* rules carry no comment, which
+// makes the ruleset (and its restore) about a third smaller.
+const LargeClusterEndpoints = 1000
 
 // Mark is the masquerade mark as kube-proxy prints it ("0x00004000").
 func (o Options) Mark() string { return fmt.Sprintf("%#08x", 1<<o.MasqueradeBit) }
@@ -152,6 +161,11 @@ type Bodies map[lb.ServicePortName]uint64
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
 	mark := o.Mark()
+	total := 0
+	for _, sp := range snap.Ports {
+		total += len(sp.Endpoints)
+	}
+	o.largeCluster = total > LargeClusterEndpoints
 	var filterRules, natRules, natChains, bodyRules writer
 	active := map[string]bool{}
 	bodies := make(Bodies, len(snap.Ports))
@@ -302,6 +316,14 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		return "DROP", quote(s + " has no local endpoints")
 	}
 	comment := func(c string) []string { return []string{"-m", "comment", "--comment", c} }
+	// The comments of the per-endpoint rules go in large clusters, as
+	// kube-proxy's appendServiceCommentLocked drops them.
+	epComment := func(c string) []string {
+		if o.largeCluster {
+			return nil
+		}
+		return comment(c)
+	}
 
 	for _, cip := range cips {
 		if hasInternal {
@@ -378,12 +400,12 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 			secs := strconv.Itoa(int(sp.Affinity.Timeout.Seconds()))
 			for _, ep := range eps {
 				sep := sepOf(ep)
-				body.line(slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
+				body.line(slices.Concat([]string{"-A", c}, epComment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
 			}
 		}
 		for i, ep := range eps {
 			sep := sepOf(ep)
-			args := slices.Concat([]string{"-A", c}, comment(quote(s+" -> "+ep.String())))
+			args := slices.Concat([]string{"-A", c}, epComment(quote(s+" -> "+ep.String())))
 			if i < len(eps)-1 {
 				args = append(args, "-m", "statistic", "--mode", "random", "--probability", probability(len(eps)-i))
 			}
@@ -449,8 +471,8 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		seps[ep] = true
 		sep := sepOf(ep)
 		chain(sep)
-		body.line(slices.Concat([]string{"-A", sep}, comment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
-		args := slices.Concat([]string{"-A", sep}, comment(s))
+		body.line(slices.Concat([]string{"-A", sep}, epComment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
+		args := slices.Concat([]string{"-A", sep}, epComment(s))
 		if sp.Affinity.ClientIP {
 			args = append(args, "-m", "recent", "--name", sep, "--set")
 		}
