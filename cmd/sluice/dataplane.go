@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -189,9 +190,7 @@ func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
 	if b := cfg.KubeProxy.IPTables.MasqueradeBit; b != nil {
 		o.MasqueradeBit = int(*b)
 	}
-	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp != nil {
-		o.LocalhostNodePorts = *lnp && !v6
-	}
+	o.LocalhostNodePorts = localhostNodePorts(cfg) && !v6
 	for _, c := range strings.Split(cfg.KubeProxy.ClusterCIDR, ",") {
 		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is6() == v6 {
 			o.ClusterCIDR = p
@@ -216,10 +215,12 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
 		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: o, Log: log})
 	}
-	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp != nil && *lnp {
+	if localhostNodePorts(cfg) {
 		// kube-proxy sets this so DNAT of 127.0.0.1:NodePort works.
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
+		if err := setRouteLocalnet(); err != nil {
 			log.Warn("localhost NodePorts: cannot set net.ipv4.conf.all.route_localnet=1", "err", err)
+		} else {
+			log.Info("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses")
 		}
 	}
 	log.Info("iptables mode", "backend", cfg.IPTablesBackend, "families", len(p.proxiers))
@@ -339,8 +340,76 @@ func (p *iptablesPlane) Tick() {}
 // the binaries of --iptables-backend, and the bind capture's interface and
 // addresses. A family whose binary is missing or whose kernel
 // support is absent has nothing to remove.
+// routeLocalnet is the node-wide (per network namespace) sysctl that lets
+// traffic to 127.0.0.0/8 be routed: what localhost NodePorts need, and
+// what lets neighbours reach 127.0.0.1 services (CVE-2020-8558), so it is
+// set only when needed and put back by --cleanup.
+const routeLocalnet = "/proc/sys/net/ipv4/conf/all/route_localnet"
+
+// localhostNodePorts is kube-proxy's effective iptables.localhostNodePorts:
+// the setting, forced off unless --nodeport-addresses lets NodePorts
+// answer on 127.0.0.1 (no selection at all, or a CIDR holding it).
+func localhostNodePorts(cfg *config.Config) bool {
+	if lnp := cfg.KubeProxy.IPTables.LocalhostNodePorts; lnp == nil || !*lnp {
+		return false
+	}
+	specs := cfg.KubeProxy.NodePortAddresses
+	if len(specs) == 0 {
+		return true
+	}
+	for _, s := range specs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Contains(netip.MustParseAddr("127.0.0.1")) {
+			return true
+		}
+	}
+	return false
+}
+
+// routeLocalnetMark is where the sysctl's value before sluice changed it
+// is kept, per network namespace, for --cleanup.
+func routeLocalnetMark() string {
+	ns, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		ns = "unknown"
+	}
+	return filepath.Join(handoverDir, "route_localnet-"+strings.Trim(strings.TrimPrefix(ns, "net:"), "[]")+".was")
+}
+
+// setRouteLocalnet sets route_localnet to 1, remembering that it was 0.
+func setRouteLocalnet() error {
+	was, err := os.ReadFile(routeLocalnet)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(string(was)) == "1" {
+		return nil
+	}
+	if err := os.MkdirAll(handoverDir, 0o700); err == nil {
+		os.WriteFile(routeLocalnetMark(), was, 0o600)
+	}
+	return os.WriteFile(routeLocalnet, []byte("1"), 0o644)
+}
+
+// restoreRouteLocalnet puts back the value setRouteLocalnet changed.
+func restoreRouteLocalnet(log *slog.Logger) {
+	mark := routeLocalnetMark()
+	was, err := os.ReadFile(mark)
+	if err != nil {
+		return // not changed by sluice
+	}
+	if err := os.WriteFile(routeLocalnet, was, 0o644); err != nil {
+		log.Warn("cleanup: cannot restore net.ipv4.conf.all.route_localnet", "err", err)
+		return
+	}
+	os.Remove(mark)
+	log.Info("cleanup: net.ipv4.conf.all.route_localnet restored", "value", strings.TrimSpace(string(was)))
+}
+
 func cleanup(cfg *config.Config, log *slog.Logger) error {
 	var errs []error
+	if runtime.GOOS == "linux" {
+		restoreRouteLocalnet(log)
+	}
 	if err := cleanupIPVS(cfg, log); err != nil {
 		errs = append(errs, fmt.Errorf("IPVS: %w", err))
 	}

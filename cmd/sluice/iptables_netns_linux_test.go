@@ -531,3 +531,38 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 		}
 	}
 }
+
+// route_localnet (node-wide, and what CVE-2020-8558 was about) is set only
+// when NodePorts answer on 127.0.0.1, as kube-proxy decides, and --cleanup
+// puts back the value it had (issue 18).
+func TestRouteLocalnetOnlyWhenNeededAndRestoredByCleanup(t *testing.T) {
+	b := newNetnsBed(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	value := func() string {
+		return strings.TrimSpace(b.in(b.node, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet"))
+	}
+	if v := value(); v != "0" {
+		t.Fatalf("a new namespace has route_localnet=%s", v)
+	}
+	base := []string{sluiceBin, "--proxy-mode=iptables", "--iptables-backend=nft", "--manifests", dir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--cluster-cidr=10.244.0.0/16"}
+	p := b.start(b.node, nil, append(base, "--nodeport-addresses=192.168.10.0/24")...)
+	p.waitLog("state applied")
+	if v := value(); v != "0" {
+		t.Fatalf("NodePorts only on 192.168.10.0/24, yet route_localnet=%s", v)
+	}
+	p.cmd.Process.Kill()
+	p.exitCode()
+	p = b.start(b.node, nil, base...)
+	p.waitLog("state applied")
+	if v := value(); v != "1" {
+		t.Fatalf("NodePorts on every address (127.0.0.1 too), yet route_localnet=%s", v)
+	}
+	p.cmd.Process.Kill()
+	p.exitCode()
+	b.in(b.node, sluiceBin, "--cleanup", "--iptables-backend=nft")
+	if v := value(); v != "0" {
+		t.Fatalf("after --cleanup route_localnet=%s, want the 0 it was", v)
+	}
+}
