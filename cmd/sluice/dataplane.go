@@ -213,6 +213,7 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 		}
 		o := iptablesOptions(cfg, fam.v6)
 		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
+		o.TCPBeLiberal = tcpBeLiberal()
 		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: o, Log: log})
 	}
 	if localhostNodePorts(cfg) {
@@ -340,6 +341,14 @@ func (p *iptablesPlane) Tick() {}
 // the binaries of --iptables-backend, and the bind capture's interface and
 // addresses. A family whose binary is missing or whose kernel
 // support is absent has nothing to remove.
+// tcpBeLiberal reads net.netfilter.nf_conntrack_tcp_be_liberal, as
+// kube-proxy does at start-up: when set, out-of-window packets are not
+// INVALID and the INVALID drop is left out.
+func tcpBeLiberal() bool {
+	b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+	return err == nil && strings.TrimSpace(string(b)) != "0"
+}
+
 // routeLocalnet is the node-wide (per network namespace) sysctl that lets
 // traffic to 127.0.0.0/8 be routed: what localhost NodePorts need, and
 // what lets neighbours reach 127.0.0.1 services (CVE-2020-8558), so it is

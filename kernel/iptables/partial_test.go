@@ -202,3 +202,17 @@ func TestLargeClusterModeDropsEndpointComments(t *testing.T) {
 		t.Fatalf("large-cluster ruleset %d bytes, not smaller than %d", len(large), len(small))
 	}
 }
+
+// With nf_conntrack_tcp_be_liberal set, the ctstate INVALID drop is left
+// out, as kube-proxy leaves it out.
+func TestInvalidDropOmittedWhenConntrackIsLiberal(t *testing.T) {
+	rule := "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"
+	o := opts()
+	if !strings.Contains(string(Render(snap(), o)), rule) {
+		t.Fatal("no INVALID drop by default")
+	}
+	o.TCPBeLiberal = true
+	if strings.Contains(string(Render(snap(), o)), rule) {
+		t.Fatal("INVALID drop with nf_conntrack_tcp_be_liberal set")
+	}
+}

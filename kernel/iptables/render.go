@@ -38,6 +38,9 @@ type Options struct {
 	NodeIPs []netip.Addr
 	// RandomFully adds --random-fully to MASQUERADE.
 	RandomFully bool
+	// TCPBeLiberal is net.netfilter.nf_conntrack_tcp_be_liberal set: the
+	// ctstate INVALID drop is left out then, as kube-proxy leaves it.
+	TCPBeLiberal bool
 	// ExistingNATChains are the nat table's chains now (from iptables-save):
 	// unused per-service ones are deleted in the same restore.
 	ExistingNATChains []string
@@ -235,7 +238,9 @@ func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies
 		out.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
 			"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 	}
-	out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	if !o.TCPBeLiberal {
+		out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	}
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	out.b.WriteString(filterRules.b.String())
