@@ -151,3 +151,21 @@ func TestDeprecatedPortsApply(t *testing.T) {
 		t.Fatalf("%s %s", c.HealthzAddress(), c.MetricsAddress())
 	}
 }
+
+// A mistyped flag gets the closest real one suggested; a far-off one none.
+func TestUnknownFlagSuggestsTheClosest(t *testing.T) {
+	for typed, want := range map[string]string{
+		"--proxy-mod=iptables":       "did you mean --proxy-mode?",
+		"--helthz-bind-address=:1":   "did you mean --healthz-bind-address?",
+		"--conntrack-max-per-cor=10": "did you mean --conntrack-max-per-core?",
+		"--zzzzzz":                   "",
+	} {
+		_, _, err := Parse([]string{typed})
+		if err == nil || !strings.Contains(err.Error(), "unknown flag") {
+			t.Fatalf("%s: %v", typed, err)
+		}
+		if want == "" && strings.Contains(err.Error(), "did you mean") || want != "" && !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: %q, want %q", typed, err, want)
+		}
+	}
+}

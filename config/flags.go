@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sort"
 	"strconv"
@@ -153,6 +154,10 @@ var flagModes = map[string][]string{
 func newFlagSet(c *Config) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("sluice", pflag.ContinueOnError)
 	fs.SortFlags = true
+	// The caller prints usage once, to stdout, for --help; pflag's own
+	// print (to stderr) doubled it.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	kp := &c.KubeProxy
 	if kp.IPTables.MasqueradeBit == nil {
 		kp.IPTables.MasqueradeBit = i32(14)
@@ -263,7 +268,7 @@ func Parse(args []string) (*Config, string, error) {
 	fs := newFlagSet(cfg)
 	usage := fs.FlagUsages()
 	if err := fs.Parse(args); err != nil {
-		return nil, usage, err
+		return nil, usage, suggest(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, usage, fmt.Errorf("unexpected argument %q: sluice takes only flags", fs.Arg(0))
@@ -287,6 +292,49 @@ func Parse(args []string) (*Config, string, error) {
 		cfg.KubeProxy.NFTables.MasqueradeAll = cfg.KubeProxy.IPTables.MasqueradeAll
 	}
 	return cfg, usage, cfg.Validate()
+}
+
+// suggest adds "did you mean --x?" to an unknown-flag error, naming the
+// closest flag (by edit distance: at most 2, or a third of the length), as
+// kubectl and cobra do.
+func suggest(fs *pflag.FlagSet, err error) error {
+	msg := err.Error()
+	const prefix = "unknown flag: --"
+	if !strings.HasPrefix(msg, prefix) {
+		return err
+	}
+	typed := strings.SplitN(strings.TrimPrefix(msg, prefix), "=", 2)[0]
+	best, bestD := "", max(2, len(typed)/3)+1
+	fs.VisitAll(func(f *pflag.Flag) {
+		if d := editDistance(typed, f.Name); d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	if best == "" {
+		return err
+	}
+	return fmt.Errorf("%w (did you mean --%s?)", err, best)
+}
+
+// editDistance is Levenshtein's distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // UnusedFlags returns the flags set on the command line that the chosen mode

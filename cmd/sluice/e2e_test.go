@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -553,6 +554,12 @@ func TestEndToEndVersionAndWriteConfig(t *testing.T) {
 	data, err := os.ReadFile(file)
 	if err != nil || !strings.Contains(string(data), "kind: KubeProxyConfiguration") || !strings.Contains(string(data), "portRange: 30000-30100") {
 		t.Fatalf("written config:\n%s", data)
+	}
+	var helpErr bytes.Buffer
+	help := exec.Command(sluiceBin, "--help")
+	help.Stderr = &helpErr
+	if out, err := help.Output(); err != nil || !strings.Contains(string(out), "--proxy-mode") || helpErr.Len() != 0 || strings.Count(string(out), "  --proxy-mode ") != 1 {
+		t.Fatalf("--help: printed %d bytes to stderr and --proxy-mode %d times to stdout (%v); want the usage once, on stdout", helpErr.Len(), strings.Count(string(out), "  --proxy-mode "), err)
 	}
 	if out, err := exec.Command(sluiceBin, "--help").Output(); err != nil || !strings.Contains(string(out), "--proxy-mode") {
 		t.Fatalf("--help: %v", err)
