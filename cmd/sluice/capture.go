@@ -74,8 +74,12 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 	}
 	if want == portals.MethodNone {
 		reasons = []string{"forced by --userspace-capture; ClusterIPs are reachable only through their proxy ports"}
+		log.Info("userspace VIP capture: none", "why", strings.Join(reasons, "; "))
+		return noCapture{}, nil
 	}
-	log.Info("userspace VIP capture: none", "why", strings.Join(reasons, "; "))
+	// Chosen for want of privilege or kernel support: ClusterIPs will not
+	// answer, which an operator must hear about.
+	log.Warn("userspace VIP capture: none; ClusterIPs are reachable only through their proxy ports", "why", strings.Join(reasons, "; "))
 	return noCapture{}, nil
 }
 

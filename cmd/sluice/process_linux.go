@@ -25,7 +25,9 @@ func prepareProcess(cfg *config.Config, log *slog.Logger) error {
 			if slices.Contains(cfg.Changed, "oom-score-adj") {
 				errs = append(errs, err)
 			} else {
-				log.Debug("default oom-score-adj not applied", "err", err) // unprivileged or sandboxed: not worth a warning
+				// The default too: under memory pressure the kernel would
+				// pick the data plane sooner than an operator expects.
+				log.Warn("default oom-score-adj not applied", "err", err)
 			}
 		}
 	}
