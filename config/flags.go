@@ -109,7 +109,7 @@ var flagModes = map[string][]string{
 	"busy-poll":                    {ModeUserspace},
 	"iptables-backend":             {ModeIPTables, ModeUserspace, ModeIPVS},
 	"userspace-capture":            {ModeUserspace},
-	"mode-fallback":                {ModeIPVS, ModeIPTables},
+	"mode-fallback":                {ModeIPVS, ModeIPTables, ModeNFTables},
 	"ipvs-drain-interval":          {ModeIPVS},
 	"connect-timeouts":             {ModeUserspace},
 	"connect-attempts":             {ModeUserspace},

@@ -422,6 +422,11 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 	if err := cleanupIPVS(cfg, log); err != nil {
 		errs = append(errs, fmt.Errorf("IPVS: %w", err))
 	}
+	if runtime.GOOS == "linux" {
+		if err := cleanupNFTables(log); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
 		r := fam.runner
 		if err := fam.err; err != nil {

@@ -491,7 +491,6 @@ func TestEndToEndBadInputAtStartupExitsNonZero(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--manifests", bad, "--healthz-bind-address=", "--metrics-bind-address="}, []string{"bad.yaml", "Service default/s", "spec.ports[1].name", "duplicate"}},
-		{[]string{"--proxy-mode=nftables", "--manifests", bad}, []string{`proxy mode nftables is not built yet`}},
 		{[]string{"--udp-timeout=fast"}, []string{"--udp-timeout", "fast"}},
 		{[]string{"--bind-address=1.2.3"}, []string{"--bind-address", "1.2.3"}},
 		{[]string{"--healthz-bind-address="}, []string{"--manifests"}},

@@ -117,10 +117,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if unused := cfg.UnusedFlags(); len(unused) > 0 {
 		log.Info("flags accepted for kube-proxy compatibility but not used in this mode", "mode", cfg.Mode(), "flags", strings.Join(unused, ","))
 	}
-	if m := cfg.Mode(); m != config.ModeUserspace && m != config.ModeIPTables && m != config.ModeIPVS {
-		log.Error(fmt.Sprintf("proxy mode %s is not built yet; use --proxy-mode=userspace, iptables or ipvs", m))
-		return 1
-	}
 	if cfg.InitOnly {
 		return 0 // userspace mode needs no privileged initialisation
 	}
@@ -221,6 +217,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		log.Warn(fmt.Sprintf("proxy mode %s is unavailable; falling back to %s mode", mode, to), "why", err.Error())
 		mode = to
 		return nil
+	}
+	if mode == config.ModeNFTables {
+		pn, err := newNFTablesPlane(cfg, local, metrics, log)
+		if err != nil {
+			if ferr := fallback(err, config.ModeIPTables); ferr != nil {
+				return ferr
+			}
+		} else {
+			plane = pn
+			defer pn.Close()
+		}
 	}
 	if mode == config.ModeIPVS {
 		pv, err := newIPVSPlane(cfg, local, metrics, log)

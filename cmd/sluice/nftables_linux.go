@@ -1,0 +1,167 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/kernel/conntrack"
+	"github.com/sluice-proxy/sluice/kernel/nftables"
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// nftablesPlane is nftables mode: kube-proxy's kube-proxy table in the ip
+// and ip6 families, rewritten in one transaction per family per sync; a
+// failed sync is retried every --nftables-sync-period (the table stays as
+// the last good transaction left it).
+type nftablesPlane struct {
+	proxiers []*nftables.Proxier
+	cfg      *config.Config
+	local    *localAddrs
+	metrics  *admin.Metrics
+	log      *slog.Logger
+	stop     chan struct{}
+	done     chan struct{}
+
+	latestState
+	failed   bool
+	loopback loopbackWarner
+}
+
+// errNFTablesUnavailable is why nftables mode cannot run here (no nft, a
+// kernel without nf_tables): the mode falls back to iptables.
+var errNFTablesUnavailable = errors.New("nftables unavailable")
+
+func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*nftablesPlane, error) {
+	p := &nftablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		loopback: loopbackWarner{mode: "nftables", log: log}}
+	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
+		nft, err := knftables.New(fam, nftables.Table)
+		if err != nil {
+			if fam == knftables.IPv4Family {
+				return nil, fmt.Errorf("%w: %v", errNFTablesUnavailable, err)
+			}
+			log.Warn("nftables mode: IPv6 rules disabled", "err", err)
+			continue
+		}
+		p.proxiers = append(p.proxiers, &nftables.Proxier{NFT: nft, Options: nftablesOptions(cfg, fam == knftables.IPv6Family)})
+	}
+	log.Info("nftables mode", "families", len(p.proxiers), "table", nftables.Table)
+	go p.loop(cfg.KubeProxy.NFTables.SyncPeriod.Duration)
+	return p, nil
+}
+
+func nftablesOptions(cfg *config.Config, v6 bool) nftables.Options {
+	nt := cfg.KubeProxy.NFTables
+	o := nftables.Options{IPv6: v6, MasqueradeBit: 14, MasqueradeAll: nt.MasqueradeAll}
+	if b := nt.MasqueradeBit; b != nil {
+		o.MasqueradeBit = int(*b)
+	}
+	for _, c := range strings.Split(cfg.KubeProxy.ClusterCIDR, ",") {
+		if pf, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && pf.Addr().Is6() == v6 {
+			o.ClusterCIDR = pf
+		}
+	}
+	return o
+}
+
+func (p *nftablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
+
+func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
+	p.loopback.check(snap)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hung nft, not a slow one
+	defer cancel()
+	npa := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, p.local.list())
+	var errs []error
+	for _, px := range p.proxiers {
+		px.Options.NodePortAddresses = npa
+		if err := px.Sync(ctx, snap); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
+		switch {
+		case err != nil:
+			p.log.Warn("conntrack: stale entries not deleted", "ipv6", px.Options.IPv6, "err", err)
+		case n > 0:
+			p.log.Info("conntrack: deleted stale UDP/SCTP entries", "ipv6", px.Options.IPv6, "entries", n)
+		}
+	}
+	p.failed = len(errs) > 0
+	return errors.Join(errs...)
+}
+
+func (p *nftablesPlane) loop(every time.Duration) {
+	defer close(p.done)
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		failed := p.failed
+		p.mu.Unlock()
+		if !failed {
+			continue
+		}
+		p.log.Warn("nftables: resync", "why", "the last sync failed")
+		if err := p.reapplyNewest(p.applyLocked); err != nil {
+			p.log.Error("nftables resync failed", "err", err)
+		} else {
+			p.log.Info("nftables: resynced")
+		}
+	}
+}
+
+// Close stops the resync loop; the table stays (as kube-proxy's does)
+// until --cleanup.
+func (p *nftablesPlane) Close() {
+	close(p.stop)
+	<-p.done
+}
+
+func (p *nftablesPlane) Dump() any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	if p.last != nil {
+		n = len(p.last.Ports)
+	}
+	return map[string]any{"mode": "nftables", "families": len(p.proxiers), "servicePorts": n, "lastSyncFailed": p.failed}
+}
+
+func (p *nftablesPlane) Tick() {}
+
+// cleanupNFTables deletes the kube-proxy table in both families, where
+// nftables is there at all.
+func cleanupNFTables(log *slog.Logger) error {
+	var errs []error
+	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
+		nft, err := knftables.New(fam, nftables.Table)
+		if err != nil {
+			continue // no nftables: nothing of ours
+		}
+		if err := nftables.Cleanup(context.Background(), nft); err != nil {
+			errs = append(errs, fmt.Errorf("nftables %s: %w", fam, err))
+			continue
+		}
+		log.Info("cleanup: nftables table removed", "family", fam, "table", nftables.Table)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,24 @@
+//go:build !linux
+
+package main
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/config"
+)
+
+var errNFTablesUnavailable = errors.New("nftables is Linux only")
+
+// nftablesPlane does not exist off Linux.
+type nftablesPlane struct{ dataPlane }
+
+func (*nftablesPlane) Close() {}
+
+func newNFTablesPlane(*config.Config, *localAddrs, *admin.Metrics, *slog.Logger) (*nftablesPlane, error) {
+	return nil, errNFTablesUnavailable
+}
+
+func cleanupNFTables(*slog.Logger) error { return nil }

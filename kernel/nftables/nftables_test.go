@@ -1,0 +1,125 @@
+//go:build linux
+
+package nftables
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+func spn(ns, name, port string) lb.ServicePortName {
+	return lb.ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: lb.TCP}
+}
+
+// kube-proxy's chain names, from its own test vectors.
+func TestChainNamesAreKubeProxys(t *testing.T) {
+	n := spn("ns1", "svc1", "p80")
+	if got := ServiceChain(n); got != "service-ULMVA6XW-ns1/svc1/tcp/p80" {
+		t.Fatalf("service chain %s", got)
+	}
+	if got := EndpointChain(n, netip.MustParseAddrPort("10.180.0.1:80")); got != "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80" {
+		t.Fatalf("endpoint chain %s", got)
+	}
+}
+
+func ep(s string) lb.Endpoint {
+	return lb.Endpoint{Addr: netip.MustParseAddrPort(s), Ready: true, Serving: true}
+}
+
+func port(name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
+	return &lb.ServicePort{Name: spn("ns", name, "p"), ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Port: 80, Endpoints: eps}
+}
+
+func snapOf(ports ...*lb.ServicePort) *lb.Snapshot {
+	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	for _, p := range ports {
+		s.Ports[p.Name] = p
+	}
+	return s
+}
+
+func opts() Options {
+	return Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}
+}
+
+// One sync lays out kube-proxy's table: the verdict maps point each
+// service's address and port at its chain, the chain picks an endpoint
+// with numgen, a service without endpoints is rejected through
+// no-endpoint-services, and a NodePort goes through its external chain.
+func TestSyncLaysOutTheTable(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	p := &Proxier{NFT: fake, Options: opts()}
+	web := port("web", "10.96.0.10", ep("10.244.1.1:8080"), ep("10.244.1.2:8080"))
+	web.NodePort = 30080
+	empty := port("empty", "10.96.0.12")
+	if err := p.Sync(context.Background(), snapOf(web, empty)); err != nil {
+		t.Fatal(err)
+	}
+	dump := fake.Dump()
+	svc, ext := ServiceChain(web.Name), externalChain(web.Name)
+	for _, want := range []string{
+		"add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto " + svc + " }",
+		"add element ip kube-proxy service-nodeports { tcp . 30080 : goto " + ext + " }",
+		"add element ip kube-proxy no-endpoint-services { 10.96.0.12 . tcp . 80 : goto reject-chain }",
+		"add element ip kube-proxy cluster-ips { 10.96.0.10 }",
+		"add rule ip kube-proxy " + svc + " ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
+		"add rule ip kube-proxy " + svc + " numgen random mod 2 vmap { 0 : goto " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.1:8080")) + " , 1 : goto " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.2:8080")) + " }",
+		"add rule ip kube-proxy " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.1:8080")) + " meta l4proto tcp dnat to 10.244.1.1:8080",
+		"add rule ip kube-proxy " + ext + " jump mark-for-masquerade",
+		"add rule ip kube-proxy masquerading masquerade fully-random",
+		"add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports",
+	} {
+		if !strings.Contains(dump, want+"\n") {
+			t.Errorf("missing: %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("table:\n%s", dump)
+	}
+}
+
+// A service that goes away takes its chains with it; an affinity
+// service's per-endpoint sets carry the timeout and go with it too.
+func TestSyncDeletesWhatIsNoLongerUsed(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	p := &Proxier{NFT: fake, Options: opts()}
+	sticky := port("sticky", "10.96.0.11", ep("10.244.1.1:8080"))
+	sticky.Affinity = lb.Affinity{ClientIP: true, Timeout: 3 * time.Hour}
+	web := port("web", "10.96.0.10", ep("10.244.1.1:8080"))
+	ctx := context.Background()
+	if err := p.Sync(ctx, snapOf(sticky, web)); err != nil {
+		t.Fatal(err)
+	}
+	set := affinitySet(sticky.Name, netip.MustParseAddrPort("10.244.1.1:8080"))
+	dump := fake.Dump()
+	if !strings.Contains(dump, "add set ip kube-proxy "+set+" { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }") {
+		t.Fatalf("affinity set:\n%s", dump)
+	}
+	// A fresh proxier (a restart) lists what is there before it deletes.
+	p2 := &Proxier{NFT: fake, Options: opts()}
+	if err := p2.Sync(ctx, snapOf(web)); err != nil {
+		t.Fatal(err)
+	}
+	dump = fake.Dump()
+	for _, gone := range []string{ServiceChain(sticky.Name), EndpointChain(sticky.Name, netip.MustParseAddrPort("10.244.1.1:8080")), set} {
+		if strings.Contains(dump, gone) {
+			t.Fatalf("%s still there:\n%s", gone, dump)
+		}
+	}
+	if !strings.Contains(dump, ServiceChain(web.Name)) {
+		t.Fatal("the remaining service's chain went too")
+	}
+	if err := Cleanup(ctx, fake); err != nil {
+		t.Fatal(err)
+	}
+	if d := fake.Dump(); strings.Contains(d, "kube-proxy") {
+		t.Fatalf("after cleanup:\n%s", d)
+	}
+}

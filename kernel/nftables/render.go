@@ -1,0 +1,462 @@
+//go:build linux
+
+package nftables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// Table is kube-proxy's table name, in both families.
+const Table = "kube-proxy"
+
+// Static chains, sets and maps (kube-proxy's names).
+const (
+	chainFilterPrerouting    = "filter-prerouting"
+	chainFilterInput         = "filter-input"
+	chainFilterForward       = "filter-forward"
+	chainFilterOutput        = "filter-output"
+	chainFilterOutputPost    = "filter-output-post-dnat"
+	chainNATPrerouting       = "nat-prerouting"
+	chainNATOutput           = "nat-output"
+	chainNATPostrouting      = "nat-postrouting"
+	chainServices            = "services"
+	chainMasquerading        = "masquerading"
+	chainMarkForMasq         = "mark-for-masquerade"
+	chainServiceEPCheck      = "service-endpoints-check"
+	chainNodePortEPCheck     = "nodeport-endpoints-check"
+	chainFirewallCheck       = "firewall-check"
+	chainClusterIPsCheck     = "cluster-ips-check"
+	chainReject              = "reject-chain"
+	setClusterIPs            = "cluster-ips"
+	setNodePortIPs           = "nodeport-ips"
+	mapServiceIPs            = "service-ips"
+	mapServiceNodePorts      = "service-nodeports"
+	mapNoEndpointServices    = "no-endpoint-services"
+	mapNoEndpointNodePorts   = "no-endpoint-nodeports"
+	mapFirewallIPs           = "firewall-ips"
+	chainNameMaxLength       = 256
+	servicePrefix            = "service-"
+	localPrefix              = "local-"
+	externalPrefix           = "external-"
+	firewallPrefix           = "firewall-"
+	endpointPrefix           = "endpoint-"
+	affinityPrefix           = "affinity-"
+	defaultAffinitySetMaxLen = 65535
+)
+
+// Options are a family's settings.
+type Options struct {
+	IPv6 bool
+	// MasqueradeBit is --iptables-masquerade-bit (kube-proxy uses the same
+	// for nftables); default 14.
+	MasqueradeBit int
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// ClusterCIDR: traffic to a cluster IP from outside it is masqueraded.
+	ClusterCIDR netip.Prefix
+	// NodePortAddresses are the addresses NodePorts answer on; nil means
+	// every local address (but loopback: nftables mode has no localhost
+	// NodePorts).
+	NodePortAddresses []netip.Addr
+}
+
+func (o Options) ip() string {
+	if o.IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func (o Options) addrType() string {
+	if o.IPv6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+func (o Options) family(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == o.IPv6 }
+
+func (o Options) mark() string { return fmt.Sprintf("%#08x", 1<<o.MasqueradeBit) }
+
+// hashAndTruncate is kube-proxy's: the name prefixed by the first eight
+// base32 characters of its SHA-256, cut to the chain name limit.
+func hashAndTruncate(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	n := base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + name
+	if len(n) > chainNameMaxLength {
+		n = n[:chainNameMaxLength-3] + "..."
+	}
+	return n
+}
+
+// chainBase is "ns/name/proto/port".
+func chainBase(n lb.ServicePortName) string {
+	return fmt.Sprintf("%s/%s/%s/%s", n.Namespace, n.Name, strings.ToLower(string(n.Protocol)), n.Port)
+}
+
+// ServiceChain and the others are kube-proxy's per-service chain names.
+func ServiceChain(n lb.ServicePortName) string { return servicePrefix + hashAndTruncate(chainBase(n)) }
+func localChain(n lb.ServicePortName) string   { return localPrefix + hashAndTruncate(chainBase(n)) }
+func externalChain(n lb.ServicePortName) string {
+	return externalPrefix + hashAndTruncate(chainBase(n))
+}
+func firewallChain(n lb.ServicePortName) string {
+	return firewallPrefix + hashAndTruncate(chainBase(n))
+}
+
+// EndpointChain is an endpoint's chain: "ns/name/proto/port__ip/port",
+// an IPv6 address's colons turned to dots.
+func EndpointChain(n lb.ServicePortName, ep netip.AddrPort) string {
+	return endpointPrefix + hashAndTruncate(endpointBase(n, ep))
+}
+
+func endpointBase(n lb.ServicePortName, ep netip.AddrPort) string {
+	return chainBase(n) + "__" + strings.ReplaceAll(ep.Addr().String(), ":", ".") + "/" + strconv.Itoa(int(ep.Port()))
+}
+
+func affinitySet(n lb.ServicePortName, ep netip.AddrPort) string {
+	return affinityPrefix + hashAndTruncate(endpointBase(n, ep))
+}
+
+// isServiceObject says whether a chain or set name is one of the
+// per-service ones (so a stale one is sluice's to delete).
+func isServiceObject(name string) bool {
+	for _, p := range []string{servicePrefix, localPrefix, externalPrefix, firewallPrefix, endpointPrefix, affinityPrefix} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Desired is what one family's table must hold: the transaction that
+// makes it so (without the deletion of stale objects, which needs to know
+// what exists) and the per-service chains and sets it uses.
+type Desired struct {
+	Tx     *knftables.Transaction
+	Chains map[string]bool
+	Sets   map[string]bool
+}
+
+// Render is the pure part of a sync: the table for snap, as a
+// transaction on tx. Every chain it declares is flushed and rewritten;
+// the maps and the cluster-ips set are flushed and refilled; affinity
+// sets are declared but never flushed (their dynamic entries are the
+// pins).
+func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
+	if o.MasqueradeBit == 0 {
+		o.MasqueradeBit = 14
+	}
+	d := Desired{Tx: tx, Chains: map[string]bool{}, Sets: map[string]bool{}}
+	ip := o.ip()
+	mark := o.mark()
+
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")})
+	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority) {
+		tx.Add(&knftables.Chain{Name: name, Type: knftables.PtrTo(typ), Hook: knftables.PtrTo(hook), Priority: knftables.PtrTo(prio)})
+		tx.Flush(&knftables.Chain{Name: name})
+	}
+	chain := func(name string) {
+		tx.Add(&knftables.Chain{Name: name})
+		tx.Flush(&knftables.Chain{Name: name})
+	}
+	rule := func(chain string, parts ...string) {
+		tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat(toAny(parts)...)})
+	}
+	base(chainFilterPrerouting, knftables.FilterType, knftables.PreroutingHook, knftables.DNATPriority+"-10")
+	base(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.DNATPriority+"-10")
+	base(chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.DNATPriority+"-10")
+	base(chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.DNATPriority+"-10")
+	base(chainFilterOutputPost, knftables.FilterType, knftables.OutputHook, knftables.DNATPriority+"+10")
+	base(chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority)
+	base(chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority)
+	base(chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority)
+	for _, c := range []string{chainServices, chainMasquerading, chainMarkForMasq, chainServiceEPCheck, chainNodePortEPCheck, chainFirewallCheck, chainClusterIPsCheck, chainReject} {
+		chain(c)
+	}
+	rule(chainFilterPrerouting, "ct state new jump", chainFirewallCheck)
+	rule(chainFilterInput, "ct state new jump", chainNodePortEPCheck)
+	rule(chainFilterInput, "ct state new jump", chainServiceEPCheck)
+	rule(chainFilterForward, "ct state new jump", chainServiceEPCheck)
+	rule(chainFilterForward, "ct state new jump", chainClusterIPsCheck)
+	rule(chainFilterOutput, "ct state new jump", chainServiceEPCheck)
+	rule(chainFilterOutput, "ct state new jump", chainFirewallCheck)
+	rule(chainFilterOutputPost, "ct state new jump", chainClusterIPsCheck)
+	rule(chainNATPrerouting, "jump", chainServices)
+	rule(chainNATOutput, "jump", chainServices)
+	rule(chainNATPostrouting, "jump", chainMasquerading)
+	rule(chainMasquerading, "mark and", mark, "== 0 return")
+	rule(chainMasquerading, "mark set mark xor", mark)
+	rule(chainMasquerading, "masquerade fully-random")
+	rule(chainMarkForMasq, "mark set mark or", mark)
+	rule(chainReject, "reject")
+
+	// Sets and maps, emptied and refilled below.
+	tx.Add(&knftables.Set{Name: setClusterIPs, Type: o.addrType(), Comment: knftables.PtrTo("Active ClusterIPs")})
+	tx.Flush(&knftables.Set{Name: setClusterIPs})
+	tuple := o.addrType() + " . inet_proto . inet_service : verdict"
+	for _, m := range []struct{ name, typ, comment string }{
+		{mapServiceIPs, tuple, "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
+		{mapServiceNodePorts, "inet_proto . inet_service : verdict", "NodePort traffic"},
+		{mapNoEndpointServices, tuple, "vmap to drop or reject packets to services with no endpoints"},
+		{mapNoEndpointNodePorts, "inet_proto . inet_service : verdict", "vmap to drop or reject packets to service nodeports with no endpoints"},
+		{mapFirewallIPs, tuple, "destinations that are subject to LoadBalancerSourceRanges"},
+	} {
+		tx.Add(&knftables.Map{Name: m.name, Type: m.typ, Comment: knftables.PtrTo(m.comment)})
+		tx.Flush(&knftables.Map{Name: m.name})
+	}
+	matchAll := o.NodePortAddresses == nil
+	var nodePortMatch []string
+	if matchAll {
+		loopback := "127.0.0.0/8"
+		if o.IPv6 {
+			loopback = "::1"
+		}
+		nodePortMatch = []string{"fib daddr type local", ip, "daddr !=", loopback}
+	} else {
+		tx.Add(&knftables.Set{Name: setNodePortIPs, Type: o.addrType(), Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
+		tx.Flush(&knftables.Set{Name: setNodePortIPs})
+		for _, a := range o.NodePortAddresses {
+			if o.family(a) && !a.IsLoopback() {
+				tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+			}
+		}
+		nodePortMatch = []string{ip, "daddr @" + setNodePortIPs}
+	}
+	rule(chainServices, ip, "daddr . meta l4proto . th dport vmap @"+mapServiceIPs)
+	rule(chainServices, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapServiceNodePorts})...)
+	rule(chainServiceEPCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapNoEndpointServices)
+	rule(chainNodePortEPCheck, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
+	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
+	rule(chainClusterIPsCheck, ip, "daddr @"+setClusterIPs, "reject")
+
+	for _, sp := range snap.Sorted() {
+		renderPort(sp, o, &d, chain, rule)
+	}
+	return d
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// renderPort writes one service port's chains, sets and map elements.
+func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), rule func(string, ...string)) {
+	tx := d.Tx
+	ip := o.ip()
+	name := sp.Name
+	proto := strings.ToLower(string(name.Protocol))
+	port := strconv.Itoa(int(sp.Port))
+	var cips, eips, lbips []netip.Addr
+	for _, a := range sp.ClusterIPs {
+		if o.family(a) {
+			cips = append(cips, a)
+		}
+	}
+	for _, a := range sp.ExternalIPs {
+		if o.family(a) {
+			eips = append(eips, a)
+		}
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		if o.family(a) {
+			lbips = append(lbips, a)
+		}
+	}
+	if len(cips) == 0 {
+		return // not this family's
+	}
+	filterEPs := func(eps []netip.AddrPort) []netip.AddrPort {
+		var out []netip.AddrPort
+		for _, e := range eps {
+			if o.family(e.Addr()) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	externallyAccessible := sp.NodePort != 0 || len(eips) > 0 || len(lbips) > 0
+	cluster, local := filterEPs(sp.Select(false)), filterEPs(sp.Select(true))
+	hasEndpoints := len(cluster) > 0
+	usesCluster := len(cluster) > 0 && (!sp.InternalLocal || externallyAccessible && !sp.ExternalLocal)
+	usesLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal)
+
+	svc, svl, ext, fw := ServiceChain(name), localChain(name), externalChain(name), firewallChain(name)
+	internal, hasInternal := svc, len(cluster) > 0
+	if sp.InternalLocal {
+		internal, hasInternal = svl, len(local) > 0
+	}
+	hasExternal := len(cluster) > 0
+	if sp.ExternalLocal {
+		hasExternal = len(local) > 0
+	}
+	usesExt := hasEndpoints && externallyAccessible
+	usesFW := usesExt && len(lbips) > 0 && len(sp.SourceRanges) > 0
+	refusal := func() string {
+		if !hasEndpoints {
+			return "goto " + chainReject
+		}
+		return "drop"
+	}
+	key := func(a netip.Addr) []string { return []string{a.String(), proto, port} }
+
+	// Every chain and set of the port is declared before any rule or
+	// element refers to it.
+	var all []netip.AddrPort
+	if usesCluster {
+		all = append(all, cluster...)
+	}
+	if usesLocal {
+		all = append(all, local...)
+	}
+	declare := func(c string) {
+		d.Chains[c] = true
+		chain(c)
+	}
+	if usesExt {
+		declare(ext)
+	}
+	if usesFW {
+		declare(fw)
+	}
+	if usesCluster {
+		declare(svc)
+	}
+	if usesLocal {
+		declare(svl)
+	}
+	seen := map[netip.AddrPort]bool{}
+	var eps []netip.AddrPort
+	for _, ep := range all {
+		if !seen[ep] {
+			seen[ep] = true
+			eps = append(eps, ep)
+			declare(EndpointChain(name, ep))
+			if sp.Affinity.ClientIP {
+				set := affinitySet(name, ep)
+				d.Sets[set] = true
+				tx.Add(&knftables.Set{Name: set, Type: o.addrType(), Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+					Timeout: knftables.PtrTo(sp.Affinity.Timeout.Truncate(time.Second))})
+			}
+		}
+	}
+
+	// Map elements, added after the chains they point at.
+	var elems []*knftables.Element
+	defer func() {
+		for _, e := range elems {
+			tx.Add(e)
+		}
+	}()
+	for _, cip := range cips {
+		elems = append(elems, &knftables.Element{Set: setClusterIPs, Key: []string{cip.String()}})
+		if hasInternal {
+			elems = append(elems, &knftables.Element{Map: mapServiceIPs, Key: key(cip), Value: []string{"goto " + internal}})
+		} else {
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(cip), Value: []string{refusal()}})
+		}
+	}
+	for _, a := range slices.Concat(eips, lbips) {
+		if hasExternal {
+			elems = append(elems, &knftables.Element{Map: mapServiceIPs, Key: key(a), Value: []string{"goto " + ext}})
+		} else {
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(a), Value: []string{refusal()}})
+		}
+	}
+	if usesFW {
+		for _, a := range lbips {
+			elems = append(elems, &knftables.Element{Map: mapFirewallIPs, Key: key(a), Value: []string{"goto " + fw}})
+		}
+	}
+	if sp.NodePort != 0 {
+		np := []string{proto, strconv.Itoa(int(sp.NodePort))}
+		if hasExternal {
+			elems = append(elems, &knftables.Element{Map: mapServiceNodePorts, Key: np, Value: []string{"goto " + ext}})
+		} else {
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointNodePorts, Key: np, Value: []string{refusal()}})
+		}
+	}
+
+	// The external chain: masquerade what needs it, then the policy's chain.
+	if usesExt {
+		if !sp.ExternalLocal {
+			rule(ext, "jump", chainMarkForMasq)
+			rule(ext, "goto", svc)
+		} else {
+			if o.ClusterCIDR.IsValid() {
+				rule(ext, ip, "saddr", o.ClusterCIDR.String(), "goto", svc)
+			}
+			rule(ext, "fib saddr type local jump", chainMarkForMasq)
+			rule(ext, "fib saddr type local goto", svc)
+			rule(ext, "goto", svl)
+		}
+	}
+	if usesFW {
+		var allowed []string
+		for _, r := range sp.SourceRanges {
+			if o.family(r.Addr()) {
+				allowed = append(allowed, r.String())
+			}
+		}
+		if len(allowed) == 0 {
+			rule(fw, "drop")
+		} else {
+			rule(fw, ip, "saddr != {", strings.Join(allowed, ", "), "} drop")
+		}
+	}
+
+	// The service chains: masquerade off-cluster traffic to the cluster
+	// IP, affinity, then a random endpoint.
+	endpointRules := func(c string, eps []netip.AddrPort) {
+		if c == internal {
+			for _, cip := range cips {
+				switch {
+				case o.MasqueradeAll:
+					rule(c, ip, "daddr", cip.String(), proto, "dport", port, "jump", chainMarkForMasq)
+				case o.ClusterCIDR.IsValid():
+					rule(c, ip, "daddr", cip.String(), proto, "dport", port, ip, "saddr !=", o.ClusterCIDR.String(), "jump", chainMarkForMasq)
+				}
+			}
+		}
+		if sp.Affinity.ClientIP {
+			for _, ep := range eps {
+				rule(c, ip, "saddr @"+affinitySet(name, ep), "goto", EndpointChain(name, ep))
+			}
+		}
+		var vmap []string
+		for i, ep := range eps {
+			vmap = append(vmap, fmt.Sprintf("%d : goto %s", i, EndpointChain(name, ep)))
+		}
+		rule(c, "numgen random mod", strconv.Itoa(len(eps)), "vmap {", strings.Join(vmap, " , "), "}")
+	}
+	if usesCluster {
+		endpointRules(svc, cluster)
+	}
+	if usesLocal {
+		endpointRules(svl, local)
+	}
+	for _, ep := range eps {
+		c := EndpointChain(name, ep)
+		rule(c, ip, "saddr", ep.Addr().String(), "jump", chainMarkForMasq)
+		if sp.Affinity.ClientIP {
+			rule(c, "update @"+affinitySet(name, ep), "{", ip, "saddr }")
+		}
+		to := ep.String() // "[v6]:port" for IPv6, as nft wants it
+		rule(c, "meta l4proto", proto, "dnat to", to)
+	}
+}
