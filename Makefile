@@ -27,10 +27,10 @@ run: build ## run the demo: three loopback backends and sluice on examples/ (Ctr
 
 test: test-deps verify test-race fuzz ## everything CI runs: installs the test beds, checks, race-enabled tests, short fuzzing
 
-TEST_PACKAGES := etcd-server iproute2 iptables ipset
+TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables
 
-test-deps: ## install etcd, iproute2, iptables, ipset (copied into the VM guest) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
-	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset; do command -v $$t >/dev/null || missing=1; done; \
+test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
+	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
