@@ -35,6 +35,10 @@ type ServiceHealth struct {
 	ProxyHealthy func() bool
 	// Listen opens a listener; default net.Listen.
 	Listen func(network, addr string) (net.Listener, error)
+	// Wildcard is the address listened on when Addrs selects none: the
+	// primary family's, as kube-proxy's health check server (IPv4:
+	// "0.0.0.0", the default; IPv6: "::"), not both.
+	Wildcard string
 
 	mu      sync.Mutex
 	servers map[uint16]*hcServer
@@ -110,7 +114,11 @@ func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
 		}
 		srv := &hcServer{addrs: addrs}
 		srv.state.Store(st)
-		hosts := []string{""}
+		wildcard := h.Wildcard
+		if wildcard == "" {
+			wildcard = "0.0.0.0"
+		}
+		hosts := []string{wildcard}
 		if len(addrs) > 0 {
 			hosts = nil
 			for _, a := range addrs {

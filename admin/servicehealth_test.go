@@ -29,7 +29,7 @@ func (l *listenLoopback) listen(network, addr string) (net.Listener, error) {
 func (l *listenLoopback) get(t *testing.T, port string) (int, map[string]any) {
 	t.Helper()
 	l.mu.Lock()
-	a := l.addr[":"+port]
+	a := l.addr["0.0.0.0:"+port] // the primary family only, as kube-proxy (not both)
 	l.mu.Unlock()
 	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Get("http://" + a + "/any/path")
 	if err != nil {

@@ -146,6 +146,16 @@ func apiConfigured(cfg *config.Config) bool {
 	return cfg.KubeProxy.ClientConnection.Kubeconfig != "" || cfg.Master != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 }
 
+// primaryWildcard is the any-address of the node's primary family, from
+// --bind-address: where the health-check node ports listen when
+// --nodeport-addresses selects none, as kube-proxy's do.
+func primaryWildcard(cfg *config.Config) string {
+	if a, err := netip.ParseAddr(cfg.KubeProxy.BindAddress); err == nil && a.Is6() && !a.Is4In6() {
+		return "::"
+	}
+	return "0.0.0.0"
+}
+
 // halfCloseTimeout is how long a connection one side of which has closed
 // may stay silent in userspace mode: the CLOSE_WAIT timeout kube-proxy
 // gives conntrack (--conntrack-tcp-timeout-close-wait, 1 h by default),
@@ -304,6 +314,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		Addrs:        func() []netip.Addr { return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list()) },
 		ProxyHealthy: func() bool { ok, _, _ := health.Healthy(); return ok },
 		Listen:       brokerListen(broker),
+		Wildcard:     primaryWildcard(cfg),
 	}
 	defer svcHealth.Close()
 	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth}
