@@ -5,6 +5,8 @@ package nftables
 import (
 	"context"
 	"fmt"
+	"maps"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -19,14 +21,195 @@ import (
 type Proxier struct {
 	NFT     knftables.Interface
 	Options Options
+	// FullSyncPeriod is how often a sync is a full one anyway (kube-proxy:
+	// hourly); default one hour.
+	FullSyncPeriod time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
 
 	// What the table holds of the per-service objects after the last
 	// successful sync; nil: unknown (listed before the next sync).
 	chains, sets map[string]bool
+	// applied is each port's bundle as last applied (nil: the next sync
+	// is full), with the options it was rendered with.
+	applied    map[lb.ServicePortName]*portBundle
+	clusterIPs map[string]bool
+	optsKey    string
+	lastFull   time.Time
 }
 
-// Sync makes the table match snap.
+// SyncStats says what a sync did.
+type SyncStats struct {
+	Full    bool
+	Changed int // service ports rewritten (every one on a full sync)
+}
+
+// Sync makes the table match snap: fully on the first sync, after a
+// failure, after an options change and hourly; otherwise partially, as
+// kube-proxy's nftables mode: only the service ports whose chains, sets or
+// map elements changed are rewritten, and only their elements are
+// deleted and added.
 func (p *Proxier) Sync(ctx context.Context, snap *lb.Snapshot) error {
+	_, err := p.SyncStats(ctx, snap)
+	return err
+}
+
+// SyncStats is Sync, saying whether it was full and how much it wrote.
+func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
+	now := time.Now
+	if p.Now != nil {
+		now = p.Now
+	}
+	period := p.FullSyncPeriod
+	if period <= 0 {
+		period = time.Hour
+	}
+	key := fmt.Sprint(p.Options)
+	if p.applied != nil && key == p.optsKey && now().Sub(p.lastFull) < period {
+		return p.partial(ctx, snap)
+	}
+	err := p.full(ctx, snap)
+	if err == nil {
+		p.optsKey, p.lastFull = key, now()
+	}
+	return SyncStats{Full: true, Changed: len(p.applied)}, err
+}
+
+// partial writes only what changed since the last sync.
+func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
+	tx := p.NFT.NewTransaction()
+	next := make(map[lb.ServicePortName]*portBundle, len(snap.Ports))
+	type change struct{ old, new *portBundle }
+	var changes []change
+	for _, sp := range snap.Sorted() {
+		b := renderPort(sp, p.Options)
+		old := p.applied[sp.Name]
+		if b != nil {
+			next[sp.Name] = b
+		}
+		switch {
+		case b == nil && old == nil:
+		case b != nil && old != nil && b.fp == old.fp:
+			next[sp.Name] = old
+		default:
+			changes = append(changes, change{old, b})
+		}
+	}
+	for name, old := range p.applied {
+		if _, ok := snap.Ports[name]; !ok {
+			changes = append(changes, change{old, nil})
+		}
+	}
+	cips := clusterIPs(snap, p.Options)
+	if len(changes) == 0 && maps.Equal(cips, p.clusterIPs) {
+		return SyncStats{}, nil
+	}
+	chains, sets := maps.Clone(p.chains), maps.Clone(p.sets)
+	for a := range cips {
+		if !p.clusterIPs[a] {
+			tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
+		}
+	}
+	for a := range p.clusterIPs {
+		if !cips[a] {
+			tx.Delete(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
+		}
+	}
+	// 1. New and changed chains and sets, so that elements can point at them.
+	for _, c := range changes {
+		replaceChangedSets(tx, c.old, c.new)
+		if c.new != nil {
+			c.new.writeObjects(tx)
+			for _, ch := range c.new.chains {
+				chains[ch] = true
+			}
+			for _, st := range c.new.sets {
+				sets[st.Name] = true
+			}
+		}
+	}
+	// 2. Elements: the stale ones go, then the new ones come.
+	for _, c := range changes {
+		if c.old != nil {
+			c.new.deleteElements(tx, c.old)
+		}
+	}
+	for _, c := range changes {
+		if c.new != nil {
+			c.new.addElements(tx, c.old)
+		}
+	}
+	// 3. Chains and sets no longer used: flushed, then deleted.
+	var staleChains []string
+	for _, c := range changes {
+		if c.old == nil {
+			continue
+		}
+		using := map[string]bool{}
+		if c.new != nil {
+			for _, ch := range c.new.chains {
+				using[ch] = true
+			}
+			for _, st := range c.new.sets {
+				using[st.Name] = true
+			}
+		}
+		for _, ch := range c.old.chains {
+			if !using[ch] {
+				staleChains = append(staleChains, ch)
+				tx.Flush(&knftables.Chain{Name: ch})
+			}
+		}
+		for _, st := range c.old.sets {
+			if !using[st.Name] {
+				tx.Delete(&knftables.Set{Name: st.Name})
+				delete(sets, st.Name)
+			}
+		}
+	}
+	for _, ch := range staleChains {
+		tx.Delete(&knftables.Chain{Name: ch})
+		delete(chains, ch)
+	}
+	if err := p.NFT.Run(ctx, tx); err != nil {
+		p.chains, p.sets, p.applied = nil, nil, nil // a full sync next
+		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
+	}
+	p.applied, p.chains, p.sets, p.clusterIPs = next, chains, sets, cips
+	return SyncStats{Changed: len(changes)}, nil
+}
+
+// replaceChangedSets deletes the affinity sets whose definition (its
+// timeout) changed, after flushing the chains that refer to them, so that
+// they are made anew: the kernel updates a redeclared set's timeout, but
+// not every kernel, nor knftables' fake, does. The pins go with them.
+func replaceChangedSets(tx *knftables.Transaction, old, new *portBundle) {
+	if old == nil || new == nil || len(old.sets) == 0 {
+		return
+	}
+	was := map[string]*knftables.Set{}
+	for _, st := range old.sets {
+		was[st.Name] = st
+	}
+	var changed []string
+	for _, st := range new.sets {
+		if o, ok := was[st.Name]; ok && (o.Type != st.Type || *o.Timeout != *st.Timeout) {
+			changed = append(changed, st.Name)
+		}
+	}
+	if len(changed) == 0 {
+		return
+	}
+	for _, c := range old.chains {
+		tx.Flush(&knftables.Chain{Name: c})
+	}
+	for _, n := range changed {
+		tx.Delete(&knftables.Set{Name: n})
+	}
+}
+
+// full rewrites the whole table.
+func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 	if p.chains == nil {
 		chains, sets, err := p.list(ctx)
 		if err != nil {
@@ -35,6 +218,13 @@ func (p *Proxier) Sync(ctx context.Context, snap *lb.Snapshot) error {
 		p.chains, p.sets = chains, sets
 	}
 	tx := p.NFT.NewTransaction()
+	if p.applied != nil {
+		for _, sp := range snap.Sorted() {
+			if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 {
+				replaceChangedSets(tx, old, renderPort(sp, p.Options))
+			}
+		}
+	}
 	d := Render(snap, p.Options, tx)
 	var stale []string
 	for c := range p.chains {
@@ -52,10 +242,10 @@ func (p *Proxier) Sync(ctx context.Context, snap *lb.Snapshot) error {
 		}
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
-		p.chains, p.sets = nil, nil // list again: the table is as it was
+		p.chains, p.sets, p.applied = nil, nil, nil // list again: the table is as it was
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
-	p.chains, p.sets = d.Chains, d.Sets
+	p.chains, p.sets, p.applied, p.clusterIPs = d.Chains, d.Sets, d.Ports, d.ClusterIPs
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -147,6 +148,24 @@ type Desired struct {
 	Tx     *knftables.Transaction
 	Chains map[string]bool
 	Sets   map[string]bool
+	Ports  map[lb.ServicePortName]*portBundle
+	// ClusterIPs are the cluster-ips set's elements: shared by the ports
+	// of a service, so kept out of the ports' bundles.
+	ClusterIPs map[string]bool
+}
+
+// clusterIPs is the cluster-ips set for snap: every cluster IP of the
+// family.
+func clusterIPs(snap *lb.Snapshot, o Options) map[string]bool {
+	out := map[string]bool{}
+	for _, sp := range snap.Ports {
+		for _, a := range sp.ClusterIPs {
+			if o.family(a) {
+				out[a.String()] = true
+			}
+		}
+	}
+	return out
 }
 
 // Render is the pure part of a sync: the table for snap, as a
@@ -241,10 +260,110 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
 	rule(chainClusterIPsCheck, ip, "daddr @"+setClusterIPs, "reject")
 
+	d.ClusterIPs = clusterIPs(snap, o)
+	for a := range d.ClusterIPs {
+		tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
+	}
+	d.Ports = map[lb.ServicePortName]*portBundle{}
 	for _, sp := range snap.Sorted() {
-		renderPort(sp, o, &d, chain, rule)
+		b := renderPort(sp, o)
+		if b == nil {
+			continue
+		}
+		d.Ports[sp.Name] = b
+		b.writeObjects(tx)
+		b.addElements(tx, nil)
+		for _, c := range b.chains {
+			d.Chains[c] = true
+		}
+		for _, st := range b.sets {
+			d.Sets[st.Name] = true
+		}
 	}
 	return d
+}
+
+// portBundle is everything one service port puts in the table: its
+// chains with their rules, its affinity sets, and its elements of the
+// shared sets and maps. A partial sync compares bundles by fingerprint.
+type portBundle struct {
+	chains []string
+	rules  []*knftables.Rule
+	sets   []*knftables.Set
+	elems  []*knftables.Element
+	fp     uint64
+}
+
+// writeObjects declares the port's sets and chains, and (re)writes the
+// chains' rules.
+func (b *portBundle) writeObjects(tx *knftables.Transaction) {
+	for _, st := range b.sets {
+		tx.Add(st)
+	}
+	for _, c := range b.chains {
+		tx.Add(&knftables.Chain{Name: c})
+		tx.Flush(&knftables.Chain{Name: c})
+	}
+	for _, r := range b.rules {
+		tx.Add(r)
+	}
+}
+
+func elemKey(e *knftables.Element) string {
+	return e.Set + "\x00" + e.Map + "\x00" + strings.Join(e.Key, " . ")
+}
+
+func elemID(e *knftables.Element) string {
+	return elemKey(e) + "\x00" + strings.Join(e.Value, " ")
+}
+
+// addElements adds the port's elements that old (the port's previous
+// bundle, or nil) did not have exactly.
+func (b *portBundle) addElements(tx *knftables.Transaction, old *portBundle) {
+	had := map[string]bool{}
+	if old != nil {
+		for _, e := range old.elems {
+			had[elemID(e)] = true
+		}
+	}
+	for _, e := range b.elems {
+		if !had[elemID(e)] {
+			tx.Add(e)
+		}
+	}
+}
+
+// deleteElements deletes old's elements that b (nil: the port is gone)
+// does not have exactly: a changed value is a delete and an add.
+func (b *portBundle) deleteElements(tx *knftables.Transaction, old *portBundle) {
+	keep := map[string]bool{}
+	if b != nil {
+		for _, e := range b.elems {
+			keep[elemID(e)] = true
+		}
+	}
+	for _, e := range old.elems {
+		if !keep[elemID(e)] {
+			tx.Delete(&knftables.Element{Set: e.Set, Map: e.Map, Key: e.Key})
+		}
+	}
+}
+
+func (b *portBundle) fingerprint() uint64 {
+	h := fnv.New64a()
+	for _, c := range b.chains {
+		h.Write([]byte("c " + c + "\n"))
+	}
+	for _, r := range b.rules {
+		h.Write([]byte("r " + r.Chain + " " + r.Rule + "\n"))
+	}
+	for _, st := range b.sets {
+		h.Write([]byte(fmt.Sprintf("s %s %s %v\n", st.Name, st.Type, *st.Timeout)))
+	}
+	for _, e := range b.elems {
+		h.Write([]byte("e " + elemID(e) + "\n"))
+	}
+	return h.Sum64()
 }
 
 func toAny(ss []string) []any {
@@ -255,9 +374,15 @@ func toAny(ss []string) []any {
 	return out
 }
 
-// renderPort writes one service port's chains, sets and map elements.
-func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), rule func(string, ...string)) {
-	tx := d.Tx
+// renderPort renders one service port's chains, sets and map elements;
+// nil when the port has nothing in this family.
+func renderPort(sp *lb.ServicePort, o Options) *portBundle {
+	b := &portBundle{}
+	defer func() { b.fp = b.fingerprint() }()
+	chain := func(c string) { b.chains = append(b.chains, c) }
+	rule := func(c string, parts ...string) {
+		b.rules = append(b.rules, &knftables.Rule{Chain: c, Rule: knftables.Concat(toAny(parts)...)})
+	}
 	ip := o.ip()
 	name := sp.Name
 	proto := strings.ToLower(string(name.Protocol))
@@ -279,7 +404,7 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 		}
 	}
 	if len(cips) == 0 {
-		return // not this family's
+		return nil // not this family's
 	}
 	filterEPs := func(eps []netip.AddrPort) []netip.AddrPort {
 		var out []netip.AddrPort
@@ -293,7 +418,9 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 	externallyAccessible := sp.NodePort != 0 || len(eips) > 0 || len(lbips) > 0
 	cluster, local := filterEPs(sp.Select(false)), filterEPs(sp.Select(true))
 	hasEndpoints := len(cluster) > 0
-	usesCluster := len(cluster) > 0 && (!sp.InternalLocal || externallyAccessible && !sp.ExternalLocal)
+	// kube-proxy's UsesClusterEndpoints: externally accessible ports need
+	// the cluster endpoints even under Local, for pod and host traffic.
+	usesCluster := len(cluster) > 0 && (!sp.InternalLocal || externallyAccessible)
 	usesLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal)
 
 	svc, svl, ext, fw := ServiceChain(name), localChain(name), externalChain(name), firewallChain(name)
@@ -324,10 +451,7 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 	if usesLocal {
 		all = append(all, local...)
 	}
-	declare := func(c string) {
-		d.Chains[c] = true
-		chain(c)
-	}
+	declare := chain
 	if usesExt {
 		declare(ext)
 	}
@@ -348,23 +472,16 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 			eps = append(eps, ep)
 			declare(EndpointChain(name, ep))
 			if sp.Affinity.ClientIP {
-				set := affinitySet(name, ep)
-				d.Sets[set] = true
-				tx.Add(&knftables.Set{Name: set, Type: o.addrType(), Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+				b.sets = append(b.sets, &knftables.Set{Name: affinitySet(name, ep), Type: o.addrType(), Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
 					Timeout: knftables.PtrTo(sp.Affinity.Timeout.Truncate(time.Second))})
 			}
 		}
 	}
 
-	// Map elements, added after the chains they point at.
+	// Map elements (added after the chains they point at).
 	var elems []*knftables.Element
-	defer func() {
-		for _, e := range elems {
-			tx.Add(e)
-		}
-	}()
+	defer func() { b.elems = elems }()
 	for _, cip := range cips {
-		elems = append(elems, &knftables.Element{Set: setClusterIPs, Key: []string{cip.String()}})
 		if hasInternal {
 			elems = append(elems, &knftables.Element{Map: mapServiceIPs, Key: key(cip), Value: []string{"goto " + internal}})
 		} else {
@@ -403,7 +520,9 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 			}
 			rule(ext, "fib saddr type local jump", chainMarkForMasq)
 			rule(ext, "fib saddr type local goto", svc)
-			rule(ext, "goto", svl)
+			if hasExternal {
+				rule(ext, "goto", svl)
+			}
 		}
 	}
 	if usesFW {
@@ -459,4 +578,5 @@ func renderPort(sp *lb.ServicePort, o Options, d *Desired, chain func(string), r
 		to := ep.String() // "[v6]:port" for IPv6, as nft wants it
 		rule(c, "meta l4proto", proto, "dnat to", to)
 	}
+	return b
 }
