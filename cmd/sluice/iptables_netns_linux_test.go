@@ -353,17 +353,24 @@ endpoints:
 - {addresses: [10.244.0.6], nodeName: node-b}
 `
 
-// A restart of iptables mode, then a crash and a start, while a client
-// keeps connecting through a ClusterIP and a NodePort: every connection
-// is answered (issue 14). The rules stay in the kernel throughout; the new
-// process takes /healthz and /metrics over and replaces the rules in one
-// restore per table.
+// A restart of iptables mode (and of nftables mode), then a crash and a
+// start, while a client keeps connecting through a ClusterIP and a
+// NodePort: every connection is answered (issue 14). The rules stay in the
+// kernel throughout; the new process takes /healthz and /metrics over and
+// replaces the rules in one restore per table (one transaction per
+// family).
 func TestIPTablesModeRestartAndCrashKeepServing(t *testing.T) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) { kernelModeRestart(t, mode) })
+	}
+}
+
+func kernelModeRestart(t *testing.T, mode string) {
 	b := newNetnsBed(t)
 	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
-	args := []string{sluiceBin, "--proxy-mode=iptables", "--hostname-override=node-a", "--iptables-backend=nft", "--manifests", dir,
+	args := []string{sluiceBin, "--proxy-mode=" + mode, "--mode-fallback=false", "--hostname-override=node-a", "--iptables-backend=nft", "--manifests", dir,
 		"--cluster-cidr=10.244.0.0/16", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
 		"--handover-socket", filepath.Join(t.TempDir(), "handover.sock")}
 	p := b.start(b.node, nil, args...)

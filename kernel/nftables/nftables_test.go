@@ -236,3 +236,20 @@ func normalized(dump string) string {
 	}
 	return strings.Join(other, "\n")
 }
+
+// Only the per-service objects count as stale candidates: the static
+// chains share their prefixes (service-endpoints-check, firewall-check)
+// and a restart's full sync once deleted them.
+func TestStaticChainsAreNotServiceObjects(t *testing.T) {
+	for _, c := range []string{chainServiceEPCheck, chainFirewallCheck, chainServices, chainReject, "service-", "endpoint-x"} {
+		if isServiceObject(c) {
+			t.Errorf("%s taken for a per-service object", c)
+		}
+	}
+	n := spn("ns1", "svc1", "p80")
+	for _, c := range []string{ServiceChain(n), localChain(n), externalChain(n), firewallChain(n), EndpointChain(n, netip.MustParseAddrPort("10.0.0.1:80")), affinitySet(n, netip.MustParseAddrPort("10.0.0.1:80"))} {
+		if !isServiceObject(c) {
+			t.Errorf("%s not taken for a per-service object", c)
+		}
+	}
+}

@@ -134,7 +134,20 @@ func affinitySet(n lb.ServicePortName, ep netip.AddrPort) string {
 // per-service ones (so a stale one is sluice's to delete).
 func isServiceObject(name string) bool {
 	for _, p := range []string{servicePrefix, localPrefix, externalPrefix, firewallPrefix, endpointPrefix, affinityPrefix} {
-		if strings.HasPrefix(name, p) {
+		// The prefix, then the eight-character hash and a dash: the
+		// static chains "service-endpoints-check" and "firewall-check"
+		// share the prefixes but not the shape.
+		rest, ok := strings.CutPrefix(name, p)
+		if !ok || len(rest) < 9 || rest[8] != '-' {
+			continue
+		}
+		hashed := true
+		for _, c := range rest[:8] {
+			if !(c >= 'A' && c <= 'Z' || c >= '2' && c <= '7') {
+				hashed = false
+			}
+		}
+		if hashed {
 			return true
 		}
 	}
