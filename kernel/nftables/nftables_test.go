@@ -71,9 +71,9 @@ func TestSyncLaysOutTheTable(t *testing.T) {
 	for _, want := range []string{
 		"add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto " + svc + " }",
 		"add element ip kube-proxy service-nodeports { tcp . 30080 : goto " + ext + " }",
-		"add element ip kube-proxy no-endpoint-services { 10.96.0.12 . tcp . 80 : goto reject-chain }",
+		`add element ip kube-proxy no-endpoint-services { 10.96.0.12 . tcp . 80 comment "ns/empty:p" : goto reject-chain }`,
 		"add element ip kube-proxy cluster-ips { 10.96.0.10 }",
-		"add rule ip kube-proxy " + svc + " ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
+		"add rule ip kube-proxy " + svc + " ip daddr 10.96.0.10 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
 		"add rule ip kube-proxy " + svc + " numgen random mod 2 vmap { 0 : goto " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.1:8080")) + " , 1 : goto " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.2:8080")) + " }",
 		"add rule ip kube-proxy " + EndpointChain(web.Name, netip.MustParseAddrPort("10.244.1.1:8080")) + " meta l4proto tcp dnat to 10.244.1.1:8080",
 		"add rule ip kube-proxy " + ext + " jump mark-for-masquerade",
@@ -250,6 +250,103 @@ func TestStaticChainsAreNotServiceObjects(t *testing.T) {
 	for _, c := range []string{ServiceChain(n), localChain(n), externalChain(n), firewallChain(n), EndpointChain(n, netip.MustParseAddrPort("10.0.0.1:80")), affinitySet(n, netip.MustParseAddrPort("10.0.0.1:80"))} {
 		if !isServiceObject(c) {
 			t.Errorf("%s not taken for a per-service object", c)
+		}
+	}
+}
+
+// The per-service rules, sets and elements match kube-proxy's for the
+// same services, line for line (upstream's TestOverallNFTablesRules
+// vectors: a ClusterIP service; a LoadBalancer with
+// externalTrafficPolicy Local whose one endpoint is on another node; a
+// LoadBalancer with source ranges and ClientIP affinity; a service with
+// no endpoints).
+func TestPerServiceRulesMatchKubeProxys(t *testing.T) {
+	mk := func(ns, name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
+		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: ns, Name: name, Port: "p80", Protocol: lb.TCP},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Port: 80, Endpoints: eps}
+	}
+	svc1 := mk("ns1", "svc1", "172.30.0.41", ep("10.180.0.1:80"))
+	svc2 := mk("ns2", "svc2", "172.30.0.42", ep("10.180.0.2:80"))
+	svc2.NodePort, svc2.ExternalLocal, svc2.HealthCheckNodePort = 3001, true, 30000
+	svc2.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("1.2.3.4")}
+	svc2.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.99.22")}
+	svc5 := mk("ns5", "svc5", "172.30.0.45", ep("10.180.0.3:80"))
+	svc5.NodePort = 3002
+	svc5.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("5.6.7.8")}
+	svc5.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25")}
+	svc5.Affinity = lb.Affinity{ClientIP: true, Timeout: 10800 * time.Second}
+	svc6 := mk("ns6", "svc6", "172.30.0.46")
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8")}
+	if err := (&Proxier{NFT: fake, Options: o}).Sync(context.Background(), snapOf(svc1, svc2, svc5, svc6)); err != nil {
+		t.Fatal(err)
+	}
+	dump := fake.Dump()
+	want := `add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
+add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 }
+add chain ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80
+add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 ip saddr 10.180.0.1 jump mark-for-masquerade
+add rule ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 meta l4proto tcp dnat to 10.180.0.1:80
+add element ip kube-proxy cluster-ips { 172.30.0.41 }
+add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+add chain ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80
+add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 ip daddr 172.30.0.42 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-SGOXE6O3-ns2/svc2/tcp/p80__10.180.0.2/80 }
+add chain ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80
+add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"
+add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local jump mark-for-masquerade comment "masquerade local traffic"
+add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"
+add chain ip kube-proxy endpoint-SGOXE6O3-ns2/svc2/tcp/p80__10.180.0.2/80
+add rule ip kube-proxy endpoint-SGOXE6O3-ns2/svc2/tcp/p80__10.180.0.2/80 ip saddr 10.180.0.2 jump mark-for-masquerade
+add rule ip kube-proxy endpoint-SGOXE6O3-ns2/svc2/tcp/p80__10.180.0.2/80 meta l4proto tcp dnat to 10.180.0.2:80
+add element ip kube-proxy cluster-ips { 172.30.0.42 }
+add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 }
+add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
+add element ip kube-proxy no-endpoint-services { 1.2.3.4 . tcp . 80 comment "ns2/svc2:p80" : drop }
+add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 comment "ns2/svc2:p80" : drop }
+add set ip kube-proxy affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }
+add chain ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80
+add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip daddr 172.30.0.45 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80
+add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 }
+add chain ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80
+add rule ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80 jump mark-for-masquerade
+add rule ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80 goto service-HVFWP5L3-ns5/svc5/tcp/p80
+add chain ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80
+add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 ip saddr 10.180.0.3 jump mark-for-masquerade
+add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 update @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { ip saddr }
+add rule ip kube-proxy endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 meta l4proto tcp dnat to 10.180.0.3:80
+add chain ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80
+add rule ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr != { 203.0.113.0/25 } drop
+add element ip kube-proxy cluster-ips { 172.30.0.45 }
+add element ip kube-proxy service-ips { 172.30.0.45 . tcp . 80 : goto service-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy service-ips { 5.6.7.8 . tcp . 80 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy service-nodeports { tcp . 3002 : goto external-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-HVFWP5L3-ns5/svc5/tcp/p80 }
+add element ip kube-proxy cluster-ips { 172.30.0.46 }
+add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment "ns6/svc6:p80" : goto reject-chain }`
+	have := map[string]bool{}
+	var ours []string
+	for _, l := range strings.Split(dump, "\n") {
+		have[l] = true
+		if strings.Contains(l, "/svc") && !strings.HasPrefix(l, "flush") {
+			ours = append(ours, l)
+		}
+	}
+	wanted := map[string]bool{}
+	for _, l := range strings.Split(want, "\n") {
+		wanted[l] = true
+		if !have[l] {
+			t.Errorf("kube-proxy has, sluice lacks: %s", l)
+		}
+	}
+	for _, l := range ours {
+		if !wanted[l] {
+			t.Errorf("sluice has, kube-proxy lacks: %s", l)
 		}
 	}
 }

@@ -271,7 +271,7 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule(chainServiceEPCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapNoEndpointServices)
 	rule(chainNodePortEPCheck, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
 	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
-	rule(chainClusterIPsCheck, ip, "daddr @"+setClusterIPs, "reject")
+	tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr @"+setClusterIPs, "reject"), Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
 
 	d.ClusterIPs = clusterIPs(snap, o)
 	for a := range d.ClusterIPs {
@@ -396,6 +396,9 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	rule := func(c string, parts ...string) {
 		b.rules = append(b.rules, &knftables.Rule{Chain: c, Rule: knftables.Concat(toAny(parts)...)})
 	}
+	ruleC := func(c, comment string, parts ...string) {
+		b.rules = append(b.rules, &knftables.Rule{Chain: c, Rule: knftables.Concat(toAny(parts)...), Comment: knftables.PtrTo(comment)})
+	}
 	ip := o.ip()
 	name := sp.Name
 	proto := strings.ToLower(string(name.Protocol))
@@ -498,14 +501,19 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 		if hasInternal {
 			elems = append(elems, &knftables.Element{Map: mapServiceIPs, Key: key(cip), Value: []string{"goto " + internal}})
 		} else {
-			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(cip), Value: []string{refusal()}})
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(cip), Value: []string{refusal()}, Comment: knftables.PtrTo(name.String())})
 		}
 	}
+	// External destinations go to the external chain whenever it exists
+	// (pod and host traffic short-circuit to the cluster chain even under
+	// a Local policy with no local endpoint); what has no endpoint for
+	// outside traffic is refused besides, as kube-proxy does.
 	for _, a := range slices.Concat(eips, lbips) {
-		if hasExternal {
+		if usesExt {
 			elems = append(elems, &knftables.Element{Map: mapServiceIPs, Key: key(a), Value: []string{"goto " + ext}})
-		} else {
-			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(a), Value: []string{refusal()}})
+		}
+		if !hasExternal {
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointServices, Key: key(a), Value: []string{refusal()}, Comment: knftables.PtrTo(name.String())})
 		}
 	}
 	if usesFW {
@@ -515,10 +523,11 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	}
 	if sp.NodePort != 0 {
 		np := []string{proto, strconv.Itoa(int(sp.NodePort))}
-		if hasExternal {
+		if usesExt {
 			elems = append(elems, &knftables.Element{Map: mapServiceNodePorts, Key: np, Value: []string{"goto " + ext}})
-		} else {
-			elems = append(elems, &knftables.Element{Map: mapNoEndpointNodePorts, Key: np, Value: []string{refusal()}})
+		}
+		if !hasExternal {
+			elems = append(elems, &knftables.Element{Map: mapNoEndpointNodePorts, Key: np, Value: []string{refusal()}, Comment: knftables.PtrTo(name.String())})
 		}
 	}
 
@@ -529,10 +538,10 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 			rule(ext, "goto", svc)
 		} else {
 			if o.ClusterCIDR.IsValid() {
-				rule(ext, ip, "saddr", o.ClusterCIDR.String(), "goto", svc)
+				ruleC(ext, "short-circuit pod traffic", ip, "saddr", o.ClusterCIDR.String(), "goto", svc)
 			}
-			rule(ext, "fib saddr type local jump", chainMarkForMasq)
-			rule(ext, "fib saddr type local goto", svc)
+			ruleC(ext, "masquerade local traffic", "fib saddr type local jump", chainMarkForMasq)
+			ruleC(ext, "short-circuit local traffic", "fib saddr type local goto", svc)
 			if hasExternal {
 				rule(ext, "goto", svl)
 			}
@@ -557,11 +566,12 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	endpointRules := func(c string, eps []netip.AddrPort) {
 		if c == internal {
 			for _, cip := range cips {
+				// The chain is the port's own: no need to match the port.
 				switch {
 				case o.MasqueradeAll:
-					rule(c, ip, "daddr", cip.String(), proto, "dport", port, "jump", chainMarkForMasq)
+					rule(c, ip, "daddr", cip.String(), "jump", chainMarkForMasq)
 				case o.ClusterCIDR.IsValid():
-					rule(c, ip, "daddr", cip.String(), proto, "dport", port, ip, "saddr !=", o.ClusterCIDR.String(), "jump", chainMarkForMasq)
+					rule(c, ip, "daddr", cip.String(), ip, "saddr !=", o.ClusterCIDR.String(), "jump", chainMarkForMasq)
 				}
 			}
 		}
