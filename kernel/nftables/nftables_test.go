@@ -254,13 +254,13 @@ func TestStaticChainsAreNotServiceObjects(t *testing.T) {
 	}
 }
 
-// The per-service rules, sets and elements match kube-proxy's for the
-// same services, line for line (upstream's TestOverallNFTablesRules
-// vectors: a ClusterIP service; a LoadBalancer with
+// The whole table matches kube-proxy's for the same services, line for
+// line, but for the drop of unallocated ClusterIPs (upstream's
+// TestOverallNFTablesRules vectors: a ClusterIP service; a LoadBalancer with
 // externalTrafficPolicy Local whose one endpoint is on another node; a
 // LoadBalancer with source ranges and ClientIP affinity; a service with
 // no endpoints).
-func TestPerServiceRulesMatchKubeProxys(t *testing.T) {
+func TestRulesMatchKubeProxys(t *testing.T) {
 	mk := func(ns, name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
 		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: ns, Name: name, Port: "p80", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Port: 80, Endpoints: eps}
@@ -277,12 +277,63 @@ func TestPerServiceRulesMatchKubeProxys(t *testing.T) {
 	svc5.Affinity = lb.Affinity{ClientIP: true, Timeout: 10800 * time.Second}
 	svc6 := mk("ns6", "svc6", "172.30.0.46")
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
-	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8")}
+	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.0.2")}}
 	if err := (&Proxier{NFT: fake, Options: o}).Sync(context.Background(), snapOf(svc1, svc2, svc5, svc6)); err != nil {
 		t.Fatal(err)
 	}
 	dump := fake.Dump()
-	want := `add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
+	// The base rules (upstream's baseRules, with --nodeport-addresses
+	// 192.168.0.2/32), less one: the drop of unallocated ClusterIPs, which
+	// needs the ServiceCIDRs sluice does not watch yet.
+	base := `add table ip kube-proxy { comment "rules for kube-proxy" ; }
+add set ip kube-proxy cluster-ips { type ipv4_addr ; comment "Active ClusterIPs" ; }
+add set ip kube-proxy nodeport-ips { type ipv4_addr ; comment "IPs that accept NodePort traffic" ; }
+add map ip kube-proxy firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "destinations that are subject to LoadBalancerSourceRanges" ; }
+add map ip kube-proxy no-endpoint-nodeports { type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ; }
+add map ip kube-proxy no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }
+add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }
+add map ip kube-proxy service-nodeports { type inet_proto . inet_service : verdict ; comment "NodePort traffic" ; }
+add chain ip kube-proxy cluster-ips-check
+add chain ip kube-proxy filter-prerouting-pre-dnat { type filter hook prerouting priority -110 ; }
+add chain ip kube-proxy filter-output-pre-dnat { type filter hook output priority -110 ; }
+add chain ip kube-proxy filter-forward { type filter hook forward priority 0 ; }
+add chain ip kube-proxy filter-input { type filter hook input priority 0 ; }
+add chain ip kube-proxy filter-output { type filter hook output priority 0 ; }
+add chain ip kube-proxy firewall-check
+add chain ip kube-proxy mark-for-masquerade
+add chain ip kube-proxy masquerading
+add chain ip kube-proxy nat-output { type nat hook output priority -100 ; }
+add chain ip kube-proxy nat-postrouting { type nat hook postrouting priority 100 ; }
+add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }
+add chain ip kube-proxy nodeport-endpoints-check
+add chain ip kube-proxy reject-chain { comment "helper for @no-endpoint-services / @no-endpoint-nodeports" ; }
+add chain ip kube-proxy services
+add chain ip kube-proxy service-endpoints-check
+add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+add rule ip kube-proxy filter-prerouting-pre-dnat ct state new jump firewall-check
+add rule ip kube-proxy filter-forward ct state new jump service-endpoints-check
+add rule ip kube-proxy filter-forward ct state new jump cluster-ips-check
+add rule ip kube-proxy filter-input ct state new jump nodeport-endpoints-check
+add rule ip kube-proxy filter-input ct state new jump service-endpoints-check
+add rule ip kube-proxy filter-output ct state new jump service-endpoints-check
+add rule ip kube-proxy filter-output-pre-dnat ct state new jump firewall-check
+add rule ip kube-proxy filter-output ct state new jump cluster-ips-check
+add rule ip kube-proxy firewall-check ip daddr . meta l4proto . th dport vmap @firewall-ips
+add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000
+add rule ip kube-proxy masquerading mark and 0x4000 == 0 return
+add rule ip kube-proxy masquerading mark set mark xor 0x4000
+add rule ip kube-proxy masquerading masquerade fully-random
+add rule ip kube-proxy nat-output jump services
+add rule ip kube-proxy nat-postrouting jump masquerading
+add rule ip kube-proxy nat-prerouting jump services
+add rule ip kube-proxy nodeport-endpoints-check ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports
+add rule ip kube-proxy reject-chain reject
+add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips
+add rule ip kube-proxy services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
+add element ip kube-proxy nodeport-ips { 192.168.0.2 }
+add rule ip kube-proxy service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+`
+	want := base + `add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 }
 add chain ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80
@@ -332,8 +383,10 @@ add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment 
 	have := map[string]bool{}
 	var ours []string
 	for _, l := range strings.Split(dump, "\n") {
-		have[l] = true
-		if strings.Contains(l, "/svc") && !strings.HasPrefix(l, "flush") {
+		// Upstream's fake proxier is given the mark as "0x4000"; the
+		// same value as the "%#08x" kube-proxy and sluice print.
+		if l = strings.ReplaceAll(strings.TrimSpace(l), "0x00004000", "0x4000"); l != "" {
+			have[l] = true
 			ours = append(ours, l)
 		}
 	}
@@ -348,5 +401,24 @@ add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment 
 		if !wanted[l] {
 			t.Errorf("sluice has, kube-proxy lacks: %s", l)
 		}
+	}
+}
+
+// A table from the earlier layout (kube-proxy before v1.34, or an earlier
+// sluice) loses its old base chains on the first full sync.
+func TestLegacyBaseChainsAreRemoved(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	tx := fake.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Add(&knftables.Chain{Name: "filter-prerouting", Type: knftables.PtrTo(knftables.FilterType), Hook: knftables.PtrTo(knftables.PreroutingHook), Priority: knftables.PtrTo(knftables.DNATPriority + "-10")})
+	tx.Add(&knftables.Rule{Chain: "filter-prerouting", Rule: "ct state new drop"})
+	if err := fake.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Proxier{NFT: fake, Options: opts()}).Sync(context.Background(), snapOf(port("web", "10.96.0.10", ep("10.244.1.1:80")))); err != nil {
+		t.Fatal(err)
+	}
+	if d := fake.Dump(); strings.Contains(d, "chain ip kube-proxy filter-prerouting ") || strings.Contains(d, "ct state new drop") {
+		t.Fatalf("the old base chain is still there:\n%s", d)
 	}
 }

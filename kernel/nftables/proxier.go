@@ -208,6 +208,11 @@ func replaceChangedSets(tx *knftables.Transaction, old, new *portBundle) {
 	}
 }
 
+// legacyBaseChains are base chains of kube-proxy's earlier nftables
+// layout (before v1.34), which a table left by it or by an earlier sluice
+// may hold: still hooked, they would go on filtering.
+var legacyBaseChains = map[string]bool{"filter-prerouting": true, "filter-output-post-dnat": true}
+
 // full rewrites the whole table.
 func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 	if p.chains == nil {
@@ -228,7 +233,7 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 	d := Render(snap, p.Options, tx)
 	var stale []string
 	for c := range p.chains {
-		if isServiceObject(c) && !d.Chains[c] {
+		if legacyBaseChains[c] || isServiceObject(c) && !d.Chains[c] {
 			stale = append(stale, c)
 			tx.Flush(&knftables.Chain{Name: c})
 		}

@@ -23,11 +23,11 @@ const Table = "kube-proxy"
 
 // Static chains, sets and maps (kube-proxy's names).
 const (
-	chainFilterPrerouting    = "filter-prerouting"
+	chainFilterPreroutingPre = "filter-prerouting-pre-dnat"
+	chainFilterOutputPre     = "filter-output-pre-dnat"
 	chainFilterInput         = "filter-input"
 	chainFilterForward       = "filter-forward"
 	chainFilterOutput        = "filter-output"
-	chainFilterOutputPost    = "filter-output-post-dnat"
 	chainNATPrerouting       = "nat-prerouting"
 	chainNATOutput           = "nat-output"
 	chainNATPostrouting      = "nat-postrouting"
@@ -206,25 +206,30 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule := func(chain string, parts ...string) {
 		tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat(toAny(parts)...)})
 	}
-	base(chainFilterPrerouting, knftables.FilterType, knftables.PreroutingHook, knftables.DNATPriority+"-10")
-	base(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.DNATPriority+"-10")
-	base(chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.DNATPriority+"-10")
-	base(chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.DNATPriority+"-10")
-	base(chainFilterOutputPost, knftables.FilterType, knftables.OutputHook, knftables.DNATPriority+"+10")
+	// kube-proxy v1.34's hooks: the firewall (source ranges) before DNAT,
+	// where the destination is still the service's; the endpoint and
+	// cluster-IP checks at filter priority, after it.
+	base(chainFilterPreroutingPre, knftables.FilterType, knftables.PreroutingHook, knftables.DNATPriority+"-10")
+	base(chainFilterOutputPre, knftables.FilterType, knftables.OutputHook, knftables.DNATPriority+"-10")
+	base(chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority)
+	base(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority)
+	base(chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority)
 	base(chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority)
 	base(chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority)
 	base(chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority)
-	for _, c := range []string{chainServices, chainMasquerading, chainMarkForMasq, chainServiceEPCheck, chainNodePortEPCheck, chainFirewallCheck, chainClusterIPsCheck, chainReject} {
+	for _, c := range []string{chainServices, chainMasquerading, chainMarkForMasq, chainServiceEPCheck, chainNodePortEPCheck, chainFirewallCheck, chainClusterIPsCheck} {
 		chain(c)
 	}
-	rule(chainFilterPrerouting, "ct state new jump", chainFirewallCheck)
-	rule(chainFilterInput, "ct state new jump", chainNodePortEPCheck)
-	rule(chainFilterInput, "ct state new jump", chainServiceEPCheck)
+	tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
+	tx.Flush(&knftables.Chain{Name: chainReject})
+	rule(chainFilterPreroutingPre, "ct state new jump", chainFirewallCheck)
+	rule(chainFilterOutputPre, "ct state new jump", chainFirewallCheck)
 	rule(chainFilterForward, "ct state new jump", chainServiceEPCheck)
 	rule(chainFilterForward, "ct state new jump", chainClusterIPsCheck)
+	rule(chainFilterInput, "ct state new jump", chainNodePortEPCheck)
+	rule(chainFilterInput, "ct state new jump", chainServiceEPCheck)
 	rule(chainFilterOutput, "ct state new jump", chainServiceEPCheck)
-	rule(chainFilterOutput, "ct state new jump", chainFirewallCheck)
-	rule(chainFilterOutputPost, "ct state new jump", chainClusterIPsCheck)
+	rule(chainFilterOutput, "ct state new jump", chainClusterIPsCheck)
 	rule(chainNATPrerouting, "jump", chainServices)
 	rule(chainNATOutput, "jump", chainServices)
 	rule(chainNATPostrouting, "jump", chainMasquerading)
