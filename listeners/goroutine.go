@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,7 +36,17 @@ type Goroutine struct {
 	loops     sync.WaitGroup // accept and read loops
 	dgrams    *datagramReader
 	fds       *fdBudget
+
+	// Under mu: the most connections open since the last release of Go's
+	// splice pipes, and when that was.
+	peak           int
+	lastRelease    time.Time
+	releasePending bool
 }
+
+// pipeReleaseEvery bounds how often the engine asks the runtime for the
+// two garbage collections that free Go's pooled splice pipes.
+const pipeReleaseEvery = time.Second
 
 // NewGoroutine returns a goroutine engine that dials with net.Dialer.
 func NewGoroutine(opts Options) *Goroutine {
@@ -57,15 +68,51 @@ func (g *Goroutine) track(c io.Closer) bool {
 		return false
 	}
 	g.conns[c] = struct{}{}
+	g.peak = max(g.peak, len(g.conns))
 	g.wg.Add(1)
 	return true
 }
 
+// untrack forgets a connection. When the open connections have fallen to
+// half their peak, it has the runtime collect twice (at most every
+// pipeReleaseEvery, off the connection's goroutine): io.Copy's splice
+// pipes (two descriptors each, two per connection) sit in a sync.Pool
+// that only garbage collection empties, and an idle process may not
+// collect for minutes, holding four descriptors per connection of its
+// last peak (issue 19, item 10).
 func (g *Goroutine) untrack(c io.Closer) {
 	g.mu.Lock()
 	delete(g.conns, c)
 	g.mu.Unlock()
+	g.maybeReleasePipes()
 	g.wg.Done()
+}
+
+// maybeReleasePipes collects now, or once pipeReleaseEvery has passed
+// since the last time, when the open connections are at most half their
+// peak.
+func (g *Goroutine) maybeReleasePipes() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.peak < 8 || len(g.conns) > g.peak/2 || g.releasePending {
+		return
+	}
+	now := g.opts.Now()
+	if wait := g.lastRelease.Add(pipeReleaseEvery).Sub(now); wait > 0 {
+		g.releasePending = true
+		time.AfterFunc(wait, func() {
+			g.mu.Lock()
+			g.releasePending = false
+			g.mu.Unlock()
+			g.maybeReleasePipes()
+		})
+		return
+	}
+	g.peak, g.lastRelease = len(g.conns), now
+	go func() {
+		runtime.GC() // the pool's entries move to its victim cache
+		runtime.GC() // and are dropped: their finalizers close the pipes
+	}()
 }
 
 // Listen opens a TCP or UDP listener.
