@@ -149,6 +149,7 @@ func NewSCTP(opts Options, dial SCTPDialFunc) *SCTP {
 type sctpListener struct {
 	s    *SCTP
 	f    *os.File
+	fd   int
 	addr netip.AddrPort
 	t    *Target
 	once sync.Once
@@ -156,27 +157,38 @@ type sctpListener struct {
 
 // Listen opens an SCTP listener on addr.
 func (s *SCTP) Listen(addr netip.AddrPort, t *Target) (Listener, error) {
-	ln, err := sctp.ListenSCTP(sctpNetwork(addr.Addr()), &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: addr.Addr().AsSlice()}}, Port: int(addr.Port())})
-	if err != nil {
-		return nil, err
+	socks := s.opts.sockets()
+	fd, bound := -1, addr
+	if fds := socks.Take("sctp", addr); len(fds) > 0 { // a predecessor's (hitless restart)
+		fd = fds[0]
+		for _, extra := range fds[1:] {
+			unix.Close(extra)
+		}
+		unix.CloseOnExec(fd)
+	} else {
+		ln, err := sctp.ListenSCTP(sctpNetwork(addr.Addr()), &sctp.SCTPAddr{IPAddrs: []net.IPAddr{{IP: addr.Addr().AsSlice()}}, Port: int(addr.Port())})
+		if err != nil {
+			return nil, err
+		}
+		if a, ok := ln.Addr().(*sctp.SCTPAddr); ok {
+			bound = netip.AddrPortFrom(addr.Addr(), uint16(a.Port))
+		}
+		rc, err := ln.SyscallConn()
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		rc.Control(func(f uintptr) { fd = int(f) })
 	}
-	bound := addr
-	if a, ok := ln.Addr().(*sctp.SCTPAddr); ok {
-		bound = netip.AddrPortFrom(addr.Addr(), uint16(a.Port))
-	}
-	var fd int
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	rc.Control(func(f uintptr) { fd = int(f) })
 	if err := unix.SetNonblock(fd, true); err != nil {
-		ln.Close()
+		unix.Close(fd)
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), "sctp-listener "+bound.String()) // owns the fd from here on
-	l := &sctpListener{s: s, f: f, addr: bound, t: t}
+	// Owned by the *os.File from here on (never the library's Close: its
+	// shutdown(2) would end the socket for a successor holding it too).
+	f := os.NewFile(uintptr(fd), "sctp-listener "+bound.String())
+	l := &sctpListener{s: s, f: f, fd: fd, addr: bound, t: t}
+	socks.Hold("sctp", bound, fd)
 	s.mu.Lock()
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
@@ -193,6 +205,7 @@ func (l *sctpListener) Close() error {
 		l.s.mu.Lock()
 		delete(l.s.listeners, l)
 		l.s.mu.Unlock()
+		l.s.opts.sockets().Release(l.fd)
 		err = l.f.Close()
 	})
 	return err
@@ -297,8 +310,20 @@ func (l *sctpListener) handle(client net.Conn) {
 // ends, then closes what is left.
 func (s *SCTP) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	s.closing = true
 	var ls []*sctpListener
+	for l := range s.listeners {
+		ls = append(ls, l)
+	}
+	s.mu.Unlock()
+	// The listeners close and their loops end first: an association
+	// accepted before that is served, not closed unanswered.
+	for _, l := range ls {
+		l.Close()
+	}
+	s.loops.Wait()
+	s.mu.Lock()
+	s.closing = true
+	ls = ls[:0]
 	for l := range s.listeners {
 		ls = append(ls, l)
 	}

@@ -288,7 +288,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		if err := listeners.SCTPSupported(); err != nil {
 			srv.SCTPWhy = err.Error()
 		} else {
-			sctpEngine = listeners.NewSCTP(listeners.Options{}, nil)
+			sctpEngine = listeners.NewSCTP(listeners.Options{Sockets: broker}, nil)
 			srv.SCTP = sctpEngine
 		}
 		capture, err := chooseCapture(cfg, srv, local, log)

@@ -437,7 +437,25 @@ func TestUserspaceSCTPInVM(t *testing.T) {
 	if m := b.tally("sctp", "192.168.10.1:30092", 6); len(m) != 1 || m["error"] > 0 {
 		t.Fatalf("SCTP ClientIP affinity: %v, want one backend", m)
 	}
-	p.stop()
+	// A restart under traffic (issue 14): the SCTP listening sockets are
+	// handed over with the others; no association is refused.
+	args := []string{"--proxy-mode=userspace", "--engine=goroutine", "--userspace-capture=none", "--manifests", dir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--connect-timeouts=300ms", "--eject-after=1"}
+	during := make(chan map[string]int, 1)
+	go func() { during <- b.tally("sctp", "192.168.10.1:30091", 30) }()
+	next := startSluice(t, args...)
+	// Every listener opened at once, SCTP's on the handed-over socket (a
+	// fresh bind would fail while the old process holds the port, and the
+	// state would be "not applied in full").
+	next.waitLog("state applied")
+	next.waitLog("hand-over: the previous sluice retires")
+	if m := <-during; m["error"] > 0 {
+		t.Fatalf("SCTP across a restart: %v, want no error", m)
+	}
+	if m := b.tally("sctp", "192.168.10.1:30091", 6); m["error"] > 0 {
+		t.Fatalf("SCTP after the restart: %v", m)
+	}
+	next.stop()
 }
 
 // Without the scheduler's module (and no modprobe to load it), IPVS mode
