@@ -135,3 +135,27 @@ func TestHealthzUnhealthyWhileAListenerIsUnserved(t *testing.T) {
 		t.Fatal("not healthy once every listener is open")
 	}
 }
+
+// Kernel-mode syncs are histogrammed per IP family and kind, under
+// kube-proxy's names and buckets.
+func TestFamilySyncHistograms(t *testing.T) {
+	m := NewMetrics()
+	m.FamilySynced("IPv4", true, 1500*time.Millisecond)
+	m.FamilySynced("IPv4", false, 200*time.Millisecond)
+	m.FamilySynced("IPv6", false, 100*time.Millisecond)
+	rec := httptest.NewRecorder()
+	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1`,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="2"} 1`,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="1"} 0`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.25"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+}

@@ -25,6 +25,8 @@ type Metrics struct {
 	listenerErrors prometheus.Counter
 	restoreFails   prometheus.Counter
 	partialFails   prometheus.Counter
+	fullSyncs      *prometheus.HistogramVec
+	partialSyncs   *prometheus.HistogramVec
 	sctpSkipped    prometheus.Gauge
 
 	connections *prometheus.CounterVec
@@ -58,6 +60,12 @@ func NewMetrics() *Metrics {
 			Help: "/livez responses by code."}, []string{"code"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "rejected_updates_total",
 			Help: "Updates refused because they were invalid, per offending object (\"Kind ns/name\"; empty when a file could not be decoded); the last good state kept serving."}, []string{"source", "object"}),
+		// kube-proxy's per-family histograms of its kernel modes' syncs,
+		// with its buckets (0.25 s to 300 s).
+		fullSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "sync_full_proxy_rules_duration_seconds",
+			Help: "How long a full sync of a kernel mode's rules took, per IP family.", Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
+		partialSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "sync_partial_proxy_rules_duration_seconds",
+			Help: "How long a partial sync of a kernel mode's rules took, per IP family.", Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
 		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "iptables-restore runs that failed."}),
 		sctpSkipped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "sctp_ports_skipped",
@@ -83,7 +91,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.fullSyncs, m.partialSyncs, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -111,6 +119,33 @@ func (m *Metrics) Rejected(source string, objects []string) {
 
 // ListenerError counts a listener that could not be opened.
 func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
+
+// kubeProxySyncBuckets are kube-proxy's: 0.25, 0.5, 1..59 s by 1, 60..115
+// by 5, 120..300 by 30.
+func kubeProxySyncBuckets() []float64 {
+	b := []float64{0.25, 0.5}
+	for s := 1.0; s < 60; s++ {
+		b = append(b, s)
+	}
+	for s := 60.0; s < 120; s += 5 {
+		b = append(b, s)
+	}
+	for s := 120.0; s <= 300; s += 30 {
+		b = append(b, s)
+	}
+	return b
+}
+
+// FamilySynced records one kernel-mode sync of one IP family ("IPv4",
+// "IPv6"), full or partial, as kube-proxy's
+// sync_full_/sync_partial_proxy_rules_duration_seconds.
+func (m *Metrics) FamilySynced(family string, full bool, took time.Duration) {
+	if full {
+		m.fullSyncs.WithLabelValues(family).Observe(took.Seconds())
+	} else {
+		m.partialSyncs.WithLabelValues(family).Observe(took.Seconds())
+	}
+}
 
 // RestoreFailed counts a failed iptables-restore, and a failed partial
 // one separately as well, as kube-proxy does.

@@ -244,11 +244,14 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 	for _, px := range p.proxiers {
 		px.Options.NodePortAddresses = nodePortAddrs
 		px.Options.NodeIPs = nodeIPs
-		if st, err := px.SyncStats(snap); err != nil {
+		start := time.Now()
+		st, err := px.SyncStats(snap)
+		if err != nil {
 			p.metrics.RestoreFailed(!st.Full)
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
 			continue
 		}
+		p.metrics.FamilySynced(family(px), st.Full, time.Since(start))
 		// UDP entries still DNATed to endpoints that are gone (or never
 		// translated, from before the port had endpoints) would keep their
 		// clients stuck until they idle out.

@@ -85,10 +85,17 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 	var errs []error
 	for _, px := range p.proxiers {
 		px.Options.NodePortAddresses = npa
-		if err := px.Sync(ctx, snap); err != nil {
+		start := time.Now()
+		st, err := px.SyncStats(ctx, snap)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		fam := "IPv4"
+		if px.Options.IPv6 {
+			fam = "IPv6"
+		}
+		p.metrics.FamilySynced(fam, st.Full, time.Since(start))
 		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
 		switch {
 		case err != nil:
