@@ -27,6 +27,7 @@ type Metrics struct {
 	partialFails   prometheus.Counter
 	fullSyncs      *prometheus.HistogramVec
 	partialSyncs   *prometheus.HistogramVec
+	noLocal        *prometheus.GaugeVec
 	sctpSkipped    prometheus.Gauge
 
 	connections *prometheus.CounterVec
@@ -66,6 +67,8 @@ func NewMetrics() *Metrics {
 			Help: "How long a full sync of a kernel mode's rules took, per IP family.", Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
 		partialSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "sync_partial_proxy_rules_duration_seconds",
 			Help: "How long a partial sync of a kernel mode's rules took, per IP family.", Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
+		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_no_local_endpoints_total",
+			Help: "Service ports with a Local traffic policy and endpoints, but none on this node, per IP family and policy."}, []string{"ip_family", "traffic_policy"}),
 		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
 			Help: "iptables-restore runs that failed."}),
 		sctpSkipped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "sctp_ports_skipped",
@@ -91,7 +94,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.fullSyncs, m.partialSyncs, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -145,6 +148,14 @@ func (m *Metrics) FamilySynced(family string, full bool, took time.Duration) {
 	} else {
 		m.partialSyncs.WithLabelValues(family).Observe(took.Seconds())
 	}
+}
+
+// NoLocalEndpoints sets kube-proxy's count of service ports whose Local
+// policy finds no endpoint on this node (their traffic from outside is
+// dropped), for one IP family.
+func (m *Metrics) NoLocalEndpoints(family string, internal, external int) {
+	m.noLocal.WithLabelValues(family, "internal").Set(float64(internal))
+	m.noLocal.WithLabelValues(family, "external").Set(float64(external))
 }
 
 // RestoreFailed counts a failed iptables-restore, and a failed partial

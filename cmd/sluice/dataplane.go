@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -252,6 +253,8 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 			continue
 		}
 		p.metrics.FamilySynced(family(px), st.Full, time.Since(start))
+		in, ex := noLocalEndpoints(snap, px.Options.IPv6)
+		p.metrics.NoLocalEndpoints(family(px), in, ex)
 		// UDP entries still DNATed to endpoints that are gone (or never
 		// translated, from before the port had endpoints) would keep their
 		// clients stuck until they idle out.
@@ -265,6 +268,27 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 	}
 	p.failed = len(errs) > 0
 	return errors.Join(errs...)
+}
+
+// noLocalEndpoints counts, for one IP family, the service ports with a
+// Local policy that have endpoints but none on this node, as kube-proxy's
+// sync_proxy_rules_no_local_endpoints_total (internal and external).
+func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
+	for _, sp := range snap.Ports {
+		if !slices.ContainsFunc(sp.ClusterIPs, func(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == v6 }) {
+			continue
+		}
+		if len(sp.Select(false)) == 0 || len(sp.Select(true)) > 0 {
+			continue
+		}
+		if sp.InternalLocal {
+			internal++
+		}
+		if sp.ExternalLocal && (sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0) {
+			external++
+		}
+	}
+	return internal, external
 }
 
 func family(px *iptables.Proxier) string {

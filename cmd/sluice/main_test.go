@@ -77,3 +77,34 @@ kubeproxy_sync_proxy_rules_service_changes_total 0
 		t.Fatal("the failure is not kept for --bind-address-hard-fail")
 	}
 }
+
+// kube-proxy's no_local_endpoints counts a Local port only when it has
+// endpoints, none of them here; per family and policy.
+func TestNoLocalEndpointsCount(t *testing.T) {
+	ep := func(s string, local bool) lb.Endpoint {
+		return lb.Endpoint{Addr: netip.MustParseAddrPort(s), Ready: true, Serving: true, Local: local}
+	}
+	port := func(name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
+		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Protocol: lb.TCP}, ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Endpoints: eps}
+	}
+	remoteOnly := port("a", "10.96.0.1", ep("10.244.1.1:80", false))
+	remoteOnly.ExternalLocal, remoteOnly.NodePort = true, 30001
+	hasLocal := port("b", "10.96.0.2", ep("10.244.1.2:80", true))
+	hasLocal.ExternalLocal, hasLocal.NodePort = true, 30002
+	internal := port("c", "10.96.0.3", ep("10.244.1.3:80", false))
+	internal.InternalLocal = true
+	none := port("d", "10.96.0.4")
+	none.InternalLocal = true
+	v6 := port("e", "fd00::1", ep("[fd00:244::1]:80", false))
+	v6.InternalLocal = true
+	snap := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	for _, p := range []*lb.ServicePort{remoteOnly, hasLocal, internal, none, v6} {
+		snap.Ports[p.Name] = p
+	}
+	if in, ex := noLocalEndpoints(snap, false); in != 1 || ex != 1 {
+		t.Fatalf("IPv4: internal %d external %d, want 1 and 1", in, ex)
+	}
+	if in, ex := noLocalEndpoints(snap, true); in != 1 || ex != 0 {
+		t.Fatalf("IPv6: internal %d external %d, want 1 and 0", in, ex)
+	}
+}

@@ -96,6 +96,8 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 			fam = "IPv6"
 		}
 		p.metrics.FamilySynced(fam, st.Full, time.Since(start))
+		in, ex := noLocalEndpoints(snap, px.Options.IPv6)
+		p.metrics.NoLocalEndpoints(fam, in, ex)
 		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
 		switch {
 		case err != nil:
