@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -175,5 +177,25 @@ func TestManyErrorsAreReportedBounded(t *testing.T) {
 	}
 	if c := Culprits(err); len(c) != MaxReportedErrors {
 		t.Fatalf("%d culprits, want %d", len(c), MaxReportedErrors)
+	}
+}
+
+// A YAML syntax error names the line in the file, not in its document
+// (issue 17: line 15 where the editor showed 55).
+func TestYAMLErrorsNameTheFilesLine(t *testing.T) {
+	src, sink, file := loadedSource(t)
+	bad := goodManifest + "---\napiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: demo}\nspec:\n  ports: [{port: 80\n"
+	if err := os.WriteFile(file, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := reloadRejected(t, src, sink)
+	want := strings.Count(goodManifest, "\n") + 7 // the unclosed flow sequence's line, counted in the file
+	m := regexp.MustCompile(`line (\d+)`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("no line in %q", err)
+	}
+	t.Logf("%v (want %d)", err, want)
+	if got, _ := strconv.Atoi(m[1]); got < want-1 || got > want {
+		t.Fatalf("error names line %d, want the file's line %d (the document's would be about %d): %v", got, want, 6, err)
 	}
 }

@@ -14,8 +14,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -326,6 +328,9 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		}
 		js, err := yaml.YAMLToJSON(raw)
 		if err != nil {
+			// Lines counted in the file, not the document (an editor's
+			// line 55, not the third document's line 15).
+			err = fileLines(err, bytes.Count(data[:split.last], []byte("\n")))
 			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
 			continue // the reader split the documents, so the next one is still readable
 		}
@@ -350,6 +355,23 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 type yamlDocuments struct {
 	data []byte
 	pos  int
+	last int // where the document next returned starts
+}
+
+// yamlLine is the "line N" a YAML error names, relative to its document.
+var yamlLine = regexp.MustCompile(`\bline (\d+)\b`)
+
+// fileLines turns a document's line numbers in err into the file's: the
+// document starts after offset lines of the file.
+func fileLines(err error, offset int) error {
+	if offset == 0 {
+		return err
+	}
+	msg := yamlLine.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		n, _ := strconv.Atoi(m[len("line "):])
+		return fmt.Sprintf("line %d", n+offset)
+	})
+	return errors.New(msg)
 }
 
 func (y *yamlDocuments) next() ([]byte, error) {
@@ -370,12 +392,14 @@ func (y *yamlDocuments) next() ([]byte, error) {
 			return nil, fmt.Errorf("invalid Yaml document separator: %s", rest)
 		}
 		if lineStart > start {
+			y.last = start
 			return y.data[start:lineStart], nil
 		}
 		// A separator that would end an empty document opens the next one
 		// instead (YAMLReader keeps it in that document's text).
 	}
 	if y.pos > start {
+		y.last = start
 		doc := y.data[start:y.pos:y.pos]
 		if doc[len(doc)-1] != '\n' {
 			// YAMLReader ends the last line with a newline, which a block
