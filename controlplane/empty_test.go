@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -197,5 +199,32 @@ func TestYAMLErrorsNameTheFilesLine(t *testing.T) {
 	t.Logf("%v (want %d)", err, want)
 	if got, _ := strconv.Atoi(m[1]); got < want-1 || got > want {
 		t.Fatalf("error names line %d, want the file's line %d (the document's would be about %d): %v", got, want, 6, err)
+	}
+}
+
+// A rejection logs one line per problem, and the first good read after a
+// rejection says so (issue 17: errors joined with literal \n, and a
+// restored file logged nothing).
+func TestRejectionsLogOneLineEachAndRecoveryIsLogged(t *testing.T) {
+	src, sink, file := loadedSource(t)
+	var logs bytes.Buffer
+	src.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	two := "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  ports: [{name: p, port: 70000}]\n---\n" +
+		"apiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: x}\nspec:\n  ports: [{name: p, port: 70001}]\n"
+	if err := os.WriteFile(file, []byte(two), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reloadRejected(t, src, sink)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "Service x/a") || !strings.Contains(lines[1], "Service x/b") || strings.Contains(logs.String(), `\n`) {
+		t.Fatalf("want one line per problem:\n%s", logs.String())
+	}
+	logs.Reset()
+	if err := os.WriteFile(file, []byte(goodManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.Reload()
+	if !strings.Contains(logs.String(), "manifests accepted again") {
+		t.Fatalf("restoring the good file logged: %q", logs.String())
 	}
 }

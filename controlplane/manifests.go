@@ -211,24 +211,11 @@ const MaxReportedErrors = 20
 // BoundErrors keeps the first max leaf errors of err (errors.Join trees
 // are flattened) and sums up the rest.
 func BoundErrors(err error, max int) error {
-	var leaves []error
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			if _, isManifest := e.(*ManifestError); !isManifest {
-				for _, x := range j.Unwrap() {
-					walk(x)
-				}
-				return
-			}
-		}
-		leaves = append(leaves, e)
-	}
-	walk(err)
-	if len(leaves) <= max {
+	all := leaves(err)
+	if len(all) <= max {
 		return err
 	}
-	kept := append(leaves[:max:max], fmt.Errorf("... and %d more errors", len(leaves)-max))
+	kept := append(all[:max:max], fmt.Errorf("... and %d more errors", len(all)-max))
 	return errors.Join(kept...)
 }
 

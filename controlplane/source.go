@@ -49,7 +49,8 @@ type ManifestSource struct {
 	MaxBytes int64
 
 	last         *lb.Snapshot
-	lastServices int // Services in the last good read
+	lastServices int  // Services in the last good read
+	rejected     bool // the last read was refused
 	cache        DocCache
 	memo         BuildMemo
 }
@@ -113,8 +114,18 @@ func (s *ManifestSource) Reload() {
 	snap, services, err := s.read()
 	if err != nil {
 		s.Sink.Reject(err) // counted before it is logged, so a reader of the log finds it counted
-		s.logger().Error("manifest update rejected; still serving the last good state", "path", s.Path, "err", err)
+		// One line per problem (they are bounded): joined, they made one
+		// line of literal \n's.
+		errs := leaves(err)
+		for _, e := range errs {
+			s.logger().Error("manifest update rejected; still serving the last good state", "path", s.Path, "err", e, "problems", len(errs))
+		}
+		s.rejected = true
 		return
+	}
+	if s.rejected {
+		s.rejected = false
+		s.logger().Info("manifests accepted again", "path", s.Path)
 	}
 	if s.last != nil && reflect.DeepEqual(s.last, snap) {
 		s.Sink.Unchanged()
@@ -122,6 +133,20 @@ func (s *ManifestSource) Reload() {
 	}
 	s.last, s.lastServices = snap, services
 	s.Sink.Publish(snap)
+}
+
+// leaves flattens errors.Join trees (a ManifestError is one leaf).
+func leaves(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		if _, me := err.(*ManifestError); !me {
+			var out []error
+			for _, e := range j.Unwrap() {
+				out = append(out, leaves(e)...)
+			}
+			return out
+		}
+	}
+	return []error{err}
 }
 
 func (s *ManifestSource) logger() *slog.Logger {
