@@ -124,8 +124,42 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 		}
 		next[k] = memoService{svc: svc, sources: sources[k], ports: ports}
 	}
+	if err := checkNodePorts(snap, objs); err != nil {
+		return nil, err
+	}
 	m.prev = next
 	return snap, nil
+}
+
+// checkNodePorts refuses two Services claiming one NodePort and protocol
+// (the API server's allocator forbids it; from manifests it used to pass
+// and fail later at bind). The later Service by name is the culprit.
+func checkNodePorts(snap *lb.Snapshot, objs *Objects) error {
+	type np struct {
+		proto lb.Protocol
+		port  uint16
+	}
+	owner := map[np]lb.ServicePortName{}
+	var errs []error
+	for _, sp := range snap.Sorted() {
+		if sp.NodePort == 0 {
+			continue
+		}
+		k := np{sp.Name.Protocol, sp.NodePort}
+		first, taken := owner[k]
+		if !taken {
+			owner[k] = sp.Name
+			continue
+		}
+		if first.Namespace == sp.Name.Namespace && first.Name == sp.Name.Name {
+			continue // the same Service's ports: refused by its own validation
+		}
+		id := "Service " + sp.Name.Namespace + "/" + sp.Name.Name
+		e := &objErr{origin: objs.Origin(id), id: id}
+		e.add("spec.ports["+sp.Name.Port+"].nodePort", "%d/%s is already Service %s/%s's", sp.NodePort, sp.Name.Protocol, first.Namespace, first.Name)
+		errs = append(errs, e.errors...)
+	}
+	return errors.Join(errs...)
 }
 
 // buildFull builds every Service from scratch and reports every problem.
@@ -168,6 +202,9 @@ func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 			continue // a port the Service does not have: ignored, as kube-proxy does
 		}
 		sp.Endpoints = mergeEndpoints(eps)
+	}
+	if err := checkNodePorts(snap, objs); err != nil {
+		return nil, err
 	}
 	return snap, nil
 }

@@ -228,3 +228,31 @@ func TestRejectionsLogOneLineEachAndRecoveryIsLogged(t *testing.T) {
 		t.Fatalf("restoring the good file logged: %q", logs.String())
 	}
 }
+
+// Two Services claiming one NodePort and protocol are refused, naming
+// both (issue 17: it passed and failed later at bind); the same port
+// number over TCP and UDP is fine.
+func TestDuplicateNodePortIsRefused(t *testing.T) {
+	svc := func(name, proto string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: x}\nspec:\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: 30100, protocol: %s}]\n---\n", name, proto)
+	}
+	for _, build := range []string{"memo", "full"} {
+		objs, err := ParseManifest("m.yaml", []byte(svc("a", "TCP")+svc("b", "TCP")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if build == "memo" {
+			var m BuildMemo
+			_, err = m.Build(objs, "")
+		} else {
+			_, err = Build(objs)
+		}
+		if err == nil || !strings.Contains(err.Error(), "Service x/b") || !strings.Contains(err.Error(), "30100/TCP is already Service x/a's") {
+			t.Fatalf("%s build: %v, want the duplicate NodePort refused naming both", build, err)
+		}
+		objs, _ = ParseManifest("m.yaml", []byte(svc("a", "TCP")+svc("b", "UDP")))
+		if _, err := Build(objs); err != nil {
+			t.Fatalf("%s build, same port over TCP and UDP: %v", build, err)
+		}
+	}
+}
