@@ -104,6 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(cfg, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
+	routeLogrus(log)        // and moby/ipvs through logrus
 	for _, w := range cfg.ConfigWarnings {
 		log.Warn(w) // kube-proxy's "Using lenient decoding as strict decoding failed"
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sirupsen/logrus"
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/lb"
@@ -106,5 +107,19 @@ func TestNoLocalEndpointsCount(t *testing.T) {
 	}
 	if in, ex := noLocalEndpoints(snap, true); in != 1 || ex != 0 {
 		t.Fatalf("IPv6: internal %d external %d, want 1 and 0", in, ex)
+	}
+}
+
+// moby/ipvs's logrus lines come out in sluice's log and format, its
+// ordinary fall-back lines as debug ones (issue 17).
+func TestLogrusLinesJoinSluicesLog(t *testing.T) {
+	var out bytes.Buffer
+	routeLogrus(slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	logrus.Warnf("Running modprobe ip_vs failed with message: `%s`, error: %v", "nope", "exit status 1")
+	logrus.Error("something else went wrong")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"level":"DEBUG"`) || !strings.Contains(lines[0], `"from":"moby/ipvs"`) ||
+		!strings.Contains(lines[1], `"level":"ERROR"`) || !strings.Contains(lines[1], "something else") {
+		t.Fatalf("log:\n%s", out.String())
 	}
 }
