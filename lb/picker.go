@@ -23,6 +23,10 @@ type EjectionPolicy struct {
 	Failures   int
 	Backoff    time.Duration
 	MaxBackoff time.Duration
+	// OnEject, when set, hears of each ejection: the endpoint and how long
+	// it is skipped. It is called on the data path, under the picker's
+	// lock: it must not block.
+	OnEject func(ep netip.AddrPort, skipped time.Duration)
 }
 
 // DefaultEjectionPolicy ejects after 2 consecutive failures for 5s, up to 1m.
@@ -192,6 +196,9 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 		h.backoff = min(2*h.backoff, max(p.ejection.MaxBackoff, p.ejection.Backoff))
 	}
 	h.ejectedUntil = now.Add(h.backoff)
+	if p.ejection.OnEject != nil {
+		p.ejection.OnEject(ep, h.backoff)
+	}
 	return true
 }
 

@@ -289,3 +289,21 @@ func TestUsableUnderLocalPolicies(t *testing.T) {
 		t.Fatalf("ITP Local with no local endpoint: Usable = %v, want none", got)
 	}
 }
+
+// OnEject hears of each ejection, with the back-off.
+func TestOnEjectHearsEjections(t *testing.T) {
+	var got []string
+	p := NewPicker(nil, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: time.Minute,
+		OnEject: func(ep netip.AddrPort, d time.Duration) { got = append(got, ep.String()+" "+d.String()) }})
+	ep := netip.MustParseAddrPort("10.0.0.1:80")
+	p.SetEndpoints([]netip.AddrPort{ep})
+	client := netip.MustParseAddr("192.0.2.1")
+	p.Failed(client, ep)
+	if len(got) != 0 {
+		t.Fatalf("one failure of two: %v", got)
+	}
+	p.Failed(client, ep)
+	if len(got) != 1 || got[0] != "10.0.0.1:80 1s" {
+		t.Fatalf("ejections heard: %v", got)
+	}
+}

@@ -84,6 +84,58 @@ type Server struct {
 
 	mu    sync.Mutex
 	ports map[lb.ServicePortName]*servedPort
+
+	// Ejections are logged off the data path: a bounded queue drained by
+	// one goroutine, started with the first; what does not fit is counted.
+	ejectMu      sync.Mutex
+	ejections    chan ejection
+	ejectDone    chan struct{}
+	ejectDropped int
+}
+
+type ejection struct {
+	port    lb.ServicePortName
+	ep      netip.AddrPort
+	skipped time.Duration
+}
+
+// ejectionPolicy is s.Ejection, with ejections of name's endpoints logged.
+func (s *Server) ejectionPolicy(name lb.ServicePortName) lb.EjectionPolicy {
+	p := s.Ejection
+	if s.Log != nil {
+		p.OnEject = func(ep netip.AddrPort, skipped time.Duration) { s.noteEjection(ejection{name, ep, skipped}) }
+	}
+	return p
+}
+
+// noteEjection queues an ejection for the log; it never blocks.
+func (s *Server) noteEjection(ev ejection) {
+	s.ejectMu.Lock()
+	defer s.ejectMu.Unlock()
+	if s.ejections == nil {
+		if s.ejectDone != nil {
+			return // closed
+		}
+		s.ejections, s.ejectDone = make(chan ejection, 64), make(chan struct{})
+		go s.logEjections(s.ejections, s.ejectDone)
+	}
+	select {
+	case s.ejections <- ev:
+	default:
+		s.ejectDropped++
+	}
+}
+
+func (s *Server) logEjections(ch <-chan ejection, done chan<- struct{}) {
+	defer close(done)
+	for ev := range ch {
+		s.ejectMu.Lock()
+		dropped := s.ejectDropped
+		s.ejectDropped = 0
+		s.ejectMu.Unlock()
+		s.log().Warn("endpoint ejected: connects to it failed; skipped for a while", "service", ev.port.String(), "protocol", ev.port.Protocol,
+			"endpoint", ev.ep.String(), "for", ev.skipped, "moreNotLogged", dropped)
+	}
 }
 
 type servedPort struct {
@@ -178,7 +230,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 				s.log().Warn("SCTP service port not served", "service", sp.Name.String(), "why", why)
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
-			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.Ejection)}}
+			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))}}
 			np.ext = np.target
 			s.ports[sp.Name] = np
 			continue
@@ -192,7 +244,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			}
 			s.closePort(p)
 		} else {
-			picker = lb.NewPicker(s.Clock, s.Ejection)
+			picker = lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))
 		}
 		var ctr Counters
 		if s.Counters != nil {
@@ -202,7 +254,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		np.ext = np.target
 		if sp.SplitPolicy() {
 			if extPicker == nil {
-				extPicker = lb.NewPicker(s.Clock, s.Ejection)
+				extPicker = lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))
 			}
 			np.ext = &Target{Picker: extPicker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}
 		}
@@ -467,10 +519,21 @@ func (s *Server) ExpirePins() {
 // Close closes every listener.
 func (s *Server) Close() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for name, p := range s.ports {
 		s.closePort(p)
 		delete(s.ports, name)
+	}
+	s.mu.Unlock()
+	s.ejectMu.Lock()
+	ch, done := s.ejections, s.ejectDone
+	s.ejections = nil
+	if done == nil {
+		s.ejectDone = make(chan struct{}) // no queue will start
+	}
+	s.ejectMu.Unlock()
+	if ch != nil {
+		close(ch)
+		<-done
 	}
 }
 

@@ -3,11 +3,13 @@
 package listeners
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -440,4 +442,32 @@ func TestServerRetriesAListenerThatFailedToOpen(t *testing.T) {
 			t.Fatal("the retried listener outlived its service")
 		}
 	})
+}
+
+// An ejection is logged, off the data path, with the service and the
+// endpoint (issue 17: ejections were not logged); Close waits for the log.
+func TestServerLogsEjections(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	s := &Server{Log: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)), Ejection: lb.DefaultEjectionPolicy()}
+	name := lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: lb.TCP}
+	s.ejectionPolicy(name).OnEject(netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second)
+	s.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if out := logs.String(); !strings.Contains(out, "endpoint ejected") || !strings.Contains(out, "service=ns/web:http") || !strings.Contains(out, "endpoint=10.244.0.9:8080") || !strings.Contains(out, "for=5s") {
+		t.Fatalf("log: %q", out)
+	}
+	s.ejectionPolicy(name).OnEject(netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second) // after Close: dropped, no panic
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
