@@ -127,7 +127,7 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.96.0.1\n"
 	cases := []struct{ name, manifest, want string }{
 		{"bad yaml", "apiVersion: v1\nkind: [", "test.yaml#1: malformed YAML/JSON"},
-		{"unknown kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", `Pod default/p: unknown kind "Pod"`},
+		{"unknown kind", "apiVersion: v1\nkind: Servce\nmetadata: {name: p}\n", `Servce default/p: unknown kind "Servce"`},
 		{"unknown field", svc + "  portz: []\n", `Service default/s: invalid Service`},
 		{"invalid cluster ip", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.96.0.300\n  ports: [{port: 80}]\n", `Service default/s: spec.clusterIP: invalid IP address "10.96.0.300"`},
 		{"invalid external ip", svc + "  externalIPs: [nope]\n  ports: [{port: 80}]\n", `spec.externalIPs[0]: invalid IP address "nope"`},

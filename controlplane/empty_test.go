@@ -256,3 +256,30 @@ func TestDuplicateNodePortIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// An application's manifest directory (a Deployment, a ConfigMap, an
+// Ingress beside the Service) loads: other kinds are read and left alone,
+// a file of them alone is not "empty", and a misspelt core kind is still
+// an error (issue 17: one Deployment made the directory unusable).
+func TestOtherKindsAreLeftAlone(t *testing.T) {
+	src, sink, file := loadedSource(t)
+	dir := filepath.Dir(file)
+	app := "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: demo}\nspec: {replicas: 2}\n---\n" +
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web, namespace: demo}\ndata: {a: b}\n---\n" +
+		"apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: web, namespace: demo}\n"
+	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte(app), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.Reload()
+	select {
+	case err := <-sink.rejects:
+		t.Fatalf("an application directory was refused: %v", err)
+	default:
+	}
+	if err := os.WriteFile(filepath.Join(dir, "typo.yaml"), []byte("apiVersion: v1\nkind: Servce\nmetadata: {name: x, namespace: demo}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := reloadRejected(t, src, sink); !strings.Contains(err.Error(), `unknown kind "Servce"`) {
+		t.Fatalf("a misspelt kind: %v", err)
+	}
+}

@@ -38,6 +38,30 @@ type Objects struct {
 	// emptyLists counts the v1 Lists with no items: an explicit "no
 	// objects", the one way a file may hold nothing (see ErrEmptyFile).
 	emptyLists int
+	// skipped counts the objects of other kinds (a Deployment beside its
+	// Service in an application's directory): read, then left alone.
+	skipped int
+}
+
+// otherCoreKinds are the core (v1) kinds sluice leaves alone; any other
+// v1 kind but Service, Endpoints and List is taken for a typo.
+var otherCoreKinds = map[string]bool{"Pod": true, "ConfigMap": true, "Secret": true, "ServiceAccount": true, "Namespace": true,
+	"PersistentVolume": true, "PersistentVolumeClaim": true, "ReplicationController": true, "LimitRange": true, "ResourceQuota": true,
+	"Node": true, "Event": true, "PodTemplate": true}
+
+// leftAlone says whether an object of apiVersion/kind is one sluice skips:
+// a core kind it does not serve, or any kind of another API group (apps,
+// batch, networking.k8s.io, custom resources, ...). A misspelt core or
+// discovery kind is not skipped: it is an error.
+func leftAlone(apiVersion, kind string) bool {
+	switch {
+	case apiVersion == "v1":
+		return otherCoreKinds[kind]
+	case strings.HasPrefix(apiVersion, "discovery.k8s.io/"):
+		return false
+	default:
+		return strings.Contains(apiVersion, "/") && kind != ""
+	}
 }
 
 // ExplicitlyEmpty reports whether the manifests hold a v1 List with no
@@ -188,9 +212,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			cache.end()
 			return nil, read, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}
 		}
-		before, lists := objs.count(), objs.emptyLists
+		before, lists, skipped := objs.count(), objs.emptyLists, objs.skipped
 		ferrs := objs.decode(f, data, cache)
-		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists {
+		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped {
 			ferrs = append(ferrs, &ManifestError{File: f, Err: ErrEmptyFile})
 		}
 		errs = append(errs, ferrs...)
@@ -476,6 +500,10 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 		return errs, nil
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
 	default:
+		if leftAlone(tm.APIVersion, tm.Kind) {
+			o.skipped++
+			return nil, nil
+		}
 		if tm.Kind == "" {
 			return fail("kind", errors.New("missing kind"))
 		}
