@@ -573,3 +573,34 @@ func TestRouteLocalnetOnlyWhenNeededAndRestoredByCleanup(t *testing.T) {
 		t.Fatalf("after --cleanup route_localnet=%s, want the 0 it was", v)
 	}
 }
+
+// The conntrack sysctls the kernel modes depend on are set from the
+// --conntrack-* flags, as kube-proxy sets them (issue 18: accepted and
+// never applied), in the node's namespace; nf_conntrack_max, which only
+// the host's namespace may set, is left alone here and said so.
+func TestConntrackSysctlsAreApplied(t *testing.T) {
+	b := newNetnsBed(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
+	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=iptables", "--iptables-backend=nft", "--manifests", dir,
+		"--healthz-bind-address=", "--metrics-bind-address=", "--cluster-cidr=10.244.0.0/16",
+		"--conntrack-tcp-timeout-established=2h", "--conntrack-tcp-timeout-close-wait=30m", "--conntrack-tcp-be-liberal",
+		"--conntrack-udp-timeout=45s", "--conntrack-udp-timeout-stream=3m")
+	p.waitLog("nf_conntrack_max left as it is")
+	p.waitLog("state applied")
+	for name, want := range map[string]string{
+		"nf_conntrack_tcp_timeout_established": "7200",
+		"nf_conntrack_tcp_timeout_close_wait":  "1800",
+		"nf_conntrack_tcp_be_liberal":          "1",
+		"nf_conntrack_udp_timeout":             "45",
+		"nf_conntrack_udp_timeout_stream":      "180",
+	} {
+		if got := strings.TrimSpace(b.in(b.node, "cat", "/proc/sys/net/netfilter/"+name)); got != want {
+			t.Errorf("%s = %s, want %s", name, got, want)
+		}
+	}
+	// Liberal tracking set before the rules were made: no INVALID drop.
+	if filter := b.in(b.node, "iptables-nft-save", "-t", "filter"); strings.Contains(filter, "--ctstate INVALID -j DROP") {
+		t.Fatalf("INVALID drop with nf_conntrack_tcp_be_liberal set:\n%s", filter)
+	}
+}

@@ -229,6 +229,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		mode = to
 		return nil
 	}
+	if mode != config.ModeUserspace {
+		// The kernel modes' NAT lives in conntrack; set before the planes
+		// read it (nf_conntrack_tcp_be_liberal decides the INVALID drop).
+		applyConntrack(cfg, log)
+	}
 	if mode == config.ModeNFTables {
 		pn, err := newNFTablesPlane(cfg, local, metrics, log)
 		if err != nil {
