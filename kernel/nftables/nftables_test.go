@@ -422,3 +422,40 @@ func TestLegacyBaseChainsAreRemoved(t *testing.T) {
 		t.Fatalf("the old base chain is still there:\n%s", d)
 	}
 }
+
+// As a source hands them over, consecutive snapshots share the ports that
+// did not change (the same pointers); a partial sync skips rendering those
+// and still leaves exactly the table a fresh full sync makes.
+func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	ctx := context.Background()
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	p := &Proxier{NFT: fake, Options: opts()}
+	prev := snapOf()
+	skipped := 0
+	for step, fresh := range states(rng, 40) {
+		next := snapOf()
+		for name, sp := range fresh.Ports {
+			if old, ok := prev.Ports[name]; ok && rng.IntN(3) > 0 {
+				next.Ports[name] = old // unchanged: shared
+				skipped++
+			} else {
+				next.Ports[name] = sp
+			}
+		}
+		if err := p.Sync(ctx, next); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		full := knftables.NewFake(knftables.IPv4Family, Table)
+		if err := (&Proxier{NFT: full, Options: opts()}).Sync(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := normalized(fake.Dump()), normalized(full.Dump()); got != want {
+			t.Fatalf("step %d: the table differs from a full sync's:\n%s\nwant:\n%s", step, got, want)
+		}
+		prev = next
+	}
+	if skipped < 50 {
+		t.Fatalf("only %d shared ports", skipped)
+	}
+}

@@ -34,8 +34,12 @@ type Proxier struct {
 	// is full), with the options it was rendered with.
 	applied    map[lb.ServicePortName]*portBundle
 	clusterIPs map[string]bool
-	optsKey    string
-	lastFull   time.Time
+	// from is the ServicePort each applied bundle was rendered from: a
+	// snapshot shares unchanged ports with the one before (they are never
+	// mutated), so the same pointer needs no rendering to compare.
+	from     map[lb.ServicePortName]*lb.ServicePort
+	optsKey  string
+	lastFull time.Time
 }
 
 // SyncStats says what a sync did.
@@ -81,9 +85,15 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 	next := make(map[lb.ServicePortName]*portBundle, len(snap.Ports))
 	type change struct{ old, new *portBundle }
 	var changes []change
+	from := make(map[lb.ServicePortName]*lb.ServicePort, len(snap.Ports))
 	for _, sp := range snap.Sorted() {
-		b := renderPort(sp, p.Options)
+		from[sp.Name] = sp
 		old := p.applied[sp.Name]
+		if old != nil && p.from[sp.Name] == sp {
+			next[sp.Name] = old // the very same port: the same bundle
+			continue
+		}
+		b := renderPort(sp, p.Options)
 		if b != nil {
 			next[sp.Name] = b
 		}
@@ -102,6 +112,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 	}
 	cips := clusterIPs(snap, p.Options)
 	if len(changes) == 0 && maps.Equal(cips, p.clusterIPs) {
+		p.from = from
 		return SyncStats{}, nil
 	}
 	chains, sets := maps.Clone(p.chains), maps.Clone(p.sets)
@@ -175,7 +186,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		p.chains, p.sets, p.applied = nil, nil, nil // a full sync next
 		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
 	}
-	p.applied, p.chains, p.sets, p.clusterIPs = next, chains, sets, cips
+	p.applied, p.chains, p.sets, p.clusterIPs, p.from = next, chains, sets, cips, from
 	return SyncStats{Changed: len(changes)}, nil
 }
 
@@ -251,6 +262,10 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
 	p.chains, p.sets, p.applied, p.clusterIPs = d.Chains, d.Sets, d.Ports, d.ClusterIPs
+	p.from = make(map[lb.ServicePortName]*lb.ServicePort, len(snap.Ports))
+	for name, sp := range snap.Ports {
+		p.from[name] = sp
+	}
 	return nil
 }
 
