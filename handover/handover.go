@@ -31,7 +31,6 @@ type Broker struct {
 	mu        sync.Mutex
 	inherited map[key][]int
 	held      map[int]key
-	closeFD   func(int) error
 }
 
 // Take returns the inherited sockets listening on network/addr (several
@@ -96,20 +95,12 @@ func (b *Broker) Untaken() int {
 	n := 0
 	for k, fds := range b.inherited {
 		for _, fd := range fds {
-			b.close(fd)
+			closeFD(fd)
 			n++
 		}
 		delete(b.inherited, k)
 	}
 	return n
-}
-
-func (b *Broker) close(fd int) {
-	if b.closeFD != nil {
-		b.closeFD(fd)
-		return
-	}
-	closeFD(fd)
 }
 
 // socket is one held socket, for sending.

@@ -83,17 +83,15 @@ func (g *Goroutine) track(c io.Closer) bool {
 func (g *Goroutine) untrack(c io.Closer) {
 	g.mu.Lock()
 	delete(g.conns, c)
+	g.maybeReleasePipesLocked()
 	g.mu.Unlock()
-	g.maybeReleasePipes()
 	g.wg.Done()
 }
 
-// maybeReleasePipes collects now, or once pipeReleaseEvery has passed
-// since the last time, when the open connections are at most half their
-// peak.
-func (g *Goroutine) maybeReleasePipes() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// maybeReleasePipesLocked collects now, or once pipeReleaseEvery has
+// passed since the last time, when the open connections are at most half
+// their peak. g.mu is held; nothing here blocks.
+func (g *Goroutine) maybeReleasePipesLocked() {
 	if g.peak < 8 || len(g.conns) > g.peak/2 || g.releasePending {
 		return
 	}
@@ -102,9 +100,9 @@ func (g *Goroutine) maybeReleasePipes() {
 		g.releasePending = true
 		time.AfterFunc(wait, func() {
 			g.mu.Lock()
+			defer g.mu.Unlock()
 			g.releasePending = false
-			g.mu.Unlock()
-			g.maybeReleasePipes()
+			g.maybeReleasePipesLocked()
 		})
 		return
 	}

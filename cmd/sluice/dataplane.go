@@ -252,19 +252,8 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
 			continue
 		}
-		p.metrics.FamilySynced(family(px), st.Full, time.Since(start))
-		in, ex := noLocalEndpoints(snap, px.Options.IPv6)
-		p.metrics.NoLocalEndpoints(family(px), in, ex)
-		// UDP entries still DNATed to endpoints that are gone (or never
-		// translated, from before the port had endpoints) would keep their
-		// clients stuck until they idle out.
-		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
-		switch {
-		case err != nil:
-			p.log.Warn("conntrack: stale entries not deleted", "family", family(px), "err", err)
-		case n > 0:
-			p.log.Info("conntrack: deleted stale UDP entries", "family", family(px), "entries", n)
-		}
+		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
+		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
 	}
 	p.failed = len(errs) > 0
 	return errors.Join(errs...)
@@ -291,15 +280,42 @@ func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
 	return internal, external
 }
 
-func family(px *iptables.Proxier) string {
-	if px.Options.IPv6 {
+func family(px *iptables.Proxier) string { return familyName(px.Options.IPv6) }
+
+// familyName is an IP family as the metrics and logs name it.
+func familyName(v6 bool) string {
+	if v6 {
 		return "IPv6"
 	}
 	return "IPv4"
 }
 
-func (p *iptablesPlane) loop(every time.Duration) {
-	defer close(p.done)
+// familySynced records a kernel mode's sync of one family: its duration,
+// full or partial, and the Local ports left without a local endpoint.
+func familySynced(m *admin.Metrics, snap *lb.Snapshot, v6, full bool, took time.Duration) {
+	m.FamilySynced(familyName(v6), full, took)
+	in, ex := noLocalEndpoints(snap, v6)
+	m.NoLocalEndpoints(familyName(v6), in, ex)
+}
+
+// deleteStaleConntrack deletes, after a kernel mode's sync of one family,
+// the UDP and SCTP conntrack entries still DNATed to endpoints that are
+// gone (or never translated, from before the port had endpoints), which
+// would keep their clients stuck until they idle out.
+func deleteStaleConntrack(snap *lb.Snapshot, v6 bool, isLocal func(netip.Addr) bool, log *slog.Logger) {
+	n, err := conntrack.Netlink{IPv6: v6}.DeleteMatching(conntrack.Stale(snap, isLocal))
+	switch {
+	case err != nil:
+		log.Warn("conntrack: stale entries not deleted", "family", familyName(v6), "err", err)
+	case n > 0:
+		log.Info("conntrack: deleted stale UDP entries", "family", familyName(v6), "entries", n)
+	}
+}
+
+// resyncLoop is a kernel plane's periodic check: every period it asks why
+// the newest state must be applied again ("" for no reason) and, if there
+// is a reason, reapplies it. It returns when stop closes.
+func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slog.Logger, why func() string, resync func() error) {
 	if every <= 0 {
 		every = 30 * time.Second
 	}
@@ -307,37 +323,47 @@ func (p *iptablesPlane) loop(every time.Duration) {
 	defer t.Stop()
 	for {
 		select {
-		case <-p.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
-		p.mu.Lock()
-		last, failed := p.last, p.failed
-		p.mu.Unlock()
-		if last == nil {
-			continue
-		}
-		// (The checks below only decide whether to resync; reapplyNewest takes the
-		// newest state itself.)
-		reason := ""
-		if failed {
-			reason = "the last sync failed"
-		}
-		for _, px := range p.proxiers {
-			if px.CanaryGone() {
-				reason = "KUBE-PROXY-CANARY is gone (tables flushed)"
-			}
-		}
+		reason := why()
 		if reason == "" {
 			continue
 		}
-		p.log.Warn("iptables: full resync", "why", reason)
-		if err := p.reapplyNewest(p.applyLocked); err != nil {
-			p.log.Error("iptables resync failed", "err", err)
+		log.Warn(mode+": full resync", "why", reason)
+		if err := resync(); err != nil {
+			log.Error(mode+" resync failed", "err", err)
 		} else {
-			p.log.Info("iptables: resynced")
+			log.Info(mode + ": resynced")
 		}
 	}
+}
+
+func (p *iptablesPlane) loop(every time.Duration) {
+	defer close(p.done)
+	resyncLoop(every, p.stop, "iptables", p.log, p.resyncReason, func() error { return p.reapplyNewest(p.applyLocked) })
+}
+
+// resyncReason: a failed last sync, or a flush (the canary gone). It only
+// decides; reapplyNewest takes the newest state itself.
+func (p *iptablesPlane) resyncReason() string {
+	p.mu.Lock()
+	last, failed := p.last, p.failed
+	p.mu.Unlock()
+	if last == nil {
+		return ""
+	}
+	reason := ""
+	if failed {
+		reason = "the last sync failed"
+	}
+	for _, px := range p.proxiers {
+		if px.CanaryGone() {
+			reason = "KUBE-PROXY-CANARY is gone (tables flushed)"
+		}
+	}
+	return reason
 }
 
 // Close stops the resync loop; the rules stay (as kube-proxy's do) until

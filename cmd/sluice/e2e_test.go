@@ -344,23 +344,8 @@ func endToEnd(t *testing.T, engine string) {
 	// SIGTERM: stop accepting, drain the open connection, exit 0. The
 	// connection is proven to be through the proxy (one keep-alive request)
 	// before the signal, so it is not still waiting in the accept queue.
-	open, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", np))
-	if err != nil {
-		t.Fatal(err)
-	}
+	open, ask := keepAlive(t, np)
 	defer open.Close()
-	open.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(open)
-	ask := func(header string) string {
-		fmt.Fprintf(open, "GET / HTTP/1.1\r\nHost: x\r\n%s\r\n", header)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("request on the open connection: %v", err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
 	if got := ask(""); got != "b2" {
 		t.Fatalf("keep-alive request got %q", got)
 	}
@@ -385,22 +370,17 @@ func endToEnd(t *testing.T, engine string) {
 // SIGHUP drains like SIGTERM (issue 19, item 11): Go's default ended the
 // process at once, cutting a streaming client with what looked like a
 // clean end of its data.
-func TestEndToEndSIGHUPDrainsLikeSIGTERM(t *testing.T) {
-	bport := freePort(t, "tcp")
-	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "b1")
-	np := freePort(t, "tcp")
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "svc.yaml"), manifest(np, freePort(t, "udp"), bport, freePort(t, "udp"), "127.0.0.1"))
-	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=")
-	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
-	open, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", np))
+// keepAlive opens one HTTP connection to 127.0.0.1:port; ask sends a GET
+// on it (with an extra header line, or "") and returns the body.
+func keepAlive(t *testing.T, port int) (net.Conn, func(header string) string) {
+	t.Helper()
+	open, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer open.Close()
 	open.SetDeadline(time.Now().Add(10 * time.Second))
 	br := bufio.NewReader(open)
-	ask := func(header string) string {
+	return open, func(header string) string {
 		fmt.Fprintf(open, "GET / HTTP/1.1\r\nHost: x\r\n%s\r\n", header)
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
@@ -410,6 +390,18 @@ func TestEndToEndSIGHUPDrainsLikeSIGTERM(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
+}
+
+func TestEndToEndSIGHUPDrainsLikeSIGTERM(t *testing.T) {
+	bport := freePort(t, "tcp")
+	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "b1")
+	np := freePort(t, "tcp")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), manifest(np, freePort(t, "udp"), bport, freePort(t, "udp"), "127.0.0.1"))
+	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--healthz-bind-address=", "--metrics-bind-address=")
+	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
+	open, ask := keepAlive(t, np)
+	defer open.Close()
 	if got := ask(""); got != "b1" {
 		t.Fatalf("keep-alive request got %q", got)
 	}

@@ -29,24 +29,27 @@ func TestFaultSuiteLeavesNothingBehind(t *testing.T) {
 	}
 }
 
-// faultManifest: ok (HTTP), silent (reads, never answers nor closes), rst
-// (accepts, then resets), none (no endpoints) and udp (echo).
-func faultManifest(okNP, silentNP, rstNP, noneNP, udpNP, okPort, silentPort, rstPort, udpPort int) string {
+// npService is one NodePort Service of a test manifest, with one endpoint
+// on 127.0.0.1:port, or none.
+type npService struct {
+	name, proto string
+	nodePort    int
+	port        int
+	noEndpoint  bool
+}
+
+// nodePortManifest renders the Services and their EndpointSlices in ns.
+func nodePortManifest(ns string, svcs ...npService) string {
 	var b strings.Builder
-	svc := func(name, proto string, np, port int, withEndpoint bool) {
-		fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: fault}\nspec:\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: %d, protocol: %s}]\n---\n", name, np, proto)
-		fmt.Fprintf(&b, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-1, namespace: fault, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d, protocol: %s}]\n", name, name, port, proto)
-		if withEndpoint {
-			b.WriteString("endpoints: [{addresses: [127.0.0.1]}]\n---\n")
-		} else {
+	for _, s := range svcs {
+		fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: %s}\nspec:\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: %d, protocol: %s}]\n---\n", s.name, ns, s.nodePort, s.proto)
+		fmt.Fprintf(&b, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-1, namespace: %s, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d, protocol: %s}]\n", s.name, ns, s.name, s.port, s.proto)
+		if s.noEndpoint {
 			b.WriteString("endpoints: []\n---\n")
+		} else {
+			b.WriteString("endpoints: [{addresses: [127.0.0.1]}]\n---\n")
 		}
 	}
-	svc("ok", "TCP", okNP, okPort, true)
-	svc("silent", "TCP", silentNP, silentPort, true)
-	svc("rst", "TCP", rstNP, rstPort, true)
-	svc("none", "TCP", noneNP, okPort, false)
-	svc("udp", "UDP", udpNP, udpPort, true)
 	return b.String()
 }
 
@@ -139,7 +142,12 @@ func faultSuite(t *testing.T, engine string) {
 	okNP, silentNP, rstNP, noneNP, udpNP := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "udp")
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "svc.yaml"), faultManifest(okNP, silentNP, rstNP, noneNP, udpNP, okPort, silentPort, rstPort, udpPort))
+	// ok (HTTP), silent (reads, never answers nor closes), rst (accepts,
+	// then resets), none (no endpoints) and udp (echo).
+	writeFile(t, filepath.Join(dir, "svc.yaml"), nodePortManifest("fault",
+		npService{"ok", "TCP", okNP, okPort, false}, npService{"silent", "TCP", silentNP, silentPort, false},
+		npService{"rst", "TCP", rstNP, rstPort, false}, npService{"none", "TCP", noneNP, okPort, true},
+		npService{"udp", "UDP", udpNP, udpPort, false}))
 	p := start(t, "--manifests", dir, "--engine", engine, "--bind-address", "127.0.0.1",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp),
 		"--conntrack-tcp-timeout-close-wait=1s", "--udp-timeout=300ms", "--drain-timeout=1s", "--connect-budget=1s", "--manifest-max-bytes=200000")

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,16 +43,9 @@ func hitlessUpgrade(t *testing.T, engine string) {
 	udpBackend(t, fmt.Sprintf("127.0.0.1:%d", udpPort), "u")
 	okNP, echoNP, udpNP := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "udp")
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
-	var m strings.Builder
-	for _, s := range []struct {
-		name, proto string
-		np, port    int
-	}{{"ok", "TCP", okNP, okPort}, {"echo", "TCP", echoNP, echoPort}, {"udp", "UDP", udpNP, udpPort}} {
-		fmt.Fprintf(&m, "apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: up}\nspec:\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: %d, protocol: %s}]\n---\n", s.name, s.np, s.proto)
-		fmt.Fprintf(&m, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-1, namespace: up, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d, protocol: %s}]\nendpoints: [{addresses: [127.0.0.1]}]\n---\n", s.name, s.name, s.port, s.proto)
-	}
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "svc.yaml"), m.String())
+	writeFile(t, filepath.Join(dir, "svc.yaml"), nodePortManifest("up",
+		npService{"ok", "TCP", okNP, okPort, false}, npService{"echo", "TCP", echoNP, echoPort, false}, npService{"udp", "UDP", udpNP, udpPort, false}))
 	args := []string{"--manifests", dir, "--engine", engine, "--bind-address", "127.0.0.1", "--drain-timeout=2m",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp),
 		"--handover-socket", filepath.Join(t.TempDir(), "handover.sock")}

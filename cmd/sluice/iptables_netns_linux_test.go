@@ -225,6 +225,22 @@ func (b *netnsBed) tries(proto, addr string, n int) []string {
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
 
+// wantBothBackends fails unless the answers came from exactly the backends
+// at a and b; context, if set, adds what to look at (the rules, the raw
+// answers) to the failure.
+func wantBothBackends(t *testing.T, what string, answers []string, a, b string, context func() string) {
+	t.Helper()
+	d := distinct(answers)
+	if len(d) == 2 && d["b@"+a] > 0 && d["b@"+b] > 0 {
+		return
+	}
+	more := ""
+	if context != nil {
+		more = "\n" + context()
+	}
+	t.Fatalf("%s: %v, want both backends%s", what, d, more)
+}
+
 func distinct(answers []string) map[string]int {
 	m := map[string]int{}
 	for _, a := range answers {
@@ -451,10 +467,7 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 
 	want2 := func(what string, answers []string) {
 		t.Helper()
-		d := distinct(answers)
-		if len(d) != 2 || d["b@10.244.0.5"] == 0 || d["b@10.244.0.6"] == 0 {
-			t.Fatalf("%s: %v, want both backends", what, d)
-		}
+		wantBothBackends(t, what, answers, "10.244.0.5", "10.244.0.6", nil)
 	}
 	// As kube-proxy when iptables has it (1.6.2 and later; 1.8 here).
 	if nat := b.in(b.node, "iptables-"+backend+"-save", "-t", "nat"); !strings.Contains(nat, `"kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`) {
@@ -468,10 +481,7 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	want2("externalIP UDP", b.tries("udp", "203.0.113.10:53", 20))
 	want6 := func(what string, answers []string) {
 		t.Helper()
-		d := distinct(answers)
-		if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
-			t.Fatalf("%s: %v, want both IPv6 backends\n%s", what, d, strings.Join(answers, "\n"))
-		}
+		wantBothBackends(t, what, answers, "fd00:244::5", "fd00:244::6", func() string { return strings.Join(answers, "\n") })
 	}
 	want6("IPv6 ClusterIP TCP", b.tries("tcp", "[fd00:96::10]:80", 20))
 	want6("IPv6 ClusterIP UDP", b.tries("udp", "[fd00:96::10]:53", 20))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
-	"github.com/sluice-proxy/sluice/kernel/conntrack"
 	"github.com/sluice-proxy/sluice/kernel/ipvs"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
@@ -157,14 +156,7 @@ func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
 			p.metrics.RestoreFailed(false)
 			errs = append(errs, err)
 		}
-		// As in iptables mode: UDP and SCTP entries bound to a gone endpoint.
-		n, err := conntrack.Netlink{IPv6: nf.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
-		switch {
-		case err != nil:
-			p.log.Warn("conntrack: stale entries not deleted", "ipv6", nf.IPv6, "err", err)
-		case n > 0:
-			p.log.Info("conntrack: deleted stale UDP/SCTP entries", "ipv6", nf.IPv6, "entries", n)
-		}
+		deleteStaleConntrack(snap, nf.IPv6, p.local.has, p.log) // as in iptables mode
 	}
 	return errors.Join(errs...)
 }

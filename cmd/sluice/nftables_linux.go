@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
-	"github.com/sluice-proxy/sluice/kernel/conntrack"
 	"github.com/sluice-proxy/sluice/kernel/nftables"
 	"github.com/sluice-proxy/sluice/lb"
 )
@@ -91,20 +90,8 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 			errs = append(errs, err)
 			continue
 		}
-		fam := "IPv4"
-		if px.Options.IPv6 {
-			fam = "IPv6"
-		}
-		p.metrics.FamilySynced(fam, st.Full, time.Since(start))
-		in, ex := noLocalEndpoints(snap, px.Options.IPv6)
-		p.metrics.NoLocalEndpoints(fam, in, ex)
-		n, err := conntrack.Netlink{IPv6: px.Options.IPv6}.DeleteMatching(conntrack.Stale(snap, p.local.has))
-		switch {
-		case err != nil:
-			p.log.Warn("conntrack: stale entries not deleted", "ipv6", px.Options.IPv6, "err", err)
-		case n > 0:
-			p.log.Info("conntrack: deleted stale UDP/SCTP entries", "ipv6", px.Options.IPv6, "entries", n)
-		}
+		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
+		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
 	}
 	p.failed = len(errs) > 0
 	return errors.Join(errs...)
@@ -112,30 +99,15 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 
 func (p *nftablesPlane) loop(every time.Duration) {
 	defer close(p.done)
-	if every <= 0 {
-		every = 30 * time.Second
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-		}
+	why := func() string {
 		p.mu.Lock()
-		failed := p.failed
-		p.mu.Unlock()
-		if !failed {
-			continue
+		defer p.mu.Unlock()
+		if p.failed {
+			return "the last sync failed"
 		}
-		p.log.Warn("nftables: resync", "why", "the last sync failed")
-		if err := p.reapplyNewest(p.applyLocked); err != nil {
-			p.log.Error("nftables resync failed", "err", err)
-		} else {
-			p.log.Info("nftables: resynced")
-		}
+		return ""
 	}
+	resyncLoop(every, p.stop, "nftables", p.log, why, func() error { return p.reapplyNewest(p.applyLocked) })
 }
 
 // Close stops the resync loop; the table stays (as kube-proxy's does)

@@ -25,12 +25,12 @@ func TestNFTablesModeInNetns(t *testing.T) {
 	p.waitLog("nftables mode", "families=2")
 	p.waitLog("state applied")
 
+	table := func(family string) func() string {
+		return func() string { return b.in(b.node, "nft", "list", "table", family, "kube-proxy") }
+	}
 	want2 := func(what string, answers []string) {
 		t.Helper()
-		d := distinct(answers)
-		if len(d) != 2 || d["b@10.244.0.5"] == 0 || d["b@10.244.0.6"] == 0 {
-			t.Fatalf("%s: %v, want both backends\n%s", what, d, b.in(b.node, "nft", "list", "table", "ip", "kube-proxy"))
-		}
+		wantBothBackends(t, what, answers, "10.244.0.5", "10.244.0.6", table("ip"))
 	}
 	want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 20))
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 20))
@@ -39,10 +39,7 @@ func TestNFTablesModeInNetns(t *testing.T) {
 	want2("NodePort UDP", b.tries("udp", "192.168.10.1:30053", 20))
 	want6 := func(what string, answers []string) {
 		t.Helper()
-		d := distinct(answers)
-		if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
-			t.Fatalf("%s: %v, want both IPv6 backends\n%s", what, d, b.in(b.node, "nft", "list", "table", "ip6", "kube-proxy"))
-		}
+		wantBothBackends(t, what, answers, "fd00:244::5", "fd00:244::6", table("ip6"))
 	}
 	want6("IPv6 ClusterIP TCP", b.tries("tcp", "[fd00:96::10]:80", 20))
 	want6("IPv6 ClusterIP UDP", b.tries("udp", "[fd00:96::10]:53", 20))

@@ -154,11 +154,11 @@ func isServiceObject(name string) bool {
 	return false
 }
 
-// Desired is what one family's table must hold: the transaction that
-// makes it so (without the deletion of stale objects, which needs to know
-// what exists) and the per-service chains and sets it uses.
+// Desired is what Render wrote into the transaction for one family's
+// table: the per-service chains and sets, each port's bundle and the
+// cluster IPs. Deleting stale objects, which needs to know what exists, is
+// the caller's.
 type Desired struct {
-	Tx     *knftables.Transaction
 	Chains map[string]bool
 	Sets   map[string]bool
 	Ports  map[lb.ServicePortName]*portBundle
@@ -190,7 +190,7 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	if o.MasqueradeBit == 0 {
 		o.MasqueradeBit = 14
 	}
-	d := Desired{Tx: tx, Chains: map[string]bool{}, Sets: map[string]bool{}}
+	d := Desired{Chains: map[string]bool{}, Sets: map[string]bool{}}
 	ip := o.ip()
 	mark := o.mark()
 
