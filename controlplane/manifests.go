@@ -404,14 +404,14 @@ func (y *yamlDocuments) next() ([]byte, error) {
 		}
 		if lineStart > start {
 			y.last = start
-			return y.data[start:lineStart], nil
+			return lineEnds(y.data[start:lineStart]), nil
 		}
 		// A separator that would end an empty document opens the next one
 		// instead (YAMLReader keeps it in that document's text).
 	}
 	if y.pos > start {
 		y.last = start
-		doc := y.data[start:y.pos:y.pos]
+		doc := lineEnds(y.data[start:y.pos:y.pos])
 		if doc[len(doc)-1] != '\n' {
 			// YAMLReader ends the last line with a newline, which a block
 			// scalar keeps; copy rather than write into the caller's data.
@@ -420,6 +420,18 @@ func (y *yamlDocuments) next() ([]byte, error) {
 		return doc, nil
 	}
 	return nil, io.EOF
+}
+
+// lineEnds ends every line with "\n" alone, as YAMLReader's line reader
+// does (bufio's ReadLine drops one "\r" before each "\n"), copying only a
+// document that has "\r\n" in it. It matters where a line ends "\r\r\n":
+// YAML then reads the remaining "\r" as a line break (found by
+// FuzzYAMLSplitMatchesYAMLReader).
+func lineEnds(doc []byte) []byte {
+	if !bytes.Contains(doc, []byte("\r\n")) {
+		return doc
+	}
+	return bytes.ReplaceAll(doc, []byte("\r\n"), []byte("\n"))
 }
 
 // decodeStream decodes YAML or a JSON stream without the cache.
