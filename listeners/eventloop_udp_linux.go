@@ -112,7 +112,7 @@ func (ln *elUDPListener) drain() {
 		if !ln.l.do(func() {
 			ln.e.opts.sockets().Release(ln.fd)
 			unix.EpollCtl(ln.l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
-			delete(ln.l.regs, int32(ln.fd))
+			ln.l.regs.drop(ln.fd)
 			ln.draining = true
 			if len(ln.flows) == 0 {
 				ln.finish()
@@ -163,7 +163,7 @@ func (ln *elUDPListener) event(ev uint32) {
 				continue
 			}
 			d := b.data(i)
-			if _, err := unix.Write(f.fd, d); err == nil {
+			if _, err := sockSend(f.fd, d); err == nil {
 				f.up += uint64(len(d))
 				f.lastActive = l.now
 			}

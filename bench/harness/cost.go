@@ -57,6 +57,22 @@ type perfCounter struct {
 }
 
 func startPerf(pids []int, dir string) (*perfCounter, error) {
+	events := strings.Join(append([]string{"raw_syscalls:sys_enter", "task-clock"}, extraPerfEvents()...), ",")
+	out := filepath.Join(dir, "perf-stat.csv")
+	return startPerfCmd(pids, out, "stat", "-x", ",", "-e", events)
+}
+
+// startPerfRecord samples call graphs over the same stretch into out, for
+// `perf report` (SLUICE_BENCH_PERF_RECORD names the directory).
+func startPerfRecord(pids []int, out string) (*perfCounter, error) {
+	args := []string{"record", "-g", "-F", "4999"}
+	if ev := os.Getenv("SLUICE_BENCH_PERF_RECORD_EVENT"); ev != "" { // e.g. syscalls:sys_enter_nanosleep
+		args = []string{"record", "-g", "-e", ev}
+	}
+	return startPerfCmd(pids, out, args...)
+}
+
+func startPerfCmd(pids []int, out string, args ...string) (*perfCounter, error) {
 	if _, err := exec.LookPath("perf"); err != nil {
 		return nil, fmt.Errorf("perf is not installed (Debian: linux-perf): %w", err)
 	}
@@ -77,10 +93,8 @@ func startPerf(pids []int, dir string) (*perfCounter, error) {
 	for i, p := range pids {
 		ps[i] = strconv.Itoa(p)
 	}
-	out := filepath.Join(dir, "perf-stat.csv")
-	events := strings.Join(append([]string{"raw_syscalls:sys_enter", "task-clock"}, extraPerfEvents()...), ",")
-	cmd := exec.Command("perf", "stat", "-x", ",", "-e", events,
-		"-D", "-1", "--control", "fd:3,4", "-o", out, "-p", strings.Join(ps, ","))
+	cmd := exec.Command("perf", append(args,
+		"-D", "-1", "--control", "fd:3,4", "-o", out, "-p", strings.Join(ps, ","))...)
 	cmd.ExtraFiles = []*os.File{ctlR, ackW}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -89,7 +103,7 @@ func startPerf(pids []int, dir string) (*perfCounter, error) {
 		ctlW.Close()
 		ackR.Close()
 		ackW.Close()
-		return nil, fmt.Errorf("perf stat: %w", err)
+		return nil, fmt.Errorf("perf %s: %w", args[0], err)
 	}
 	ctlR.Close()
 	ackW.Close()
@@ -108,12 +122,18 @@ func (p *perfCounter) command(c string) error {
 	return nil
 }
 
-// stop ends perf and parses its counts.
-func (p *perfCounter) stop() (Counts, error) {
+// end stops perf and lets go of its descriptors.
+func (p *perfCounter) end() error {
 	p.cmd.Process.Signal(syscall.SIGINT)
-	werr := p.cmd.Wait()
+	err := p.cmd.Wait()
 	p.ctl.Close()
 	p.ackFile.Close()
+	return err
+}
+
+// stop ends perf and parses its counts.
+func (p *perfCounter) stop() (Counts, error) {
+	werr := p.end()
 	data, err := os.ReadFile(p.out)
 	if err != nil {
 		return Counts{}, fmt.Errorf("perf stat output: %w (perf: %v)", err, werr)
@@ -162,16 +182,35 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p, err := startPerf(groupMembers(in.Proc.PID()), dir)
+	pids := groupMembers(in.Proc.PID())
+	p, err := startPerf(pids, dir)
 	if err != nil {
 		return nil, err
+	}
+	var rec *perfCounter
+	if recDir := os.Getenv("SLUICE_BENCH_PERF_RECORD"); recDir != "" {
+		out := filepath.Join(recDir, fmt.Sprintf("%s-%d.data", in.System.Name(), time.Now().UnixNano()))
+		if rec, err = startPerfRecord(pids, out); err != nil {
+			p.stop()
+			return nil, err
+		}
+		defer rec.end()
 	}
 	if err := p.command("enable"); err != nil {
 		p.stop()
 		return nil, err
 	}
+	if rec != nil {
+		if err := rec.command("enable"); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
 	units, werr := work()
 	derr := p.command("disable")
+	if rec != nil {
+		derr = errors.Join(derr, rec.command("disable"))
+	}
 	c, serr := p.stop()
 	if err := errors.Join(werr, derr, serr); err != nil {
 		return nil, err
