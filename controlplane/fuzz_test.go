@@ -54,7 +54,12 @@ func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ref := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		// A buffer the size of the input: with bufio's default 4096 bytes,
+		// YAMLReader drops a last line that has no newline and fills the
+		// buffer exactly (ReadLine hands it over as a prefix, then EOF
+		// alone, and YAMLReader returns EOF before writing the line). The
+		// splitter keeps that line.
+		ref := utilyaml.NewYAMLReader(bufio.NewReaderSize(bytes.NewReader(data), len(data)+16))
 		mine := yamlDocuments{data: data}
 		for doc := 1; ; doc++ {
 			want, werr := ref.Read()
@@ -68,6 +73,13 @@ func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
 				}
 				return
 			}
+			if bytes.Equal(want, got) {
+				continue // the same text: decoding it is not the splitter's business
+			}
+			// Different text must decode the same. (Compared only then:
+			// YAMLToJSON picks between keys that collide once converted,
+			// such as 0 and .0, by map order, so even one text can
+			// decode two ways.)
 			wj, wjerr := yaml.YAMLToJSON(want)
 			gj, gjerr := yaml.YAMLToJSON(got)
 			if (wjerr == nil) != (gjerr == nil) || !bytes.Equal(wj, gj) {
