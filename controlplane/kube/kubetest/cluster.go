@@ -65,6 +65,39 @@ type Cluster struct {
 	token     string
 }
 
+// Option changes how Start configures the API server.
+type Option func(*options)
+
+type options struct{ rbac bool }
+
+// WithRBAC turns authorization on as a real cluster has it (Node,RBAC,
+// with the bootstrap roles such as system:node-proxier); the Cluster's own
+// client stays a system:masters member.
+func WithRBAC() Option { return func(o *options) { o.rbac = true } }
+
+// CA returns the PEM of the CA that signed the API server's serving
+// certificate (kube-apiserver generates both under its --cert-dir), which
+// is what a pod's ca.crt holds in a real cluster.
+func (c *Cluster) CA() ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(c.dir, "certs", "apiserver.crt"))
+	if err != nil {
+		return nil, err
+	}
+	var last []byte
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		last = pem.EncodeToMemory(b)
+	}
+	if last == nil {
+		return nil, fmt.Errorf("no certificate in %s/certs/apiserver.crt", c.dir)
+	}
+	return last, nil // the file holds the serving certificate, then its CA
+}
+
 // Binaries finds etcd and kube-apiserver: $SLUICE_KUBE_APISERVER or the
 // build cache (~/.cache/sluice/kube-apiserver-VERSION), and etcd on PATH.
 // The message says how to get what is missing.
@@ -113,8 +146,16 @@ func freePort(t TB) int {
 // Start runs etcd and kube-apiserver until the test ends and waits until
 // the API server is ready. Their logs go to files in the test's temp dir,
 // and are printed if the test fails.
-func Start(t TB) *Cluster {
+func Start(t TB, opts ...Option) *Cluster {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	authz := "AlwaysAllow"
+	if o.rbac {
+		authz = "Node,RBAC"
+	}
 	etcdBin, apiBin, err := Binaries()
 	Require(t, err)
 	dir := t.TempDir()
@@ -153,8 +194,8 @@ func Start(t TB) *Cluster {
 	c.apiArgs = []string{"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
 		"--cert-dir=" + filepath.Join(dir, "certs"), "--service-account-key-file=" + saPub,
 		"--service-account-signing-key-file=" + saKey, "--service-account-issuer=https://kubernetes.default.svc",
-		"--token-auth-file=" + tokens, "--authorization-mode=AlwaysAllow", "--service-cluster-ip-range=" + ServiceCIDR,
-		"--advertise-address=127.0.0.1", "--enable-priority-and-fairness=false", "--v=0"}
+		"--token-auth-file=" + tokens, "--authorization-mode=" + authz, "--service-cluster-ip-range=" + ServiceCIDR,
+		"--advertise-address=127.0.0.1", "--enable-priority-and-fairness=false", "--allow-privileged=true", "--v=0"}
 	c.StartAPIServer()
 
 	kc := fmt.Sprintf(`apiVersion: v1
