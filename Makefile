@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build run image image-test test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -25,12 +25,18 @@ build: ## build bin/sluice, bin/sluice-demo-backend and bin/sluice-bench
 run: build ## run the demo: three loopback backends and sluice on examples/ (Ctrl-C stops all)
 	./scripts/demo.sh
 
-test: test-deps verify test-race fuzz ## everything CI runs: installs the test beds, checks, race-enabled tests, short fuzzing
+test: test-deps image verify test-race fuzz ## everything CI runs: installs the test beds, builds the image, checks, race-enabled tests, short fuzzing
 
-TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables
+image: ## bin/sluice-image.tar, an OCI image archive (Debian + sluice; no registry, reproducible; base cached in ~/.cache/sluice)
+	@GO=$(GO) VERSION=$(VERSION) ./scripts/build-image.sh >/dev/null
 
-test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
-	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft; do command -v $$t >/dev/null || missing=1; done; \
+image-test: image ## run the image with podman in the tests' private network namespace: tools, --version, manifests mode with traffic
+	$(GO) test -count=1 -v -run '^TestImage$$' ./cmd/sluice
+
+TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables podman runc mmdebstrap
+
+test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest), podman, runc and mmdebstrap (the image) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
+	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft podman runc mmdebstrap; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
