@@ -41,7 +41,8 @@ test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
 	fi
-	@GO=$(GO) ./scripts/build-kube-apiserver.sh >/dev/null
+	@GO=$(GO) ./scripts/build-kube.sh kube-apiserver >/dev/null
+	@GO=$(GO) ./scripts/build-kube.sh kube-proxy >/dev/null
 	@./scripts/build-vm-kernel.sh >/dev/null
 
 test-unit: ## tests without -race (quick)

@@ -80,10 +80,12 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.check(snap)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hung nft, not a slow one
 	defer cancel()
-	npa := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, p.local.list())
+	nodeIPs := p.local.list()
+	npa := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, nodeIPs)
 	var errs []error
 	for _, px := range p.proxiers {
 		px.Options.NodePortAddresses = npa
+		px.Options.NodeIPs = nodeIPs
 		start := time.Now()
 		st, err := px.SyncStats(ctx, snap)
 		if err != nil {

@@ -459,3 +459,31 @@ func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 		t.Fatalf("only %d shared ports", skipped)
 	}
 }
+
+// kube-proxy lets the LB IPs themselves through a service's firewall when
+// a source range holds the node's IP (the node's own traffic to a VIP it
+// holds comes back from the VIP); found by the live parity test against
+// kube-proxy v1.34.2 (cmd/sluice TestNFTablesParityWithKubeProxy).
+func TestFirewallAllowsLBIPsWhenARangeHoldsTheNode(t *testing.T) {
+	svc := &lb.ServicePort{Name: spn("ns5", "svc5", "p80"), ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.45")}, Port: 80,
+		NodePort: 3002, Endpoints: []lb.Endpoint{ep("10.180.0.3:80")},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("5.6.7.8"), netip.MustParseAddr("fd00::8")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("192.168.0.0/24")}}
+	for _, tc := range []struct {
+		node string
+		want string
+	}{
+		{"192.168.0.2", "ip saddr != { 203.0.113.0/25, 192.168.0.0/24, 5.6.7.8 } drop"},
+		{"192.168.1.2", "ip saddr != { 203.0.113.0/25, 192.168.0.0/24 } drop"},
+	} {
+		fake := knftables.NewFake(knftables.IPv4Family, Table)
+		o := Options{MasqueradeBit: 14, NodeIPs: []netip.Addr{netip.MustParseAddr(tc.node)}}
+		if err := (&Proxier{NFT: fake, Options: o}).Sync(context.Background(), snapOf(svc)); err != nil {
+			t.Fatal(err)
+		}
+		want := "add rule ip kube-proxy " + firewallChain(svc.Name) + " " + tc.want
+		if dump := fake.Dump(); !strings.Contains(dump, want+"\n") {
+			t.Errorf("node %s: no %q in\n%s", tc.node, want, dump)
+		}
+	}
+}

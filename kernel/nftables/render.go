@@ -70,6 +70,10 @@ type Options struct {
 	// every local address (but loopback: nftables mode has no localhost
 	// NodePorts).
 	NodePortAddresses []netip.Addr
+	// NodeIPs are the node's addresses: when a source range holds one, the
+	// LB IPs themselves are allowed sources too (the node's own traffic to
+	// a VIP it holds loops back from the VIP), as kube-proxy does.
+	NodeIPs []netip.Addr
 }
 
 func (o Options) ip() string {
@@ -557,6 +561,17 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 		for _, r := range sp.SourceRanges {
 			if o.family(r.Addr()) {
 				allowed = append(allowed, r.String())
+			}
+		}
+		nodeAllowed := false
+		for _, r := range sp.SourceRanges {
+			for _, n := range o.NodeIPs {
+				nodeAllowed = nodeAllowed || r.Contains(n)
+			}
+		}
+		if nodeAllowed && len(allowed) > 0 {
+			for _, a := range lbips {
+				allowed = append(allowed, a.String())
 			}
 		}
 		if len(allowed) == 0 {

@@ -2,7 +2,7 @@
 
 // Package kubetest owns the test bed of a real Kubernetes control plane:
 // etcd (Debian's etcd-server) and a kube-apiserver built from the Go module
-// proxy (scripts/build-kube-apiserver.sh), started on free loopback ports
+// proxy (scripts/build-kube.sh), started on free loopback ports
 // with a generated token and kubeconfig, and stopped by PID when the test
 // ends. Tests import it, and so does the bench harness (for endpoint churn
 // through a real API server), through a TB of its own.
@@ -98,6 +98,25 @@ func (c *Cluster) CA() ([]byte, error) {
 	return last, nil // the file holds the serving certificate, then its CA
 }
 
+// KubeProxyBinary finds upstream kube-proxy (the same version as the API
+// server), the reference the nftables parity test runs sluice beside:
+// $SLUICE_KUBE_PROXY or the build cache (scripts/build-kube.sh kube-proxy).
+func KubeProxyBinary() (string, error) {
+	bin := os.Getenv("SLUICE_KUBE_PROXY")
+	if bin == "" {
+		cache := os.Getenv("SLUICE_CACHE")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache", "sluice")
+		}
+		bin = filepath.Join(cache, "kube-proxy-"+APIServerVersion)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("kube-proxy %s not found at %s: run `make test-deps` (scripts/build-kube.sh kube-proxy builds it, ~7 minutes cold)", APIServerVersion, bin)
+	}
+	return bin, nil
+}
+
 // Binaries finds etcd and kube-apiserver: $SLUICE_KUBE_APISERVER or the
 // build cache (~/.cache/sluice/kube-apiserver-VERSION), and etcd on PATH.
 // The message says how to get what is missing.
@@ -112,7 +131,7 @@ func Binaries() (etcd, apiserver string, err error) {
 		apiserver = filepath.Join(cache, "kube-apiserver-"+APIServerVersion)
 	}
 	if _, err := os.Stat(apiserver); err != nil {
-		return "", "", fmt.Errorf("kube-apiserver %s not found at %s: run `make test-deps` (scripts/build-kube-apiserver.sh builds it, ~7 minutes cold)", APIServerVersion, apiserver)
+		return "", "", fmt.Errorf("kube-apiserver %s not found at %s: run `make test-deps` (scripts/build-kube.sh builds it, ~7 minutes cold)", APIServerVersion, apiserver)
 	}
 	etcd, err = exec.LookPath("etcd")
 	if err != nil {
