@@ -365,6 +365,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible,
 			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
+		if np, ok := plane.(*nftablesPlane); ok && np != nil {
+			src.ServiceCIDRs = np.SetServiceCIDRs
+		}
 		run, source = src.Run, "the Kubernetes API at "+host
 		log.Info("watching the Kubernetes API", "server", host, "node", src.NodeName)
 	}

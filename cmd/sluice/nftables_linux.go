@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -35,6 +37,26 @@ type nftablesPlane struct {
 	latestState
 	failed   bool
 	loopback loopbackWarner
+
+	cidrMu       sync.Mutex
+	serviceCIDRs []netip.Prefix
+}
+
+// SetServiceCIDRs takes the cluster's ServiceCIDRs (the API source watches
+// them) and syncs again if they changed: traffic to an unallocated address
+// in them is dropped, as kube-proxy does.
+func (p *nftablesPlane) SetServiceCIDRs(cidrs []netip.Prefix) {
+	p.cidrMu.Lock()
+	same := slices.Equal(p.serviceCIDRs, cidrs)
+	p.serviceCIDRs = cidrs
+	p.cidrMu.Unlock()
+	if same {
+		return
+	}
+	p.log.Info("nftables mode: ServiceCIDRs", "cidrs", cidrs)
+	if err := p.reapplyNewest(p.applyLocked); err != nil {
+		p.log.Warn("nftables mode: sync after a ServiceCIDR change failed; retried", "err", err)
+	}
 }
 
 // errNFTablesUnavailable is why nftables mode cannot run here (no nft, a
@@ -83,9 +105,13 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 	nodeIPs := p.local.list()
 	npa := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, nodeIPs)
 	var errs []error
+	p.cidrMu.Lock()
+	cidrs := p.serviceCIDRs
+	p.cidrMu.Unlock()
 	for _, px := range p.proxiers {
 		px.Options.NodePortAddresses = npa
 		px.Options.NodeIPs = nodeIPs
+		px.Options.ServiceCIDRs = cidrs
 		start := time.Now()
 		st, err := px.SyncStats(ctx, snap)
 		if err != nil {

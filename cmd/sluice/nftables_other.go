@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"net/netip"
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
@@ -16,6 +17,8 @@ var errNFTablesUnavailable = errors.New("nftables is Linux only")
 type nftablesPlane struct{ dataPlane }
 
 func (*nftablesPlane) Close() {}
+
+func (*nftablesPlane) SetServiceCIDRs([]netip.Prefix) {}
 
 func newNFTablesPlane(*config.Config, *localAddrs, *admin.Metrics, *slog.Logger) (*nftablesPlane, error) {
 	return nil, errNFTablesUnavailable

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -29,10 +30,7 @@ import (
 
 // knownNFTablesDifferences are the canonical lines only one side has,
 // prefixed "kube-proxy only: " or "sluice only: ".
-var knownNFTablesDifferences = []string{
-	// sluice does not watch ServiceCIDRs yet (issue 13).
-	`kube-proxy only: rule {"chain":"cluster-ips-check","comment":"Drop traffic to unallocated ClusterIPs","expr":[{"match":{"left":{"payload":{"field":"daddr","protocol":"ip"}},"op":"==","right":{"prefix":{"addr":"10.96.0.0","len":16}}}},{"drop":null}],"family":"ip","position":1,"table":"kube-proxy"}`,
-}
+var knownNFTablesDifferences = []string{}
 
 func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	if !inPrivateNetns() {
@@ -147,6 +145,16 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		}
 	}
 	t.Logf("compared %d canonical lines from kube-proxy with %d from sluice; %d known differences", len(upstream), len(ours), len(knownNFTablesDifferences))
+
+	// A ServiceCIDR added later widens the drop of unallocated ClusterIPs.
+	extra := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.100.0.0/16"}}}
+	if _, err := c.Client.NetworkingV1().ServiceCIDRs().Create(ctx, extra, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("a new ServiceCIDR in the drop rule", func() (bool, string) {
+		out, err := exec.Command("nft", "list", "chain", "ip", "kube-proxy", "cluster-ips-check").CombinedOutput()
+		return err == nil && strings.Contains(string(out), "10.96.0.0/16") && strings.Contains(string(out), "10.100.0.0/16"), string(out)
+	})
 }
 
 // waitForTable waits until table ip kube-proxy holds every string in want

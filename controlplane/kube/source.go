@@ -10,13 +10,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -59,6 +62,10 @@ type Source struct {
 	MinSyncPeriod time.Duration
 	// NodeEligible is told whether the Node may take traffic; may be nil.
 	NodeEligible func(bool)
+	// ServiceCIDRs, when set, is given the cluster's service ranges (every
+	// ServiceCIDR object's) on each change; nftables mode drops traffic to
+	// unallocated addresses in them.
+	ServiceCIDRs func([]netip.Prefix)
 	// Skipped is told about each bad object left out of the snapshot, with
 	// errors that name it; called when its problem first appears or changes.
 	Skipped func(error)
@@ -148,6 +155,15 @@ func (s *Source) Run(ctx context.Context) error {
 		return err
 	}
 	syncs := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	if s.ServiceCIDRs != nil {
+		synced, err := s.watchServiceCIDRs(ctx)
+		if err != nil {
+			return err
+		}
+		if synced != nil {
+			syncs = append(syncs, synced)
+		}
+	}
 	if s.NodeName != "" {
 		nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -278,6 +294,50 @@ func (s *Source) markSlice(o any) {
 			Object: "EndpointSlice " + sl.Namespace + "/" + sl.Name, Field: "metadata.labels[" + discoveryv1.LabelServiceName + "]",
 			Err: errors.New("missing: it names the Service this slice belongs to; slice ignored")})
 	}
+}
+
+// watchServiceCIDRs hands every change of the cluster's ServiceCIDR
+// objects to s.ServiceCIDRs (all their ranges, by object name), when the
+// API server serves them (networking.k8s.io/v1, Kubernetes 1.33 and later;
+// an older server has none and nothing is watched).
+func (s *Source) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, error) {
+	res, err := s.Client.Discovery().ServerResourcesForGroupVersion("networking.k8s.io/v1")
+	if err != nil || !slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == "servicecidrs" }) {
+		s.log().Info("the API server has no ServiceCIDRs; traffic to unallocated cluster IPs is not dropped", "err", err)
+		return nil, nil
+	}
+	factory := informers.NewSharedInformerFactory(s.Client, s.Resync)
+	inf := factory.Networking().V1().ServiceCIDRs().Informer()
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		s.log().Warn("API watch failed; serving the last known state and retrying", "resource", "servicecidrs", "err", err)
+	}); err != nil {
+		return nil, err
+	}
+	changed := func() {
+		objs := inf.GetStore().List()
+		slices.SortFunc(objs, func(a, b any) int {
+			return strings.Compare(a.(*networkingv1.ServiceCIDR).Name, b.(*networkingv1.ServiceCIDR).Name)
+		})
+		var cidrs []netip.Prefix
+		for _, o := range objs {
+			for _, c := range o.(*networkingv1.ServiceCIDR).Spec.CIDRs {
+				if pf, err := netip.ParsePrefix(c); err == nil && !slices.Contains(cidrs, pf.Masked()) {
+					cidrs = append(cidrs, pf.Masked())
+				}
+			}
+		}
+		s.ServiceCIDRs(cidrs)
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { changed() },
+		UpdateFunc: func(_, _ any) { changed() },
+		DeleteFunc: func(any) { changed() },
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	go func() { <-ctx.Done(); factory.Shutdown() }()
+	return inf.HasSynced, nil
 }
 
 func (s *Source) node(o any) {

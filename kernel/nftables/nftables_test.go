@@ -255,7 +255,7 @@ func TestStaticChainsAreNotServiceObjects(t *testing.T) {
 }
 
 // The whole table matches kube-proxy's for the same services, line for
-// line, but for the drop of unallocated ClusterIPs (upstream's
+// line (upstream's
 // TestOverallNFTablesRules vectors: a ClusterIP service; a LoadBalancer with
 // externalTrafficPolicy Local whose one endpoint is on another node; a
 // LoadBalancer with source ranges and ClientIP affinity; a service with
@@ -277,14 +277,14 @@ func TestRulesMatchKubeProxys(t *testing.T) {
 	svc5.Affinity = lb.Affinity{ClientIP: true, Timeout: 10800 * time.Second}
 	svc6 := mk("ns6", "svc6", "172.30.0.46")
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
-	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.0.2")}}
+	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.0.2")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("172.30.0.0/16"), netip.MustParsePrefix("fd00:10:96::/112")}}
 	if err := (&Proxier{NFT: fake, Options: o}).Sync(context.Background(), snapOf(svc1, svc2, svc5, svc6)); err != nil {
 		t.Fatal(err)
 	}
 	dump := fake.Dump()
 	// The base rules (upstream's baseRules, with --nodeport-addresses
-	// 192.168.0.2/32), less one: the drop of unallocated ClusterIPs, which
-	// needs the ServiceCIDRs sluice does not watch yet.
+	// 192.168.0.2/32 and upstream's fake proxier's service CIDRs).
 	base := `add table ip kube-proxy { comment "rules for kube-proxy" ; }
 add set ip kube-proxy cluster-ips { type ipv4_addr ; comment "Active ClusterIPs" ; }
 add set ip kube-proxy nodeport-ips { type ipv4_addr ; comment "IPs that accept NodePort traffic" ; }
@@ -310,6 +310,7 @@ add chain ip kube-proxy reject-chain { comment "helper for @no-endpoint-services
 add chain ip kube-proxy services
 add chain ip kube-proxy service-endpoints-check
 add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+add rule ip kube-proxy cluster-ips-check ip daddr { 172.30.0.0/16 } drop comment "Drop traffic to unallocated ClusterIPs"
 add rule ip kube-proxy filter-prerouting-pre-dnat ct state new jump firewall-check
 add rule ip kube-proxy filter-forward ct state new jump service-endpoints-check
 add rule ip kube-proxy filter-forward ct state new jump cluster-ips-check

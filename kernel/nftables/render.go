@@ -74,6 +74,10 @@ type Options struct {
 	// LB IPs themselves are allowed sources too (the node's own traffic to
 	// a VIP it holds loops back from the VIP), as kube-proxy does.
 	NodeIPs []netip.Addr
+	// ServiceCIDRs are the cluster's service ranges (ServiceCIDR objects):
+	// traffic to an address in them that no Service holds is dropped, as
+	// kube-proxy does. None: no such rule.
+	ServiceCIDRs []netip.Prefix
 }
 
 func (o Options) ip() string {
@@ -281,6 +285,16 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule(chainNodePortEPCheck, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
 	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
 	tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr @"+setClusterIPs, "reject"), Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
+	var cidrs []string
+	for _, c := range o.ServiceCIDRs {
+		if o.family(c.Addr()) {
+			cidrs = append(cidrs, c.String())
+		}
+	}
+	if len(cidrs) > 0 {
+		tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr", "{", strings.Join(cidrs, ", "), "}", "drop"),
+			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
+	}
 
 	d.ClusterIPs = clusterIPs(snap, o)
 	for a := range d.ClusterIPs {
