@@ -167,6 +167,28 @@ func (m *Metrics) RestoreFailed(partial bool) {
 	}
 }
 
+// InvalidDroppedFrom exports kube-proxy's count of the INVALID packets
+// iptables mode drops, read from its nfacct counter at each scrape; a
+// failed read is left out of that scrape.
+func (m *Metrics) InvalidDroppedFrom(read func() (uint64, error)) {
+	m.Registry.MustRegister(readCounter{desc: prometheus.NewDesc("kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+		"Packets dropped by iptables mode because conntrack found them invalid.", nil, nil), read: read})
+}
+
+// readCounter is a counter whose value the kernel keeps.
+type readCounter struct {
+	desc *prometheus.Desc
+	read func() (uint64, error)
+}
+
+func (c readCounter) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c readCounter) Collect(ch chan<- prometheus.Metric) {
+	if n, err := c.read(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n))
+	}
+}
+
 // SCTPSkipped sets how many SCTP service ports are not served.
 func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 

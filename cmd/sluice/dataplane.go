@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/kernel/conntrack"
 	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/nfacct"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
@@ -203,6 +204,16 @@ func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
 func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*iptablesPlane, error) {
 	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
 		loopback: loopbackWarner{mode: "iptables", log: log}}
+	// As kube-proxy: the INVALID drop counts into an nfacct counter, for
+	// kubeproxy_iptables_ct_state_invalid_dropped_packets_total, when the
+	// kernel has nfnetlink_acct.
+	counter := ""
+	if err := (nfacct.Netlink{}).Ensure(nfacct.InvalidDropped); err != nil {
+		log.Info("iptables mode: no nfacct counter for dropped invalid packets; their metric is not exported", "err", err)
+	} else {
+		counter = nfacct.InvalidDropped
+		metrics.InvalidDroppedFrom(func() (uint64, error) { return nfacct.Netlink{}.Packets(nfacct.InvalidDropped) })
+	}
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
 		r := fam.runner
 		if err := fam.err; err != nil {
@@ -215,6 +226,7 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 		o := iptablesOptions(cfg, fam.v6)
 		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
 		o.TCPBeLiberal = tcpBeLiberal()
+		o.InvalidDropCounter = counter
 		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: o, Log: log})
 	}
 	if localhostNodePorts(cfg) {
@@ -230,20 +242,15 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 	return p, nil
 }
 
-func (p *iptablesPlane) nodePortAddrs() []netip.Addr {
-	return selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, p.local.list())
-}
-
 // Apply syncs every family.
 func (p *iptablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 	p.loopback.check(snap)
 	var errs []error
-	nodePortAddrs := p.nodePortAddrs()
 	nodeIPs := p.local.list()
 	for _, px := range p.proxiers {
-		px.Options.NodePortAddresses = nodePortAddrs
+		px.Options.NodePortAddresses = nodePortAddrsFor(p.cfg.KubeProxy.NodePortAddresses, nodeIPs, px.Options.IPv6)
 		px.Options.NodeIPs = nodeIPs
 		start := time.Now()
 		st, err := px.SyncStats(snap)

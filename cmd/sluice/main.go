@@ -701,6 +701,13 @@ func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
 			}
 		}
 	}
+	// kube-proxy reads the flag per family: a family none of whose CIDRs
+	// is listed answers on every address of that family.
+	for _, a := range local {
+		if !familyRestricted(spec, a.Is6() && !a.Is4In6()) {
+			picked[a] = true
+		}
+	}
 	out := make([]netip.Addr, 0, len(picked))
 	for a := range picked {
 		out = append(out, a)
@@ -710,6 +717,32 @@ func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
 		return []netip.Addr{} // restricted, and nothing matches: no NodePort listeners
 	}
 	return out
+}
+
+// familyRestricted says whether --nodeport-addresses restricts NodePorts
+// in one family: it does when it lists a CIDR of that family, or
+// "primary" (both). kube-proxy builds its NodePort addresses per family
+// and, when none of the CIDRs is of the family, matches every address.
+func familyRestricted(spec []string, v6 bool) bool {
+	for _, s := range spec {
+		if s == "primary" {
+			return true
+		}
+		if p, err := netip.ParsePrefix(s); err == nil && (p.Addr().Is6() && !p.Addr().Is4In6()) == v6 {
+			return true
+		}
+	}
+	return false
+}
+
+// nodePortAddrsFor is the selection for one family's kernel rules: nil
+// (every local address, kube-proxy's match-all rules) when the flag does
+// not restrict the family.
+func nodePortAddrsFor(spec []string, local []netip.Addr, v6 bool) []netip.Addr {
+	if !familyRestricted(spec, v6) {
+		return nil
+	}
+	return selectNodePortAddrs(spec, local)
 }
 
 func (l *localAddrs) has(a netip.Addr) bool {

@@ -32,16 +32,28 @@ func TestSelectNodePortAddrs(t *testing.T) {
 		want []netip.Addr
 	}{
 		{nil, nil},
-		{[]string{"10.0.0.0/8"}, addrs("10.0.0.5")},
+		// As kube-proxy, per family: IPv6, which no CIDR names, answers on
+		// every address (found beside kube-proxy v1.34.2 by
+		// TestIPTablesParityWithKubeProxy).
+		{[]string{"10.0.0.0/8"}, addrs("10.0.0.5", "::1", "fd00::5")},
 		{[]string{"127.0.0.0/8", "fd00::/8"}, addrs("127.0.0.1", "fd00::5")},
 		{[]string{"primary"}, addrs("10.0.0.5", "fd00::5")},
-		{[]string{"172.16.0.0/12"}, addrs()},
+		{[]string{"172.16.0.0/12", "fc00::/8"}, addrs()},
+		{[]string{"fd00::/8"}, addrs("10.0.0.5", "127.0.0.1", "192.168.1.7", "fd00::5")},
 	}
 	for _, tc := range cases {
 		got := selectNodePortAddrs(tc.spec, local)
 		if (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
 			t.Errorf("%v: got %v, want %v", tc.spec, got, tc.want)
 		}
+	}
+	// A kernel mode's rules for a family the flag leaves alone match every
+	// local address (nil), as kube-proxy's match-all rule does.
+	if got := nodePortAddrsFor([]string{"10.0.0.0/8"}, local, true); got != nil {
+		t.Errorf("IPv6 with only an IPv4 CIDR: %v, want nil (all)", got)
+	}
+	if got := nodePortAddrsFor([]string{"10.0.0.0/8"}, local, false); !slices.Contains(got, netip.MustParseAddr("10.0.0.5")) {
+		t.Errorf("IPv4 with an IPv4 CIDR: %v", got)
 	}
 }
 

@@ -103,13 +103,12 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hung nft, not a slow one
 	defer cancel()
 	nodeIPs := p.local.list()
-	npa := selectNodePortAddrs(p.cfg.KubeProxy.NodePortAddresses, nodeIPs)
 	var errs []error
 	p.cidrMu.Lock()
 	cidrs := p.serviceCIDRs
 	p.cidrMu.Unlock()
 	for _, px := range p.proxiers {
-		px.Options.NodePortAddresses = npa
+		px.Options.NodePortAddresses = nodePortAddrsFor(p.cfg.KubeProxy.NodePortAddresses, nodeIPs, px.Options.IPv6)
 		px.Options.NodeIPs = nodeIPs
 		px.Options.ServiceCIDRs = cidrs
 		start := time.Now()

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -32,15 +33,20 @@ import (
 // prefixed "kube-proxy only: " or "sluice only: ".
 var knownNFTablesDifferences = []string{}
 
-func TestNFTablesParityWithKubeProxy(t *testing.T) {
+// parityBed is the node and the API objects both proxies are run on.
+type parityBed struct {
+	e         *kubeEnv
+	kubeProxy string
+	flags     []string // shared by both: kube-proxy's flags, which sluice takes too
+	metrics   string   // host:port of the metrics server of the one running
+}
+
+func newParityBed(t *testing.T) *parityBed {
 	if !inPrivateNetns() {
 		kubetest.Require(t, errors.New("the parity test needs a private network namespace, which needs root"))
 	}
 	kubeProxy, err := kubetest.KubeProxyBinary()
 	kubetest.Require(t, err)
-	if _, err := exec.LookPath("nft"); err != nil {
-		kubetest.Require(t, fmt.Errorf("nft: %w", err))
-	}
 	c := kubetest.Start(t)
 	ctx := context.Background()
 	e := &kubeEnv{t: t, cluster: c, client: c.Client}
@@ -102,27 +108,42 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	}
 	e.setSlice("guarded", "guarded-1", "http", local, remote)
 
-	flags := []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode, "--proxy-mode=nftables",
-		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
-		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"}
-	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "203.0.113.20"}
-
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
-	flags = append(flags, fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
-	kp := startCmd(t, exec.Command(kubeProxy, append(flags, "--v=2")...))
-	upstream := waitForTable(t, e, want, kp)
+	return &parityBed{e: e, kubeProxy: kubeProxy, metrics: fmt.Sprintf("127.0.0.1:%d", mp), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
+		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
+}
+
+// compare runs kube-proxy, then sluice, in mode and returns both dumps
+// (dump returns the canonical lines, or "" in why while not settled).
+// reset runs before each, so that neither sees what the other left.
+func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func() ([]string, string), reset func()) (upstream, ours []string) {
+	flags := append([]string{"--proxy-mode=" + mode}, b.flags...)
+	reset()
+	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
+	upstream = waitForDump(t, b.e, want, kp, dump)
 	kp.cmd.Process.Signal(os.Interrupt)
 	kp.exitCode()
-	if out, err := exec.Command(kubeProxy, "--cleanup", "--proxy-mode=nftables").CombinedOutput(); err != nil {
+	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
 		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
 	}
-	if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
-		t.Fatalf("kube-proxy --cleanup left: %s", out)
-	}
-
+	reset()
 	sl := start(t, append(flags, "--mode-fallback=false")...)
-	ours := waitForTable(t, e, want, sl)
+	ours = waitForDump(t, b.e, want, sl, dump)
+	logs := &lineLog{}
+	go logs.drain(sl.lines)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sluice log (tail):\n%s", logs.tail(40))
+		}
+	})
+	return upstream, ours
+}
 
+// checkDifferences fails for each difference not in known, and for each
+// known one that is gone.
+func checkDifferences(t *testing.T, upstream, ours, known []string) {
 	var diffs []string
 	for _, l := range upstream {
 		if !slices.Contains(ours, l) {
@@ -135,35 +156,61 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		}
 	}
 	for _, d := range diffs {
-		if !slices.Contains(knownNFTablesDifferences, d) {
+		if !slices.Contains(known, d) {
 			t.Errorf("%s", d)
 		}
 	}
-	for _, k := range knownNFTablesDifferences {
+	for _, k := range known {
 		if !slices.Contains(diffs, k) {
 			t.Errorf("a known difference is gone (take it off the list): %s", k)
 		}
 	}
-	t.Logf("compared %d canonical lines from kube-proxy with %d from sluice; %d known differences", len(upstream), len(ours), len(knownNFTablesDifferences))
+	t.Logf("compared %d canonical lines from kube-proxy with %d from sluice; %d known differences", len(upstream), len(ours), len(known))
+}
+
+func TestNFTablesParityWithKubeProxy(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		kubetest.Require(t, fmt.Errorf("nft: %w", err))
+	}
+	b := newParityBed(t)
+	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "203.0.113.20"}
+	upstream, ours := b.compare(t, "nftables", want, func() ([]string, string) {
+		out, err := exec.Command("nft", "-j", "list", "table", "ip", "kube-proxy").Output()
+		if err != nil {
+			return nil, err.Error()
+		}
+		lines, err := canonicalNFT(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lines, ""
+	}, func() {
+		if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
+			t.Fatalf("a kube-proxy table is left: %s", out)
+		}
+	})
+	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
 
 	// A ServiceCIDR added later widens the drop of unallocated ClusterIPs.
 	extra := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.100.0.0/16"}}}
-	if _, err := c.Client.NetworkingV1().ServiceCIDRs().Create(ctx, extra, metav1.CreateOptions{}); err != nil {
+	if _, err := b.e.client.NetworkingV1().ServiceCIDRs().Create(context.Background(), extra, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually("a new ServiceCIDR in the drop rule", func() (bool, string) {
+	b.e.eventually("a new ServiceCIDR in the drop rule", func() (bool, string) {
 		out, err := exec.Command("nft", "list", "chain", "ip", "kube-proxy", "cluster-ips-check").CombinedOutput()
 		return err == nil && strings.Contains(string(out), "10.96.0.0/16") && strings.Contains(string(out), "10.100.0.0/16"), string(out)
 	})
 }
 
-// waitForTable waits until table ip kube-proxy holds every string in want
-// and two dumps in a row agree (a sync is one transaction, but the first
-// syncs follow each other), then returns its canonical lines.
-func waitForTable(t *testing.T, e *kubeEnv, want []string, p *proc) []string {
+// waitForDump waits until the dump holds every string in want and has
+// not changed for a second (a family's sync is one transaction, but the
+// families sync one after the other and the first syncs follow each
+// other), then returns its canonical lines.
+func waitForDump(t *testing.T, e *kubeEnv, want []string, p *proc, dump func() ([]string, string)) []string {
 	t.Helper()
 	var last []string
-	e.eventually("table ip kube-proxy complete and settled", func() (bool, string) {
+	var since time.Time
+	e.eventually("the rules complete and settled", func() (bool, string) {
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -171,25 +218,23 @@ func waitForTable(t *testing.T, e *kubeEnv, want []string, p *proc) []string {
 			for l := range p.lines {
 				out = append(out, l)
 			}
-			t.Fatalf("the proxy exited: %v (%d lines)\n%s", err, len(out), strings.Join(out[max(0, len(out)-30):], "\n"))
+			t.Fatalf("the proxy exited: %v\n%s", err, strings.Join(out[max(0, len(out)-30):], "\n"))
 		default:
 		}
-		out, err := exec.Command("nft", "-j", "list", "table", "ip", "kube-proxy").Output()
-		if err != nil {
-			return false, err.Error()
+		lines, why := dump()
+		if why != "" {
+			return false, why
 		}
+		all := strings.Join(lines, "\n")
 		for _, w := range want {
-			if !strings.Contains(string(out), w) {
+			if !strings.Contains(all, w) {
 				return false, "no " + w
 			}
 		}
-		lines, err := canonicalNFT(out)
-		if err != nil {
-			t.Fatal(err)
+		if !slices.Equal(lines, last) {
+			last, since = lines, time.Now()
 		}
-		settled := slices.Equal(lines, last)
-		last = lines
-		return settled, "changing"
+		return time.Since(since) >= time.Second, "changing"
 	})
 	return last
 }
@@ -252,4 +297,84 @@ func zeroCounters(v any) {
 			zeroCounters(e)
 		}
 	}
+}
+
+// knownIPTablesDifferences: as knownNFTablesDifferences, for iptables mode.
+var knownIPTablesDifferences = []string{}
+
+// The same comparison for iptables mode, over iptables-save and
+// ip6tables-save (every table), on the backend both pick.
+func TestIPTablesParityWithKubeProxy(t *testing.T) {
+	for _, bin := range []string{"iptables-save", "ip6tables-save"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			kubetest.Require(t, fmt.Errorf("%s: %w", bin, err))
+		}
+	}
+	b := newParityBed(t)
+	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "203.0.113.20",
+		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
+		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
+	upstream, ours := b.compare(t, "iptables", want, func() ([]string, string) {
+		var lines []string
+		for _, bin := range []string{"iptables-save", "ip6tables-save"} {
+			out, err := exec.Command(bin).Output()
+			if err != nil {
+				return nil, err.Error()
+			}
+			lines = append(lines, canonicalIPTables(strings.TrimSuffix(bin, "-save"), string(out))...)
+		}
+		slices.Sort(lines)
+		return lines, ""
+	}, func() {
+		// Start each from no rules at all: earlier tests in this namespace
+		// leave chains (the userspace capture keeps its own across
+		// restarts), and kube-proxy's --cleanup leaves KUBE-FIREWALL.
+		for _, bin := range []string{"iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy"} {
+			for _, table := range []string{"nat", "filter", "mangle"} {
+				exec.Command(bin, "-t", table, "-F").Run()
+				exec.Command(bin, "-t", table, "-X").Run()
+			}
+		}
+	})
+	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
+	const invalid = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 0"
+	if m := get(t, "http://"+b.metrics+"/metrics"); !strings.Contains(m, invalid) {
+		t.Errorf("no %q in sluice's metrics", invalid)
+	}
+}
+
+var sharedChains = map[string]bool{"KUBE-SERVICES": true, "KUBE-NODEPORTS": true, "KUBE-EXTERNAL-SERVICES": true, "KUBE-PROXY-FIREWALL": true}
+
+// canonicalIPTables turns iptables-save output into lines, one per chain
+// and rule, without counters, each rule keeping its place in its chain.
+func canonicalIPTables(family, save string) []string {
+	var lines []string
+	table := ""
+	pos := map[string]int{}
+	for _, l := range strings.Split(save, "\n") {
+		switch {
+		case l == "" || strings.HasPrefix(l, "#") || l == "COMMIT":
+		case strings.HasPrefix(l, "*"):
+			table = l[1:]
+		case strings.HasPrefix(l, ":"):
+			f := strings.Fields(l)
+			lines = append(lines, fmt.Sprintf("%s %s chain %s %s", family, table, f[0][1:], f[1]))
+		case strings.HasPrefix(l, "-A "):
+			chain, _, _ := strings.Cut(l[3:], " ")
+			// kube-proxy writes the per-service rules of the shared chains
+			// in its map's order, which changes from sync to sync and
+			// means nothing (each matches its own address and port): only
+			// the other rules' places count.
+			if sharedChains[chain] && strings.Contains(l, `--comment "`) && strings.Contains(l, "/") {
+				lines = append(lines, fmt.Sprintf("%s %s rule %s #any %s", family, table, chain, l))
+				continue
+			}
+			k := table + " " + chain
+			lines = append(lines, fmt.Sprintf("%s %s rule %s #%d %s", family, table, chain, pos[k], l))
+			pos[k]++
+		default:
+			lines = append(lines, family+" "+table+" other "+l)
+		}
+	}
+	return lines
 }

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,5 +215,34 @@ func TestInvalidDropOmittedWhenConntrackIsLiberal(t *testing.T) {
 	o.TCPBeLiberal = true
 	if strings.Contains(string(Render(snap(), o)), rule) {
 		t.Fatal("INVALID drop with nf_conntrack_tcp_be_liberal set")
+	}
+}
+
+// With an nfacct counter the INVALID drop counts into it, as kube-proxy's
+// (-m nfacct --nfacct-name ct_state_invalid_dropped_pkts); and KUBE-FIREWALL
+// is there in both families, its localnet drop only in IPv4 with localhost
+// NodePorts (both seen beside kube-proxy v1.34.2).
+func TestInvalidDropCountsAndKubeFirewallAsKubeProxy(t *testing.T) {
+	o := opts()
+	o.InvalidDropCounter = "ct_state_invalid_dropped_pkts"
+	if r := string(Render(snap(), o)); !strings.Contains(r, "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP\n") {
+		t.Fatalf("no counted INVALID drop:\n%s", r)
+	}
+	for _, v6 := range []bool{false, true} {
+		o := opts()
+		o.IPv6, o.LocalhostNodePorts = v6, false
+		r := string(Render(snap(), o))
+		if !strings.Contains(r, ":KUBE-FIREWALL - [0:0]\n") || strings.Contains(r, "-A KUBE-FIREWALL") {
+			t.Errorf("v6=%v without localhost NodePorts: want an empty KUBE-FIREWALL\n%s", v6, r)
+		}
+		var jumps []string
+		for _, j := range Jumps(o) {
+			if target(j.Args) == ChainFirewall {
+				jumps = append(jumps, j.Chain)
+			}
+		}
+		if !slices.Equal(jumps, []string{"INPUT", "OUTPUT"}) {
+			t.Errorf("v6=%v: jumps to KUBE-FIREWALL from %v", v6, jumps)
+		}
 	}
 }

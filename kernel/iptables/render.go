@@ -41,6 +41,10 @@ type Options struct {
 	// TCPBeLiberal is net.netfilter.nf_conntrack_tcp_be_liberal set: the
 	// ctstate INVALID drop is left out then, as kube-proxy leaves it.
 	TCPBeLiberal bool
+	// InvalidDropCounter names the nfacct counter the INVALID drop counts
+	// into (kube-proxy's ct_state_invalid_dropped_pkts), when the kernel
+	// has it.
+	InvalidDropCounter string
 	// ExistingNATChains are the nat table's chains now (from iptables-save):
 	// unused per-service ones are deleted in the same restore.
 	ExistingNATChains []string
@@ -89,9 +93,11 @@ func Jumps(o Options) []Jump {
 		j("nat", "OUTPUT", ChainServices, c("kubernetes service portals")),
 		j("nat", "PREROUTING", ChainServices, c("kubernetes service portals")),
 		j("nat", "POSTROUTING", ChainPostrouting, c("kubernetes postrouting rules")),
-	}
-	if o.localhostFirewall() {
-		out = append(out, j("filter", "INPUT", ChainFirewall), j("filter", "OUTPUT", ChainFirewall))
+		// Last, so first in INPUT and OUTPUT, in both families, whether
+		// or not the chain holds the localnet drop (kube-proxy v1.34.2, seen
+		// by TestIPTablesParityWithKubeProxy).
+		j("filter", "INPUT", ChainFirewall),
+		j("filter", "OUTPUT", ChainFirewall),
 	}
 	return out
 }
@@ -233,13 +239,17 @@ func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies
 	for _, c := range []string{ChainServices, ChainExternalServices, ChainForward, ChainNodePorts, ChainProxyFirewall} {
 		out.line(":" + c + " - [0:0]")
 	}
+	out.line(":" + ChainFirewall + " - [0:0]")
 	if o.localhostFirewall() {
-		out.line(":" + ChainFirewall + " - [0:0]")
 		out.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
 			"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 	}
 	if !o.TCPBeLiberal {
-		out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+		if o.InvalidDropCounter != "" {
+			out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-m", "nfacct", "--nfacct-name", o.InvalidDropCounter, "-j", "DROP")
+		} else {
+			out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+		}
 	}
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
