@@ -174,16 +174,22 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	}
 	b := newParityBed(t)
 	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "203.0.113.20"}
+	want = append(want, `"family":"ip6"`)
 	upstream, ours := b.compare(t, "nftables", want, func() ([]string, string) {
-		out, err := exec.Command("nft", "-j", "list", "table", "ip", "kube-proxy").Output()
-		if err != nil {
-			return nil, err.Error()
+		var all []string
+		for _, family := range []string{"ip", "ip6"} {
+			out, err := exec.Command("nft", "-j", "list", "table", family, "kube-proxy").Output()
+			if err != nil {
+				return nil, err.Error()
+			}
+			lines, err := canonicalNFT(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, lines...)
 		}
-		lines, err := canonicalNFT(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lines, ""
+		slices.Sort(all)
+		return all, ""
 	}, func() {
 		if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
 			t.Fatalf("a kube-proxy table is left: %s", out)

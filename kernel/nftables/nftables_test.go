@@ -488,3 +488,32 @@ func TestFirewallAllowsLBIPsWhenARangeHoldsTheNode(t *testing.T) {
 		}
 	}
 }
+
+// With NodePorts on every address, kube-proxy's NodePort endpoint check
+// excludes loopback without a fib lookup (its services rule keeps one);
+// found by the live parity test.
+func TestNodePortChecksMatchAllAsKubeProxy(t *testing.T) {
+	for _, tc := range []struct {
+		fam  knftables.Family
+		v6   bool
+		want []string
+	}{
+		{knftables.IPv4Family, false, []string{
+			"add rule ip kube-proxy nodeport-endpoints-check ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @no-endpoint-nodeports\n",
+			"add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports\n"}},
+		{knftables.IPv6Family, true, []string{
+			"add rule ip6 kube-proxy nodeport-endpoints-check ip6 daddr != ::1 meta l4proto . th dport vmap @no-endpoint-nodeports\n",
+			"add rule ip6 kube-proxy services fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @service-nodeports\n"}},
+	} {
+		fake := knftables.NewFake(tc.fam, Table)
+		if err := (&Proxier{NFT: fake, Options: Options{IPv6: tc.v6, MasqueradeBit: 14}}).Sync(context.Background(), snapOf()); err != nil {
+			t.Fatal(err)
+		}
+		dump := fake.Dump()
+		for _, w := range tc.want {
+			if !strings.Contains(dump, w) {
+				t.Errorf("no %q in\n%s", w, dump)
+			}
+		}
+	}
+}

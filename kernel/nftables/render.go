@@ -262,13 +262,17 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 		tx.Flush(&knftables.Map{Name: m.name})
 	}
 	matchAll := o.NodePortAddresses == nil
-	var nodePortMatch []string
+	// nodePortMatch selects NodePort traffic in services; the endpoint
+	// check, hooked in input where the destination is local anyway, needs
+	// no fib lookup (kube-proxy v1.34.2, seen by the live parity test).
+	var nodePortMatch, nodePortCheckMatch []string
 	if matchAll {
 		loopback := "127.0.0.0/8"
 		if o.IPv6 {
 			loopback = "::1"
 		}
-		nodePortMatch = []string{"fib daddr type local", ip, "daddr !=", loopback}
+		nodePortCheckMatch = []string{ip, "daddr !=", loopback}
+		nodePortMatch = append([]string{"fib daddr type local"}, nodePortCheckMatch...)
 	} else {
 		tx.Add(&knftables.Set{Name: setNodePortIPs, Type: o.addrType(), Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
 		tx.Flush(&knftables.Set{Name: setNodePortIPs})
@@ -278,11 +282,12 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 			}
 		}
 		nodePortMatch = []string{ip, "daddr @" + setNodePortIPs}
+		nodePortCheckMatch = nodePortMatch
 	}
 	rule(chainServices, ip, "daddr . meta l4proto . th dport vmap @"+mapServiceIPs)
 	rule(chainServices, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapServiceNodePorts})...)
 	rule(chainServiceEPCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapNoEndpointServices)
-	rule(chainNodePortEPCheck, slices.Concat(nodePortMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
+	rule(chainNodePortEPCheck, slices.Concat(nodePortCheckMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
 	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
 	tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr @"+setClusterIPs, "reject"), Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
 	var cidrs []string
