@@ -469,9 +469,9 @@ func (c *Config) Validate() error {
 		p.add("iptables-backend", "", c.IPTablesBackend, "want auto, nft or legacy")
 	}
 	switch c.UserspaceCapture {
-	case "", "auto", "iptables", "bind", "none":
+	case "", "auto", "nftables", "iptables", "bind", "none":
 	default:
-		p.add("userspace-capture", "", c.UserspaceCapture, "want auto, iptables, bind or none")
+		p.add("userspace-capture", "", c.UserspaceCapture, "want auto, nftables, iptables, bind or none")
 	}
 	switch c.Engine {
 	case "eventloop":

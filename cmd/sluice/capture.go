@@ -29,8 +29,8 @@ type vipCapture interface {
 }
 
 // chooseCapture picks the --userspace-capture method and says why, once.
-// auto prefers iptables (precise: only VIP:port is captured), then bind
-// (needs only netlink), then none. A forced method that cannot work is an
+// auto prefers nftables, then iptables (both precise: only VIP:port is
+// captured), then bind (needs only netlink), then none. A forced method that cannot work is an
 // error naming the flag.
 func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs, log *slog.Logger) (vipCapture, error) {
 	want := cfg.UserspaceCapture
@@ -38,6 +38,23 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 		want = portals.MethodAuto
 	}
 	var reasons []string
+	if want == portals.MethodAuto || want == portals.MethodNFTables {
+		c, err := newNFTablesCapture(local, log)
+		if err == nil {
+			why := "nft can program the " + portals.NFTablesTable + " table (" + c.families() + ")"
+			if want == portals.MethodNFTables {
+				why = "forced by --userspace-capture"
+			}
+			log.Info("userspace VIP capture: nftables", "why", why)
+			srv.CaptureExternal = true
+			go c.watch(cfg.KubeProxy.IPTables.SyncPeriod.Duration)
+			return c, nil
+		}
+		if want == portals.MethodNFTables {
+			return nil, fmt.Errorf("--userspace-capture=nftables: %w", err)
+		}
+		reasons = append(reasons, "nftables unusable: "+err.Error())
+	}
 	if want == portals.MethodAuto || want == portals.MethodIPTables {
 		c, err := newIPTablesCapture(cfg, local, log)
 		if err == nil {
@@ -119,6 +136,10 @@ func newIPTablesCapture(cfg *config.Config, local *localAddrs, log *slog.Logger)
 			continue
 		}
 		c.fams = append(c.fams, &portals.IPTables{Runner: r, IPv6: fam.v6})
+	}
+	// The capture a previous run made through nftables would redirect too.
+	if err := cleanupNFTablesCapture(); err != nil {
+		log.Warn("userspace VIP capture: cannot remove the nftables portals of an earlier run", "err", err)
 	}
 	return c, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,15 +21,32 @@ func TestUserspaceCaptureInNetns(t *testing.T) {
 	}{
 		{"iptables-nft", "iptables", "nft", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
 		{"iptables-legacy", "iptables", "legacy", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
-		{"auto", "auto", "nft", nil, []string{"userspace VIP capture: iptables", "iptables can program the nat table"}},
-		// With no iptables on PATH, auto falls back to bind and says why.
-		{"auto-without-iptables", "auto", "nft", []string{"PATH=/var/empty"}, []string{"userspace VIP capture: bind", "iptables unusable"}},
+		{"nftables", "nftables", "nft", nil, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}},
+		// A restricted node: nft and no iptables binary at all.
+		{"nftables-without-iptables", "nftables", "nft", []string{"PATH=" + nftOnlyDir(t)}, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}},
+		{"auto", "auto", "nft", nil, []string{"userspace VIP capture: nftables", "nft can program the sluice-portals table"}},
+		// With neither nft nor iptables on PATH, auto falls back to bind
+		// and says why.
+		{"auto-without-nft-or-iptables", "auto", "nft", []string{"PATH=/var/empty"}, []string{"userspace VIP capture: bind", "nftables unusable", "iptables unusable"}},
 		{"bind-nft", "bind", "nft", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
 		{"bind-legacy", "bind", "legacy", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
 		{"none", "none", "legacy", nil, []string{"userspace VIP capture: none", "forced by --userspace-capture"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.env, tc.logs) })
 	}
+}
+
+// nftOnlyDir is a PATH holding nft and nothing else.
+func nftOnlyDir(t *testing.T) string {
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Fatalf("nft: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(nft, filepath.Join(dir, "nft")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine []string) {
@@ -38,7 +56,10 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		b.in(b.node, cmd, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "REDIRECT", "--to-ports", "22")
 	}
 	b.in(b.node, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo") // someone else's address on lo
-	before := b.saveState(backend) + b.in(b.node, "ip", "-o", "addr", "show", "dev", "lo")
+	state := func() string {
+		return b.saveState(backend) + b.in(b.node, "ip", "-o", "addr", "show", "dev", "lo") + b.in(b.node, "nft", "list", "tables")
+	}
+	before := state()
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
@@ -47,8 +68,11 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
 	p.waitLog(logLine...)
 	p.waitLog("state applied")
-	if method == "auto" && len(env) > 0 {
-		method = "bind"
+	if method == "auto" {
+		method = "nftables"
+		if len(env) > 0 {
+			method = "bind"
+		}
 	}
 
 	want2 := func(what string, answers []string) {
@@ -101,13 +125,21 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		want2("ClusterIP after a flush", b.tries("tcp", "10.96.0.10:80", 10))
 	}
 
+	if method == "nftables" {
+		// A `nft flush ruleset` or another tool drops the table; the
+		// portals come back.
+		b.in(b.node, "nft", "delete", "table", "ip", "sluice-portals")
+		p.waitLog("portals resynced")
+		want2("ClusterIP after the table was deleted", b.tries("tcp", "10.96.0.10:80", 10))
+	}
+
 	p.cmd.Process.Signal(os.Interrupt)
 	if code := p.exitCode(); code != 0 {
 		t.Fatalf("sluice exit %d", code)
 	}
 	for i := 0; i < 2; i++ {
 		b.in(b.node, sluiceBin, "--cleanup", "--iptables-backend="+backend)
-		if after := b.saveState(backend) + b.in(b.node, "ip", "-o", "addr", "show", "dev", "lo"); after != before {
+		if after := state(); after != before {
 			t.Fatalf("after --cleanup #%d the node differs.\nbefore:\n%s\nafter:\n%s", i+1, before, after)
 		}
 	}

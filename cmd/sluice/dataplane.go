@@ -486,6 +486,9 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 		if err := cleanupNFTables(log); err != nil {
 			errs = append(errs, err)
 		}
+		if err := cleanupNFTablesCapture(); err != nil {
+			errs = append(errs, fmt.Errorf("nftables portals: %w", err))
+		}
 	}
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
 		r := fam.runner

@@ -1,8 +1,10 @@
 // Package portals owns userspace VIP capture: how traffic sent to a
 // ClusterIP, or to an external or load-balancer IP that is not an address
 // of this host, reaches the userspace proxy's listener for that service
-// port. Three methods exist:
+// port. Four methods exist:
 //
+//   - nftables: the same redirects in a table of sluice's own,
+//     sluice-portals (ip and ip6), through knftables and nft;
 //   - iptables: REDIRECT (or DNAT) rules in KUBE-PORTALS-CONTAINER (hooked
 //     from nat PREROUTING) and KUBE-PORTALS-HOST (from nat OUTPUT) send
 //     VIP:port to the port's proxy port, like legacy kube-proxy's portals;
@@ -30,9 +32,17 @@ import (
 const (
 	MethodAuto     = "auto"
 	MethodIPTables = "iptables"
+	// MethodNFTables captures through an nftables table of sluice's own
+	// (Linux): a node with nftables and no iptables binaries is served too.
+	MethodNFTables = "nftables"
 	MethodBind     = "bind"
 	MethodNone     = "none"
 )
+
+// NFTablesTable is the nftables method's table, in the ip and ip6
+// families: base chains prerouting and output (nat, dstnat priority), the
+// same portals as the iptables method's KUBE-PORTALS-CONTAINER and -HOST.
+const NFTablesTable = "sluice-portals"
 
 // The chains of the iptables method, as legacy kube-proxy named them.
 const (
