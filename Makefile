@@ -12,7 +12,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run image image-test test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build run image image-test test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-kube-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -114,6 +114,9 @@ bench-api-churn: build bench-deps test-deps ## endpoint churn through a real kub
 
 bench-sync: build bench-deps ## iptables mode: full and partial sync with real iptables-restore (nft, legacy) in a private netns, 1k and 10k services x 10 endpoints
 	bin/sluice-bench sync --sizes 1000,10000 --rounds 1
+
+bench-kube-sync: build bench-deps test-deps ## iptables and nftables modes beside upstream kube-proxy v1.34.2 on the same kube-apiserver (1k services x 10 endpoints, 3 rounds, ~3 min); each one's own sync histograms
+	bin/sluice-bench kube-sync --sizes 1000 --rounds 3
 
 bench-sync-fake: ## iptables mode in process: full and partial render, and syncs applied to the stateful fake
 	$(GO) test -run '^$$' -bench BenchmarkSync -benchtime 5x ./kernel/iptables

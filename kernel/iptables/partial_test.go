@@ -246,3 +246,50 @@ func TestInvalidDropCountsAndKubeFirewallAsKubeProxy(t *testing.T) {
 		}
 	}
 }
+
+// As TestPartialSyncsConverge, with snapshots that share the ports that did
+// not change (as the sources publish them: a ServicePort is immutable and
+// kept while its Service is): each step picks one of three versions of
+// each service, so most ports come from the render cache; the tables still
+// equal a fresh full sync after every step.
+func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
+	var pool [6][3]*lb.ServicePort
+	for j := range pool {
+		for v := range pool[j] {
+			var eps []lb.Endpoint
+			for k := 0; k < v+j%2; k++ {
+				eps = append(eps, readyEP(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(k + 1 + v)}), 8080).String(), k%2 == 0))
+			}
+			sp := svcPort("s"+string(rune('a'+j)), netip.AddrFrom4([4]byte{10, 96, 0, byte(j + 1)}).String(), eps...)
+			sp.NodePort = uint16(30000 + j)
+			sp.ExternalLocal = (v+j)%3 == 0
+			sp.Affinity.ClientIP, sp.Affinity.Timeout = v == 2, time.Hour
+			pool[j][v] = sp
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	f := NewFake()
+	p := &Proxier{Runner: f, Options: opts()}
+	for step := 0; step < 60; step++ {
+		var ports []*lb.ServicePort
+		for j := range pool {
+			if r := rng.IntN(8); r < 3 {
+				ports = append(ports, pool[j][r])
+			} else if r < 7 && step > 0 {
+				ports = append(ports, pool[j][0])
+			}
+		}
+		s := snap(ports...)
+		if _, err := p.SyncStats(s); err != nil {
+			t.Fatal(err)
+		}
+		fresh := NewFake()
+		syncTo(t, fresh, opts(), s)
+		if got, want := f.Dump(), fresh.Dump(); got != want {
+			t.Fatalf("step %d: tables differ from a full sync:\n%s\nwant:\n%s", step, got, want)
+		}
+	}
+	if p.cache.hits == 0 {
+		t.Fatal("no port came from the render cache")
+	}
+}

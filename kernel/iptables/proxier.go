@@ -28,7 +28,8 @@ type Proxier struct {
 	FullSyncPeriod time.Duration
 	Now            func() time.Time // default time.Now
 
-	applied  Bodies          // nil: the next sync is full
+	applied  Bodies // nil: the next sync is full
+	cache    portCache
 	chains   map[string]bool // the per-service chains after the last sync
 	optsKey  string
 	lastFull time.Time
@@ -81,7 +82,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 			o.ExistingNATChains = append(o.ExistingNATChains, c)
 		}
 	}
-	data, bodies, chains := RenderPartial(snap, o, prev)
+	data, bodies, chains := renderPartial(snap, o, prev, &p.cache)
 	st := SyncStats{Full: full, Bytes: len(data)}
 	if err := p.Runner.Restore(data); err != nil {
 		p.applied = nil

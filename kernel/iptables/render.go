@@ -102,6 +102,13 @@ func Jumps(o Options) []Jump {
 	return out
 }
 
+// withoutExisting is o for comparing renderings: the chains that exist
+// only decide what is deleted.
+func (o Options) withoutExisting() Options {
+	o.ExistingNATChains = nil
+	return o
+}
+
 func (o Options) localhostFirewall() bool { return !o.IPv6 && o.LocalhostNodePorts }
 
 // CanaryTables are the tables that hold a KUBE-PROXY-CANARY chain: when a
@@ -169,6 +176,29 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
+	return renderPartial(snap, o, applied, nil)
+}
+
+// portRender is one service port's rendering: its lines in the top-level
+// chains, its chains and the fingerprint of their bodies.
+type portRender struct {
+	filter, nat []byte
+	chains      []string
+	sum         uint64
+}
+
+// portCache keeps each service port's rendering by pointer: a snapshot
+// shares the (immutable) ServicePorts that did not change with the one
+// before, so a partial sync need not render them again to find them
+// unchanged (bench sync, 1k services: most of a partial sync's 40 ms of
+// rendering). Valid for one set of options.
+type portCache struct {
+	key   string
+	ports map[*lb.ServicePort]portRender
+	hits  int // ports taken from the cache, ever (for tests)
+}
+
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache) ([]byte, Bodies, []string) {
 	mark := o.Mark()
 	total := 0
 	for _, sp := range snap.Ports {
@@ -189,19 +219,51 @@ func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies
 	bodyRules.b.Grow(len(snap.Ports) * 4096)
 	natRules.b.Grow(len(snap.Ports) * 256)
 	natChains.b.Grow(len(snap.Ports) * 512)
+	var cached map[*lb.ServicePort]portRender
+	if cache != nil {
+		key := fmt.Sprint(o.withoutExisting(), o.largeCluster)
+		if cache.key == key {
+			cached = cache.ports
+		}
+		cache.key, cache.ports = key, make(map[*lb.ServicePort]portRender, len(snap.Ports))
+	}
 	for _, sp := range snap.Sorted() {
+		if c, ok := cached[sp]; ok {
+			if prev, ok := applied[sp.Name]; ok && prev == c.sum {
+				// The same port as last time, applied as rendered.
+				filterRules.b.Write(c.filter)
+				natRules.b.Write(c.nat)
+				for _, ch := range c.chains {
+					active[ch] = true
+				}
+				if len(c.chains) > 0 {
+					bodies[sp.Name] = c.sum
+				}
+				cache.ports[sp] = c
+				cache.hits++
+				continue
+			}
+		}
 		portChains = portChains[:0]
 		body.b.Reset()
+		f0, n0 := filterRules.b.Len(), natRules.b.Len()
 		renderPort(sp, o, mark, &filterRules, &natRules, &body, chain)
+		var sum uint64
+		if len(portChains) > 0 {
+			h := fnv.New64a()
+			for _, c := range portChains {
+				h.Write([]byte(c))
+			}
+			h.Write(body.b.Bytes())
+			sum = h.Sum64()
+		}
+		if cache != nil {
+			cache.ports[sp] = portRender{filter: bytes.Clone(filterRules.b.Bytes()[f0:]), nat: bytes.Clone(natRules.b.Bytes()[n0:]),
+				chains: slices.Clone(portChains), sum: sum}
+		}
 		if len(portChains) == 0 {
 			continue
 		}
-		h := fnv.New64a()
-		for _, c := range portChains {
-			h.Write([]byte(c))
-		}
-		h.Write(body.b.Bytes())
-		sum := h.Sum64()
 		bodies[sp.Name] = sum
 		if prev, ok := applied[sp.Name]; ok && prev == sum {
 			continue // unchanged: the kernel has these chains as they are

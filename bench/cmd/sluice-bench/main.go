@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/bench/harness"
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
 	"github.com/sluice-proxy/sluice/vmtest"
 )
 
@@ -40,6 +41,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "sync" {
 		os.Exit(syncBench(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "kube-sync" {
+		os.Exit(kubeSyncBench(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "vm" {
 		os.Exit(vmBench(os.Args[2:]))
@@ -113,6 +117,83 @@ func syncBench(args []string) int {
 	}
 	fmt.Print(md)
 	fmt.Println("\nwrote", dir)
+	return 0
+}
+
+// kubeSyncBench runs the kernel modes' syncs beside upstream kube-proxy in
+// a private network namespace (re-executing itself with CLONE_NEWNET, as
+// sync does).
+func kubeSyncBench(args []string) int {
+	fs := flag.NewFlagSet("kube-sync", flag.ExitOnError)
+	sizes := fs.String("sizes", "1000", "service counts, comma-separated")
+	modes := fs.String("modes", "iptables,nftables", "kernel modes, comma-separated")
+	rounds := fs.Int("rounds", 2, "rounds per mode and size (medians are reported); the proxies alternate which runs first")
+	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-kube-sync/")
+	limit := fs.Duration("limit", 15*time.Minute, "longest one sync may take before it is reported as failed")
+	sluice := fs.String("sluice", "bin/sluice", "the sluice binary")
+	fs.Parse(args)
+	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
+		if os.Geteuid() != 0 {
+			fmt.Fprintln(os.Stderr, "sluice-bench kube-sync: needs root (it creates a private network namespace and programs its tables)")
+			return 1
+		}
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), "SLUICE_SYNC_NETNS=1")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Run(); err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return ee.ExitCode()
+			}
+			fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
+			return 1
+		}
+		return 0
+	}
+	kp, err := kubetest.KubeProxyBinary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
+		return 1
+	}
+	abs, err := filepath.Abs(*sluice)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
+		return 1
+	}
+	cfg := harness.KubeSyncConfig{Sluice: abs, KubeProxy: kp, Rounds: max(1, *rounds), Limit: *limit,
+		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }}
+	for _, s := range strings.Split(*sizes, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n < 1 || n > 60000 {
+			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --sizes: %q is not a service count (1-60000)\n", s)
+			return 1
+		}
+		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	for _, m := range strings.Split(*modes, ",") {
+		m = strings.TrimSpace(m)
+		if m != "iptables" && m != "nftables" {
+			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --modes: %q is not iptables or nftables\n", m)
+			return 1
+		}
+		cfg.Modes = append(cfg.Modes, m)
+	}
+	res, err := harness.RunKubeSyncBench(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
+	}
+	dir := filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-kube-sync")
+	md, werr := harness.WriteKubeSyncResults(dir, res, harness.Machine())
+	if werr != nil {
+		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", werr)
+		return 1
+	}
+	fmt.Print(md)
+	fmt.Println("\nwrote", dir)
+	if err != nil {
+		return 1
+	}
 	return 0
 }
 

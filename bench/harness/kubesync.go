@@ -1,0 +1,457 @@
+//go:build linux
+
+package harness
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+)
+
+// The kernel-mode sync benchmark against upstream kube-proxy: the same
+// real kube-apiserver holding N services (10 endpoints each, on another
+// node), the same flags, the same node, in a private network namespace;
+// kube-proxy and sluice take turns (the first one alternates by round).
+// Each proxy's own sync histograms (kubeproxy_sync_full_proxy_rules_
+// duration_seconds and ..._partial_..., which sluice exports as kube-proxy
+// does) give its first full sync and, after one EndpointSlice update, its
+// partial sync; ready_s is from the process start to the first full sync
+// of every family, so it includes the initial list from the API.
+
+// KubeSyncResult is one proxy's syncs in one mode at one size and round.
+type KubeSyncResult struct {
+	Proxy    string  `json:"proxy"` // kube-proxy or sluice
+	Mode     string  `json:"mode"`
+	Services int     `json:"services"`
+	Round    int     `json:"round"`
+	ReadyS   float64 `json:"readyS"`
+	FullS    float64 `json:"fullS"`    // sum over families of the first full syncs
+	PartialS float64 `json:"partialS"` // the IPv4 partial sync one update caused
+	Failed   string  `json:"failed,omitempty"`
+}
+
+// KubeSyncConfig says what to run.
+type KubeSyncConfig struct {
+	Sluice, KubeProxy string
+	Modes             []string
+	Sizes             []int
+	Rounds            int
+	Limit             time.Duration // per sync
+	Logf              func(string, ...any)
+}
+
+// RunKubeSyncBench runs every size, mode and round; it must run in a
+// private network namespace (it programs the kernel's tables).
+func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
+	var out []KubeSyncResult
+	if err := kubeSyncNode(); err != nil {
+		return nil, err
+	}
+	for _, n := range cfg.Sizes {
+		res, err := kubeSyncSize(cfg, n)
+		out = append(out, res...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// kubeSyncNode gives this namespace the node's address on a veth pair
+// that leads nowhere.
+func kubeSyncNode() error {
+	for _, args := range [][]string{
+		{"link", "add", "ksync0", "type", "veth", "peer", "name", "ksync1"},
+		{"link", "set", "ksync0", "up"}, {"link", "set", "ksync1", "up"}, {"link", "set", "lo", "up"},
+		{"addr", "add", "192.168.10.1/24", "dev", "ksync0"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+func kubeSyncSize(cfg KubeSyncConfig, n int) ([]KubeSyncResult, error) {
+	tb := &benchTB{}
+	defer tb.close()
+	var cluster *kubetest.Cluster
+	if err := tb.run(func() { cluster = kubetest.Start(tb) }); err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 2000, 2000
+	client := kubernetes.NewForConfigOrDie(rc)
+	ctx := context.Background()
+	node, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.10.1"}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	if err := loadKubeSyncServices(ctx, client, n); err != nil {
+		return nil, err
+	}
+	cfg.Logf("%d services x 10 endpoints loaded into kube-apiserver in %v", n, time.Since(t0).Round(time.Second))
+
+	var out []KubeSyncResult
+	update := 0
+	for round := 0; round < cfg.Rounds; round++ {
+		for _, mode := range cfg.Modes {
+			proxies := []string{"kube-proxy", "sluice"}
+			if round%2 == 1 {
+				slices.Reverse(proxies)
+			}
+			for _, proxy := range proxies {
+				update++
+				r := runKubeSyncOnce(ctx, cfg, client, cluster.Kubeconfig, proxy, mode, n, update)
+				r.Round = round + 1
+				if r.Failed != "" {
+					cfg.Logf("%-10s %-8s %6d services  round %d  FAILED: %s", proxy, mode, n, r.Round, r.Failed)
+				} else {
+					cfg.Logf("%-10s %-8s %6d services  round %d  ready %7.2f s  full sync %7.2f s  partial %7.3f s", proxy, mode, n, r.Round, r.ReadyS, r.FullS, r.PartialS)
+				}
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+func loadKubeSyncServices(ctx context.Context, client kubernetes.Interface, n int) error {
+	work := make(chan int)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if err := createKubeSyncService(ctx, client, i, 10); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func kubeSyncSlice(i, endpoints int) *discoveryv1.EndpointSlice {
+	name := fmt.Sprintf("s%d", i)
+	port, pname, proto, nodeB := int32(8080), "p", corev1.ProtocolTCP, "node-b"
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for j := 0; j < endpoints; j++ {
+		a := netip.AddrFrom4([4]byte{10, byte(128 + i>>12), byte(i >> 4), byte(j + 16*(i&15))})
+		ready := true
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{a.String()}, NodeName: &nodeB,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return sl
+}
+
+func createKubeSyncService(ctx context.Context, client kubernetes.Interface, i, endpoints int) error {
+	name := fmt.Sprintf("s%d", i)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+	if _, err := client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Service %s: %w", name, err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, kubeSyncSlice(i, endpoints), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create EndpointSlice %s: %w", name, err)
+	}
+	return nil
+}
+
+// syncSums reads a proxy's full sync histograms (sums and counts over
+// every family) and its IPv4 partial sync histogram (an IPv4 Service's
+// update leaves the IPv6 rules unchanged; kube-proxy then syncs only IPv4).
+type syncSums struct{ fullSum, partialSum, fullCount, partialCount float64 }
+
+func readSyncSums(url string) (syncSums, error) {
+	var s syncSums
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v4 := strings.Contains(line, `ip_family="IPv4"`)
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+			if j := strings.LastIndexByte(line, '}'); j >= 0 {
+				rest = strings.TrimSpace(line[j+1:])
+			}
+		}
+		v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "kubeproxy_sync_full_proxy_rules_duration_seconds_sum":
+			s.fullSum += v
+		case "kubeproxy_sync_full_proxy_rules_duration_seconds_count":
+			s.fullCount += v
+		case "kubeproxy_sync_partial_proxy_rules_duration_seconds_sum":
+			if v4 {
+				s.partialSum += v
+			}
+		case "kubeproxy_sync_partial_proxy_rules_duration_seconds_count":
+			if v4 {
+				s.partialCount += v
+			}
+		}
+	}
+	return s, sc.Err()
+}
+
+func freeLoopbackPort() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// runKubeSyncOnce starts one proxy, waits for its first full sync of both
+// families, updates one EndpointSlice, waits for the partial syncs, and
+// stops and cleans up after it.
+func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy, mode string, n, update int) KubeSyncResult {
+	r := KubeSyncResult{Proxy: proxy, Mode: mode, Services: n}
+	bin := cfg.KubeProxy
+	if proxy == "sluice" {
+		bin = cfg.Sluice
+	}
+	hz, mp := freeLoopbackPort(), freeLoopbackPort()
+	args := []string{"--kubeconfig=" + kubeconfig, "--hostname-override=node-a", "--proxy-mode=" + mode,
+		"--cluster-cidr=10.128.0.0/9", "--nodeport-addresses=192.168.10.0/24",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}
+	dir, _ := os.MkdirTemp("", "sluice-kube-sync-")
+	defer os.RemoveAll(dir)
+	if proxy == "sluice" {
+		args = append(args, "--mode-fallback=false", "--handover-socket="+filepath.Join(dir, "h.sock"))
+	}
+	cmd := exec.Command(bin, args...)
+	logf, _ := os.Create(filepath.Join(dir, "log"))
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stop := func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		cl := exec.Command(bin, "--cleanup", "--proxy-mode="+mode)
+		cl.Run()
+		for _, b := range []string{"iptables", "ip6tables"} {
+			for _, t := range []string{"nat", "filter", "mangle"} {
+				exec.Command(b, "-t", t, "-F").Run()
+				exec.Command(b, "-t", t, "-X").Run()
+			}
+		}
+	}
+	defer stop()
+	tail := func() string {
+		data, _ := os.ReadFile(filepath.Join(dir, "log"))
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		return strings.Join(lines[max(0, len(lines)-5):], " | ")
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)
+	wait := func(what string, cond func(syncSums) bool) (syncSums, error) {
+		deadline := time.Now().Add(cfg.Limit)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case err := <-done:
+				done <- err
+				return syncSums{}, fmt.Errorf("exited (%v) before %s: %s", err, what, tail())
+			case <-tick.C:
+			}
+			if s, err := readSyncSums(url); err == nil && cond(s) {
+				return s, nil
+			}
+			if time.Now().After(deadline) {
+				return syncSums{}, fmt.Errorf("no %s within %s: %s", what, cfg.Limit, tail())
+			}
+		}
+	}
+	first, err := wait("full sync of both families", func(s syncSums) bool { return s.fullCount >= 2 })
+	if err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	r.ReadyS, r.FullS = time.Since(start).Seconds(), first.fullSum
+	// One service loses an endpoint (and gets it back on the next update).
+	i := n / 2
+	sl := kubeSyncSlice(i, 10-update%2)
+	old, err := client.DiscoveryV1().EndpointSlices("default").Get(ctx, sl.Name, metav1.GetOptions{})
+	if err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	sl.ResourceVersion = old.ResourceVersion
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	after, err := wait("partial sync after an update", func(s syncSums) bool {
+		return s.partialCount > first.partialCount || s.fullCount > first.fullCount+1
+	})
+	if err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	if after.partialCount == first.partialCount {
+		r.Failed = "the update caused a full sync, not a partial one"
+		return r
+	}
+	r.PartialS = after.partialSum - first.partialSum
+	return r
+}
+
+// WriteKubeSyncResults writes results.json and results.md (medians by
+// proxy, mode and size, with sluice's ratio to kube-proxy) into dir.
+func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	js, _ := json.MarshalIndent(res, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
+		return "", err
+	}
+	type key struct {
+		mode  string
+		n     int
+		proxy string
+	}
+	type vals struct{ ready, full, partial []float64 }
+	med := func(v []float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		s := slices.Clone(v)
+		sort.Float64s(s)
+		return s[len(s)/2]
+	}
+	by := map[key]*vals{}
+	var failed []string
+	for _, r := range res {
+		if r.Failed != "" {
+			failed = append(failed, fmt.Sprintf("- %s %s %d services, round %d: %s", r.Proxy, r.Mode, r.Services, r.Round, r.Failed))
+			continue
+		}
+		k := key{r.Mode, r.Services, r.Proxy}
+		if by[k] == nil {
+			by[k] = &vals{}
+		}
+		by[k].ready = append(by[k].ready, r.ReadyS)
+		by[k].full = append(by[k].full, r.FullS)
+		by[k].partial = append(by[k].partial, r.PartialS)
+	}
+	var b strings.Builder
+	b.WriteString("# Kernel-mode syncs beside upstream kube-proxy\n\n")
+	b.WriteString("The same kube-apiserver holding N services x 10 endpoints, the same flags and node, in a private network namespace; each proxy's own sync histograms (full syncs summed over the IPv4 and IPv6 families; the partial sync is IPv4's, the family the update changes). `ready` runs from the process start to the first full sync of both families (the initial API list included). Medians of the rounds; the proxies alternate which runs first.\n\n")
+	b.WriteString("| mode | services | proxy | ready s | first full sync s | one-Service partial sync s | rounds |\n|---|---|---|---|---|---|---|\n")
+	var keys []key
+	for k := range by {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := strings.Compare(a.mode, b.mode); c != 0 {
+			return c
+		}
+		if a.n != b.n {
+			return a.n - b.n
+		}
+		return strings.Compare(a.proxy, b.proxy)
+	})
+	for _, k := range keys {
+		v := by[k]
+		fmt.Fprintf(&b, "| %s | %d | %s | %.2f | %.2f | %.3f | %d |\n", k.mode, k.n, k.proxy, med(v.ready), med(v.full), med(v.partial), len(v.full))
+	}
+	b.WriteString("\nsluice / kube-proxy (below 1 is faster):\n\n| mode | services | first full sync | partial sync |\n|---|---|---|---|\n")
+	for _, k := range keys {
+		if k.proxy != "sluice" {
+			continue
+		}
+		up := by[key{k.mode, k.n, "kube-proxy"}]
+		if up == nil {
+			continue
+		}
+		ratio := func(a, b float64) string {
+			if b == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2fx", a/b)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s |\n", k.mode, k.n, ratio(med(by[k].full), med(up.full)), ratio(med(by[k].partial), med(up.partial)))
+	}
+	if len(failed) > 0 {
+		b.WriteString("\nFailed:\n\n" + strings.Join(failed, "\n") + "\n")
+	}
+	b.WriteString("\nMachine:\n\n```\n" + machine + "\n```\n")
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(b.String()), 0o644); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
