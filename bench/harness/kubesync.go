@@ -44,6 +44,7 @@ import (
 type KubeSyncResult struct {
 	Proxy    string  `json:"proxy"` // kube-proxy or sluice
 	Mode     string  `json:"mode"`
+	Backend  string  `json:"backend,omitempty"` // iptables mode: nft or legacy
 	Services int     `json:"services"`
 	Round    int     `json:"round"`
 	ReadyS   float64 `json:"readyS"`
@@ -57,9 +58,23 @@ type KubeSyncConfig struct {
 	Sluice, KubeProxy string
 	Modes             []string
 	Sizes             []int
-	Rounds            int
-	Limit             time.Duration // per sync
-	Logf              func(string, ...any)
+	// Backend is the iptables both proxies find as `iptables` on PATH:
+	// nft or legacy (a directory of links put first on their PATH).
+	Backend string
+	Rounds  int
+	Limit   time.Duration // per sync
+	Logf    func(string, ...any)
+
+	pathDir string
+}
+
+// env is the proxies' environment: the backend's links first on PATH.
+func (cfg KubeSyncConfig) env() []string {
+	env := os.Environ()
+	if cfg.pathDir != "" {
+		env = append(env, "PATH="+cfg.pathDir+":"+os.Getenv("PATH"))
+	}
+	return env
 }
 
 // RunKubeSyncBench runs every size, mode and round; it must run in a
@@ -68,6 +83,25 @@ func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
 	var out []KubeSyncResult
 	if err := kubeSyncNode(); err != nil {
 		return nil, err
+	}
+	if cfg.Backend != "" {
+		dir, err := os.MkdirTemp("", "sluice-kube-sync-bin-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		for _, c := range []string{"iptables", "ip6tables"} {
+			for _, suffix := range []string{"", "-save", "-restore"} {
+				target, err := exec.LookPath(c + "-" + cfg.Backend + suffix)
+				if err != nil {
+					return nil, err
+				}
+				if err := os.Symlink(target, filepath.Join(dir, c+suffix)); err != nil {
+					return nil, err
+				}
+			}
+		}
+		cfg.pathDir = dir
 	}
 	for _, n := range cfg.Sizes {
 		res, err := kubeSyncSize(cfg, n)
@@ -266,6 +300,12 @@ func freeLoopbackPort() int {
 // stops and cleans up after it.
 func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy, mode string, n, update int) KubeSyncResult {
 	r := KubeSyncResult{Proxy: proxy, Mode: mode, Services: n}
+	if mode == "iptables" {
+		r.Backend = cfg.Backend
+		if r.Backend == "" {
+			r.Backend = "default"
+		}
+	}
 	bin := cfg.KubeProxy
 	if proxy == "sluice" {
 		bin = cfg.Sluice
@@ -281,6 +321,7 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 		args = append(args, "--mode-fallback=false", "--handover-socket="+filepath.Join(dir, "h.sock"))
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = cfg.env()
 	logf, _ := os.Create(filepath.Join(dir, "log"))
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -301,8 +342,9 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 			<-done
 		}
 		cl := exec.Command(bin, "--cleanup", "--proxy-mode="+mode)
+		cl.Env = cfg.env()
 		cl.Run()
-		for _, b := range []string{"iptables", "ip6tables"} {
+		for _, b := range []string{"iptables-nft", "ip6tables-nft", "iptables-legacy", "ip6tables-legacy"} {
 			for _, t := range []string{"nat", "filter", "mangle"} {
 				exec.Command(b, "-t", t, "-F").Run()
 				exec.Command(b, "-t", t, "-X").Run()
@@ -400,7 +442,11 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 			failed = append(failed, fmt.Sprintf("- %s %s %d services, round %d: %s", r.Proxy, r.Mode, r.Services, r.Round, r.Failed))
 			continue
 		}
-		k := key{r.Mode, r.Services, r.Proxy}
+		mode := r.Mode
+		if r.Backend != "" {
+			mode += " (" + r.Backend + ")"
+		}
+		k := key{mode, r.Services, r.Proxy}
 		if by[k] == nil {
 			by[k] = &vals{}
 		}

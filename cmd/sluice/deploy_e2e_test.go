@@ -254,6 +254,46 @@ func TestDeployWithRBAC(t *testing.T) {
 		p.waitLog("level=WARN", "userspace VIP capture: none")
 	})
 
+	// A kernel-mode overlay's pod: privileged, iptables mode from its
+	// config.conf, serving a Service created afterwards.
+	t.Run("the iptables overlay's pod", func(t *testing.T) {
+		objs := kustomizeBuild(t, "overlays/iptables")
+		var ods appsv1.DaemonSet
+		findObj(t, objs, "DaemonSet", "sluice", &ods)
+		var ocm corev1.ConfigMap
+		findObj(t, objs, "ConfigMap", "sluice", &ocm)
+		ocm.Data["kubeconfig.conf"] = strings.ReplaceAll(ocm.Data["kubeconfig.conf"], "https://CONTROL_PLANE_ENDPOINT:6443", c.URL)
+		if sc := ods.Spec.Template.Spec.Containers[0].SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+			t.Fatal("the iptables overlay's container is not privileged")
+		}
+		p := podOf(t, &ods, &ocm)
+		logs := &lineLog{}
+		go logs.drain(p.lines)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("sluice log (tail):\n%s", logs.tail(60))
+			}
+		})
+		e := &kubeEnv{t: t, cluster: c, client: c.Client}
+		e.eventually("iptables mode from the overlay's config", func() (bool, string) {
+			return logs.find("iptables mode") != "", logs.tail(5)
+		})
+		e.backend("10.244.0.23", "overlay-a")
+		svc := e.createService(webService("overlaid"))
+		e.setSlice("overlaid", "overlaid-1", "http", readyEP("10.244.0.23"))
+		ip := svc.Spec.ClusterIP
+		e.eventually("ClusterIP through the iptables overlay's pod", func() (bool, string) {
+			body, err := getURL("http://" + ip + ":80/")
+			return err == nil && body == "overlay-a", fmt.Sprint(body, err)
+		})
+		if l := logs.find("orbidden"); l != "" {
+			t.Errorf("the overlay's pod logged: %s", l)
+		}
+		p.cmd.Process.Signal(os.Interrupt)
+		p.exitCode()
+		exec.Command(sluiceBin, "--cleanup").Run()
+	})
+
 	// Swap in place: kubeadm's own kube-proxy DaemonSet, ConfigMap and
 	// ServiceAccount, unchanged, run sluice at kube-proxy's path (what
 	// `kubectl set image daemonset/kube-proxy` gives a node).

@@ -131,6 +131,7 @@ func kubeSyncBench(args []string) int {
 	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-kube-sync/")
 	limit := fs.Duration("limit", 15*time.Minute, "longest one sync may take before it is reported as failed")
 	sluice := fs.String("sluice", "bin/sluice", "the sluice binary")
+	backend := fs.String("backend", "", "iptables mode's backend for both proxies: nft or legacy (empty: the system's iptables)")
 	fs.Parse(args)
 	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
 		if os.Geteuid() != 0 {
@@ -161,7 +162,11 @@ func kubeSyncBench(args []string) int {
 		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
 		return 1
 	}
-	cfg := harness.KubeSyncConfig{Sluice: abs, KubeProxy: kp, Rounds: max(1, *rounds), Limit: *limit,
+	if *backend != "" && *backend != "nft" && *backend != "legacy" {
+		fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --backend: %q is not nft or legacy\n", *backend)
+		return 1
+	}
+	cfg := harness.KubeSyncConfig{Sluice: abs, KubeProxy: kp, Rounds: max(1, *rounds), Limit: *limit, Backend: *backend,
 		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }}
 	for _, s := range strings.Split(*sizes, ",") {
 		var n int
