@@ -157,6 +157,7 @@ type iptablesPlane struct {
 	latestState
 	failed   bool
 	loopback loopbackWarner
+	backoff  syncBackoff
 }
 
 // latestState is a kernel plane's newest snapshot and the lock its syncs
@@ -203,6 +204,7 @@ func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
 
 func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*iptablesPlane, error) {
 	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		backoff:  syncBackoff{max: resyncEvery(cfg.KubeProxy.IPTables.SyncPeriod.Duration)},
 		loopback: loopbackWarner{mode: "iptables", log: log}}
 	// As kube-proxy: the INVALID drop counts into an nfacct counter, for
 	// kubeproxy_iptables_ct_state_invalid_dropped_packets_total, when the
@@ -246,6 +248,9 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 func (p *iptablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
+	if d := p.backoff.wait(); d > 0 {
+		return fmt.Errorf("iptables mode: %w", errBackingOff{p.backoff.failures, d})
+	}
 	p.loopback.check(snap)
 	var errs []error
 	nodeIPs := p.local.list()
@@ -263,6 +268,7 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
 	}
 	p.failed = len(errs) > 0
+	p.backoff.done(p.failed)
 	return errors.Join(errs...)
 }
 
@@ -322,17 +328,25 @@ func deleteStaleConntrack(snap *lb.Snapshot, v6 bool, isLocal func(netip.Addr) b
 // resyncLoop is a kernel plane's periodic check: every period it asks why
 // the newest state must be applied again ("" for no reason) and, if there
 // is a reason, reapplies it. It returns when stop closes.
-func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slog.Logger, why func() string, resync func() error) {
-	if every <= 0 {
-		every = 30 * time.Second
-	}
-	t := time.NewTicker(every)
+func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slog.Logger, why func() string, resync func() error, backoff func() time.Duration) {
+	every = resyncEvery(every)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+		}
+		// The next check comes at the period, or when a sync deferred by
+		// the back-off may run, if that is sooner.
+		next := every
+		if d := backoff(); d > 0 && d < next {
+			next = d
+		}
+		t.Reset(next)
+		if d := backoff(); d > 0 {
+			continue
 		}
 		reason := why()
 		if reason == "" {
@@ -349,7 +363,21 @@ func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slo
 
 func (p *iptablesPlane) loop(every time.Duration) {
 	defer close(p.done)
-	resyncLoop(every, p.stop, "iptables", p.log, p.resyncReason, func() error { return p.reapplyNewest(p.applyLocked) })
+	resyncLoop(every, p.stop, "iptables", p.log, p.resyncReason, func() error { return p.reapplyNewest(p.applyLocked) }, p.backoffWait)
+}
+
+// resyncEvery is a plane's resync period (kube-proxy's default 30 s).
+func resyncEvery(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 30 * time.Second
+	}
+	return d
+}
+
+func (p *iptablesPlane) backoffWait() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.backoff.wait()
 }
 
 // resyncReason: a failed last sync, or a flush (the canary gone). It only

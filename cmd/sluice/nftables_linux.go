@@ -37,6 +37,7 @@ type nftablesPlane struct {
 	latestState
 	failed   bool
 	loopback loopbackWarner
+	backoff  syncBackoff
 
 	cidrMu       sync.Mutex
 	serviceCIDRs []netip.Prefix
@@ -65,6 +66,7 @@ var errNFTablesUnavailable = errors.New("nftables unavailable")
 
 func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics, log *slog.Logger) (*nftablesPlane, error) {
 	p := &nftablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		backoff:  syncBackoff{max: resyncEvery(cfg.KubeProxy.NFTables.SyncPeriod.Duration)},
 		loopback: loopbackWarner{mode: "nftables", log: log}}
 	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
 		nft, err := knftables.New(fam, nftables.Table)
@@ -99,6 +101,9 @@ func nftablesOptions(cfg *config.Config, v6 bool) nftables.Options {
 func (p *nftablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
+	if d := p.backoff.wait(); d > 0 {
+		return fmt.Errorf("nftables mode: %w", errBackingOff{p.backoff.failures, d})
+	}
 	p.loopback.check(snap)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hung nft, not a slow one
 	defer cancel()
@@ -121,6 +126,7 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
 	}
 	p.failed = len(errs) > 0
+	p.backoff.done(p.failed)
 	return errors.Join(errs...)
 }
 
@@ -134,7 +140,12 @@ func (p *nftablesPlane) loop(every time.Duration) {
 		}
 		return ""
 	}
-	resyncLoop(every, p.stop, "nftables", p.log, why, func() error { return p.reapplyNewest(p.applyLocked) })
+	backoff := func() time.Duration {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.backoff.wait()
+	}
+	resyncLoop(every, p.stop, "nftables", p.log, why, func() error { return p.reapplyNewest(p.applyLocked) }, backoff)
 }
 
 // Close stops the resync loop; the table stays (as kube-proxy's does)
