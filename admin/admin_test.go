@@ -143,6 +143,7 @@ func TestFamilySyncHistograms(t *testing.T) {
 	m.FamilySynced("IPv4", true, 1500*time.Millisecond)
 	m.FamilySynced("IPv4", false, 200*time.Millisecond)
 	m.FamilySynced("IPv6", false, 100*time.Millisecond)
+	m.Synced(time.Second, time.Now(), false) // the families' syncs were counted above
 	rec := httptest.NewRecorder()
 	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
@@ -153,9 +154,22 @@ func TestFamilySyncHistograms(t *testing.T) {
 		`kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="2"} 1`,
 		`kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="1"} 0`,
 		`kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.25"} 1`,
+		// kube-proxy v1.34's main histogram is per family too.
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s", want)
 		}
+	}
+	if strings.Contains(body, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=""}`) {
+		t.Error("a per-family plane's state counted once more without a family")
+	}
+	// A plane that applies a state whole (userspace, IPVS) has no family.
+	m.Synced(time.Second, time.Now(), true)
+	rec = httptest.NewRecorder()
+	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=""} 1`) {
+		t.Error("a whole-state sync was not counted")
 	}
 }

@@ -15,7 +15,7 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	syncDuration   prometheus.Histogram
+	syncDuration   *prometheus.HistogramVec
 	lastSync       prometheus.Gauge
 	lastQueued     prometheus.Gauge
 	serviceChanges prometheus.Counter
@@ -44,11 +44,14 @@ func NewMetrics() *Metrics {
 	svc := []string{"service", "protocol"}
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
-		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		// Per IP family, as kube-proxy v1.34's, for the kernel modes that
+		// sync each family apart (iptables, nftables); "" for a plane
+		// that applies a state whole (userspace, IPVS).
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Name: "sync_proxy_rules_duration_seconds",
-			Help:    "How long applying a new state to the data plane took.",
+			Help:    "How long applying a new state to the data plane took, per IP family where the mode syncs each apart.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
+		}, []string{"ip_family"}),
 		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time a state was applied."}),
 		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
@@ -99,9 +102,13 @@ func NewMetrics() *Metrics {
 	return m
 }
 
-// Synced records one applied state and how long applying it took.
-func (m *Metrics) Synced(took time.Duration, at time.Time) {
-	m.syncDuration.Observe(took.Seconds())
+// Synced records one applied state and how long applying it took; a
+// plane whose families sync apart records their durations through
+// FamilySynced instead (wholeSync false).
+func (m *Metrics) Synced(took time.Duration, at time.Time, wholeSync bool) {
+	if wholeSync {
+		m.syncDuration.WithLabelValues("").Observe(took.Seconds())
+	}
 	m.lastSync.Set(float64(at.UnixNano()) / 1e9)
 	m.serviceChanges.Inc()
 }
@@ -143,6 +150,7 @@ func kubeProxySyncBuckets() []float64 {
 // "IPv6"), full or partial, as kube-proxy's
 // sync_full_/sync_partial_proxy_rules_duration_seconds.
 func (m *Metrics) FamilySynced(family string, full bool, took time.Duration) {
+	m.syncDuration.WithLabelValues(family).Observe(took.Seconds())
 	if full {
 		m.fullSyncs.WithLabelValues(family).Observe(took.Seconds())
 	} else {

@@ -303,6 +303,10 @@ func familyName(v6 bool) string {
 	return "IPv4"
 }
 
+// perFamilySyncs marks a plane whose families sync apart: their
+// durations go into the sync histogram per ip_family (familySynced).
+func (p *iptablesPlane) perFamilySyncs() {}
+
 // familySynced records a kernel mode's sync of one family: its duration,
 // full or partial, and the Local ports left without a local endpoint.
 func familySynced(m *admin.Metrics, snap *lb.Snapshot, v6, full bool, took time.Duration) {

@@ -605,7 +605,8 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "failures", len(unjoin(err)), "took", took)
 		return
 	}
-	a.metrics.Synced(took, time.Now())
+	_, perFamily := a.plane.(interface{ perFamilySyncs() })
+	a.metrics.Synced(took, time.Now(), !perFamily)
 	a.log.Info("state applied", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
 }
 

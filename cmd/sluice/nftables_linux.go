@@ -98,6 +98,8 @@ func nftablesOptions(cfg *config.Config, v6 bool) nftables.Options {
 	return o
 }
 
+func (p *nftablesPlane) perFamilySyncs() {}
+
 func (p *nftablesPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
