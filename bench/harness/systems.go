@@ -78,7 +78,7 @@ func Systems(c Config, t *Topology) []System {
 			all = append(all, sluiceKernel{bin: c.Sluice, mode: mode, backend: c.IPTablesBackend})
 		}
 	} else { // report order for re-rendering
-		all = append(all, sluiceKernel{mode: "iptables"}, sluiceKernel{mode: "ipvs"})
+		all = append(all, sluiceKernel{mode: "iptables"}, sluiceKernel{mode: "nftables"}, sluiceKernel{mode: "ipvs"})
 	}
 	all = append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
 	// Busy-polling trades a core for latency: run only when named.

@@ -213,7 +213,7 @@ func run() int {
 	onlyWorkloads := flag.String("workloads", "", "comma-separated workloads to run (default: all)")
 	apiServices := flag.Int("api-services", 0, "services the churn-api workload loads into kube-apiserver (default: the mode's: 100 smoke, 1000 short)")
 	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces, and a node per kernel mode), or auto (netns when root)")
-	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, ipvs), none, or auto (iptables when iptables-restore is installed, ipvs when the kernel has IPVS)")
+	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, nftables, ipvs), none, or auto (iptables when iptables-restore is installed, nftables when nft is, ipvs when the kernel has IPVS)")
 	iptablesBackend := flag.String("iptables-backend", "", "passed to sluice's kernel modes (nft or legacy; empty: sluice detects)")
 	note := flag.String("note", "", "a sentence for the head of the report (where and how it ran)")
 	rerender := flag.String("rerender", "", "re-write the reports of an earlier run from its results.json, then exit")
@@ -538,6 +538,9 @@ func chooseKernelModes(flagValue string) ([]string, error) {
 				break
 			}
 		}
+		if _, err := exec.LookPath("nft"); err == nil {
+			modes = append(modes, "nftables")
+		}
 		if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
 			modes = append(modes, "ipvs")
 		}
@@ -546,8 +549,8 @@ func chooseKernelModes(flagValue string) ([]string, error) {
 	var modes []string
 	for _, m := range strings.Split(flagValue, ",") {
 		m = strings.TrimSpace(m)
-		if m != "iptables" && m != "ipvs" {
-			return nil, fmt.Errorf("--kernel-modes: %q is not iptables or ipvs", m)
+		if m != "iptables" && m != "nftables" && m != "ipvs" {
+			return nil, fmt.Errorf("--kernel-modes: %q is not iptables, nftables or ipvs", m)
 		}
 		modes = append(modes, m)
 	}
