@@ -77,33 +77,11 @@ func (b *apiBed) start(n int, httpBackend, echo netip.AddrPort) error {
 			b.err = err
 			return
 		}
-		// The others, by 16 workers.
-		work := make(chan int)
-		errs := make(chan error, 16)
-		var wg sync.WaitGroup
-		for w := 0; w < 16; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range work {
-					name := fmt.Sprintf("s%d", i)
-					if err := b.service(ctx, name, 0, netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 20, byte(i / 250), byte(i % 250)}), 8080),
-						netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 21, byte(i / 250), byte(i % 250)}), 8080)); err != nil {
-						select {
-						case errs <- err:
-						default:
-						}
-					}
-				}
-			}()
-		}
-		for i := 0; i < n; i++ {
-			work <- i
-		}
-		close(work)
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
+		// The others, in parallel.
+		if err := inParallelWorkers(n, func(i int) error {
+			return b.service(ctx, fmt.Sprintf("s%d", i), 0, netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 20, byte(i / 250), byte(i % 250)}), 8080),
+				netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 21, byte(i / 250), byte(i % 250)}), 8080))
+		}); err != nil {
 			b.err = fmt.Errorf("loading %d services into kube-apiserver: %w", n, err)
 			return
 		}

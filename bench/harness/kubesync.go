@@ -181,15 +181,22 @@ func kubeSyncSize(cfg KubeSyncConfig, n int) ([]KubeSyncResult, error) {
 }
 
 func loadKubeSyncServices(ctx context.Context, client kubernetes.Interface, n int) error {
+	return inParallelWorkers(n, func(i int) error { return createKubeSyncService(ctx, client, i, 10) })
+}
+
+// inParallelWorkers runs f(0) ... f(n-1) on 16 workers (the API server's
+// write rate, not the client, bounds loading) and returns one error of
+// those that failed.
+func inParallelWorkers(n int, f func(i int) error) error {
 	work := make(chan int)
-	errs := make(chan error, 16)
+	errs := make(chan error, 1)
 	var wg sync.WaitGroup
 	for w := 0; w < 16; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				if err := createKubeSyncService(ctx, client, i, 10); err != nil {
+				if err := f(i); err != nil {
 					select {
 					case errs <- err:
 					default:

@@ -107,12 +107,20 @@ func (noCapture) after(*lb.Snapshot, func() []listeners.Frontend) error { return
 func (noCapture) resync() error                                         { return nil }
 func (noCapture) close()                                                {}
 
-// iptablesCapture keeps KUBE-PORTALS-* for each family that works. Every
-// --iptables-sync-period it checks that the chains are still there and
-// puts them back after a flush (a firewall reload), as the iptables mode's
-// canary does.
-type iptablesCapture struct {
-	fams  []*portals.IPTables
+// portalFamily is one family's portals through the iptables or the
+// nftables method: sync makes them exactly ps, present says whether they
+// are still in place (a firewall reload flushes them).
+type portalFamily interface {
+	sync(ps []portals.Portal) error
+	present() bool
+}
+
+// portalCapture keeps the portals of the iptables or nftables method for
+// each family that works. Every --iptables-sync-period it checks that they
+// are still there and puts them back after a flush, as the iptables
+// mode's canary does.
+type portalCapture struct {
+	fams  []portalFamily
 	local *localAddrs
 	log   *slog.Logger
 	stop  chan struct{}
@@ -122,35 +130,45 @@ type iptablesCapture struct {
 	last []portals.Portal
 }
 
-func newIPTablesCapture(cfg *config.Config, local *localAddrs, log *slog.Logger) (*iptablesCapture, error) {
+func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
+	return &portalCapture{fams: fams, local: local, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// iptablesPortals is KUBE-PORTALS-CONTAINER and -HOST of one family.
+type iptablesPortals struct{ *portals.IPTables }
+
+func (f iptablesPortals) sync(ps []portals.Portal) error { return f.Sync(ps) }
+
+func (f iptablesPortals) present() bool {
+	chains, err := f.Runner.Chains("nat")
+	return err == nil && slices.Contains(chains, portals.ChainContainer) && slices.Contains(chains, portals.ChainHost)
+}
+
+func newIPTablesCapture(cfg *config.Config, local *localAddrs, log *slog.Logger) (*portalCapture, error) {
 	if runtime.GOOS != "linux" {
 		return nil, errors.New("iptables needs Linux")
 	}
-	c := &iptablesCapture{local: local, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	var fams []portalFamily
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
-		r := fam.runner
 		if err := fam.err; err != nil {
 			if !fam.v6 {
 				return nil, err
 			}
 			continue
 		}
-		c.fams = append(c.fams, &portals.IPTables{Runner: r, IPv6: fam.v6})
+		fams = append(fams, iptablesPortals{&portals.IPTables{Runner: fam.runner, IPv6: fam.v6}})
 	}
 	// The capture a previous run made through nftables would redirect too.
 	if err := cleanupNFTablesCapture(); err != nil {
 		log.Warn("userspace VIP capture: cannot remove the nftables portals of an earlier run", "err", err)
 	}
-	return c, nil
+	return newPortalCapture(fams, local, log), nil
 }
 
-// watch resyncs when a portal chain has vanished, until close.
-func (c *iptablesCapture) watch(every time.Duration) {
+// watch resyncs when portals have vanished, until close.
+func (c *portalCapture) watch(every time.Duration) {
 	defer close(c.done)
-	if every <= 0 {
-		every = 30 * time.Second
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(resyncEvery(every))
 	defer t.Stop()
 	for {
 		select {
@@ -158,15 +176,10 @@ func (c *iptablesCapture) watch(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		gone := false
-		for _, f := range c.fams {
-			chains, err := f.Runner.Chains("nat")
-			gone = gone || err != nil || !slices.Contains(chains, portals.ChainContainer) || !slices.Contains(chains, portals.ChainHost)
-		}
-		if !gone {
+		if !slices.ContainsFunc(c.fams, func(f portalFamily) bool { return !f.present() }) {
 			continue
 		}
-		c.log.Warn("VIP capture: portal chains are gone (tables flushed); resyncing")
+		c.log.Warn("VIP capture: portals are gone (rules flushed); resyncing")
 		if err := c.resync(); err != nil {
 			c.log.Error("VIP capture resync failed", "err", err)
 		} else {
@@ -175,21 +188,21 @@ func (c *iptablesCapture) watch(every time.Duration) {
 	}
 }
 
-func (c *iptablesCapture) close() {
+func (c *portalCapture) close() {
 	close(c.stop)
 	<-c.done
 }
 
-func (c *iptablesCapture) families() string {
+func (c *portalCapture) families() string {
 	if len(c.fams) == 2 {
 		return "IPv4 and IPv6"
 	}
 	return "IPv4"
 }
 
-func (c *iptablesCapture) before(*lb.Snapshot) error { return nil }
+func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 
-func (c *iptablesCapture) after(snap *lb.Snapshot, fes func() []listeners.Frontend) error {
+func (c *portalCapture) after(snap *lb.Snapshot, fes func() []listeners.Frontend) error {
 	ps := portalsFor(snap, fes(), c.local.has)
 	c.mu.Lock()
 	c.last = ps
@@ -197,12 +210,12 @@ func (c *iptablesCapture) after(snap *lb.Snapshot, fes func() []listeners.Fronte
 	return c.resync()
 }
 
-func (c *iptablesCapture) resync() error {
+func (c *portalCapture) resync() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
 	for _, f := range c.fams {
-		if err := f.Sync(c.last); err != nil {
+		if err := f.sync(c.last); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -124,20 +124,7 @@ func TestDeployWithRBAC(t *testing.T) {
 	// A node routes the service range somewhere (its default route); the
 	// test's namespace has only lo, so a veth pair that leads nowhere
 	// stands in for the node's uplink.
-	ipCmd := func(args ...string) error {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return nil
-	}
-	if err := ipCmd("link", "add", "sluice-node0", "type", "veth", "peer", "name", "sluice-node1"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ipCmd("link", "del", "sluice-node0") })
-	if err := errors.Join(ipCmd("link", "set", "sluice-node0", "up"), ipCmd("link", "set", "sluice-node1", "up"),
-		ipCmd("route", "add", kubetest.ServiceCIDR, "dev", "sluice-node0")); err != nil {
-		t.Fatal(err)
-	}
+	nodeUplink(t, "sluice-node", []string{"route", "add", kubetest.ServiceCIDR, "dev", "sluice-node0"})
 	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -204,13 +191,7 @@ func TestDeployWithRBAC(t *testing.T) {
 
 	t.Run("serves", func(t *testing.T) {
 		p := pod(t)
-		logs := &lineLog{}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("sluice log (tail):\n%s", logs.tail(60))
-			}
-		})
-		go logs.drain(p.lines)
+		logs := keepLog(t, p)
 		e := &kubeEnv{t: t, cluster: c, client: c.Client}
 		e.eventually("the deployed sluice's initial sync", func() (bool, string) {
 			return logs.find("initial list of Services and EndpointSlices synced") != "", logs.tail(5)
@@ -267,13 +248,7 @@ func TestDeployWithRBAC(t *testing.T) {
 			t.Fatal("the iptables overlay's container is not privileged")
 		}
 		p := podOf(t, &ods, &ocm)
-		logs := &lineLog{}
-		go logs.drain(p.lines)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("sluice log (tail):\n%s", logs.tail(60))
-			}
-		})
+		logs := keepLog(t, p)
 		e := &kubeEnv{t: t, cluster: c, client: c.Client}
 		e.eventually("iptables mode from the overlay's config", func() (bool, string) {
 			return logs.find("iptables mode") != "", logs.tail(5)
@@ -324,13 +299,7 @@ func TestDeployWithRBAC(t *testing.T) {
 			}
 		}
 		p := podOf(t, &kds, &kcm)
-		logs := &lineLog{}
-		go logs.drain(p.lines)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("sluice log (tail):\n%s", logs.tail(60))
-			}
-		})
+		logs := keepLog(t, p)
 		e := &kubeEnv{t: t, cluster: c, client: c.Client}
 		e.backend("10.244.0.22", "kubeadm-a")
 		svc := e.createService(webService("swapped"))
@@ -462,6 +431,43 @@ exec setpriv --bounding-set="$BOUNDING" --inh-caps=-all --no-new-privs -- "$@"`
 	}
 	t.Logf("as the pod: %s (capabilities %s)", strings.Join(argv, " "), bounding)
 	return startCmd(t, cmd)
+}
+
+// nodeUplink gives the test's namespace a node's uplink: a veth pair
+// name0/name1 that leads nowhere, up, then each of the ip commands in
+// then (an address, a route); it is deleted when the test ends.
+func nodeUplink(t *testing.T, name string, then ...[]string) {
+	t.Helper()
+	ip := func(args ...string) error {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := ip("link", "add", name+"0", "type", "veth", "peer", "name", name+"1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ip("link", "del", name+"0") })
+	errs := []error{ip("link", "set", name+"0", "up"), ip("link", "set", name+"1", "up")}
+	for _, args := range then {
+		errs = append(errs, ip(args...))
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keepLog keeps p's log lines from now on and shows their tail if the test
+// fails.
+func keepLog(t *testing.T, p *proc) *lineLog {
+	logs := &lineLog{}
+	go logs.drain(p.lines)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sluice log (tail):\n%s", logs.tail(60))
+		}
+	})
+	return logs
 }
 
 // find returns the first kept line containing s.

@@ -52,20 +52,7 @@ func newParityBed(t *testing.T) *parityBed {
 	e := &kubeEnv{t: t, cluster: c, client: c.Client}
 
 	// The node: an uplink that leads nowhere, with the node's IP.
-	ipCmd := func(args ...string) error {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return nil
-	}
-	if err := ipCmd("link", "add", "parity0", "type", "veth", "peer", "name", "parity1"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ipCmd("link", "del", "parity0") })
-	if err := errors.Join(ipCmd("link", "set", "parity0", "up"), ipCmd("link", "set", "parity1", "up"),
-		ipCmd("addr", "add", "192.168.10.1/24", "dev", "parity0")); err != nil {
-		t.Fatal(err)
-	}
+	nodeUplink(t, "parity", []string{"addr", "add", "192.168.10.1/24", "dev", "parity0"})
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode}}
 	node, err = c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
@@ -131,13 +118,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	reset()
 	sl := start(t, append(flags, "--mode-fallback=false")...)
 	ours = waitForDump(t, b.e, want, sl, dump)
-	logs := &lineLog{}
-	go logs.drain(sl.lines)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("sluice log (tail):\n%s", logs.tail(40))
-		}
-	})
+	keepLog(t, sl)
 	return upstream, ours
 }
 

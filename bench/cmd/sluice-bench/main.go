@@ -51,6 +51,33 @@ func main() {
 	os.Exit(run())
 }
 
+// reexecInNetns runs this command again in a private network namespace
+// (CLONE_NEWNET; the namespace dies with the child), so nothing is ever
+// written to the machine's own tables. In the parent it returns the
+// child's exit code and true; in the child, false.
+func reexecInNetns(sub, what string) (int, bool) {
+	if os.Getenv("SLUICE_SYNC_NETNS") != "" {
+		return 0, false
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintf(os.Stderr, "sluice-bench %s: needs root (it creates a private network namespace and %s)\n", sub, what)
+		return 1, true
+	}
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Env = append(os.Environ(), "SLUICE_SYNC_NETNS=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), true
+		}
+		fmt.Fprintf(os.Stderr, "sluice-bench %s: %v\n", sub, err)
+		return 1, true
+	}
+	return 0, true
+}
+
 // syncBench runs the iptables sync benchmark in a private network
 // namespace: the command re-executes itself with CLONE_NEWNET (the
 // namespace dies with the child), so no rule is ever written to the
@@ -63,24 +90,8 @@ func syncBench(args []string) int {
 	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-sync/")
 	limit := fs.Duration("limit", 10*time.Minute, "longest one iptables-restore may take; a slower sync is reported as failed")
 	fs.Parse(args)
-	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
-		if os.Geteuid() != 0 {
-			fmt.Fprintln(os.Stderr, "sluice-bench sync: needs root (it creates a private network namespace and programs iptables inside it)")
-			return 1
-		}
-		cmd := exec.Command(os.Args[0], os.Args[1:]...)
-		cmd.Env = append(os.Environ(), "SLUICE_SYNC_NETNS=1")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Run(); err != nil {
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				return ee.ExitCode()
-			}
-			fmt.Fprintln(os.Stderr, "sluice-bench sync:", err)
-			return 1
-		}
-		return 0
+	if code, parent := reexecInNetns("sync", "programs iptables inside it"); parent {
+		return code
 	}
 	var ns []int
 	for _, s := range strings.Split(*sizes, ",") {
@@ -133,24 +144,8 @@ func kubeSyncBench(args []string) int {
 	sluice := fs.String("sluice", "bin/sluice", "the sluice binary")
 	backend := fs.String("backend", "", "iptables mode's backend for both proxies: nft or legacy (empty: the system's iptables)")
 	fs.Parse(args)
-	if os.Getenv("SLUICE_SYNC_NETNS") == "" {
-		if os.Geteuid() != 0 {
-			fmt.Fprintln(os.Stderr, "sluice-bench kube-sync: needs root (it creates a private network namespace and programs its tables)")
-			return 1
-		}
-		cmd := exec.Command(os.Args[0], os.Args[1:]...)
-		cmd.Env = append(os.Environ(), "SLUICE_SYNC_NETNS=1")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Run(); err != nil {
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				return ee.ExitCode()
-			}
-			fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
-			return 1
-		}
-		return 0
+	if code, parent := reexecInNetns("kube-sync", "programs its tables"); parent {
+		return code
 	}
 	kp, err := kubetest.KubeProxyBinary()
 	if err != nil {
