@@ -467,7 +467,12 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 
 	want2 := func(what string, answers []string) {
 		t.Helper()
-		wantBothBackends(t, what, answers, "10.244.0.5", "10.244.0.6", nil)
+		// The rules with their counters say which jump took the tries (a
+		// one-off run saw all 20 on one backend; keep what explains it).
+		wantBothBackends(t, what, answers, "10.244.0.5", "10.244.0.6", func() string {
+			out, err := exec.Command("ip", "netns", "exec", b.node, "iptables-"+backend+"-save", "-c", "-t", "nat").CombinedOutput()
+			return fmt.Sprintf("answers: %q\nnat table (%v):\n%s", answers, err, out)
+		})
 	}
 	// As kube-proxy when iptables has it (1.6.2 and later; 1.8 here).
 	if nat := b.in(b.node, "iptables-"+backend+"-save", "-t", "nat"); !strings.Contains(nat, `"kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`) {
