@@ -173,3 +173,53 @@ func TestFamilySyncHistograms(t *testing.T) {
 		t.Error("a whole-state sync was not counted")
 	}
 }
+
+// kube-proxy's per-family metrics of the kernel modes, under its names and
+// labels: queued and synced stamps per family, rule counts per table,
+// failures per family (the nftables ones at 0 before any), conntrack
+// clean-ups.
+func TestKernelModeMetricsPerFamily(t *testing.T) {
+	m := NewMetrics()
+	m.SetFamilies("IPv4", "IPv6")
+	m.NFTablesFamilies("IPv4", "IPv6")
+	m.Queued(time.Unix(1700000000, 0))
+	m.IPTablesRules("IPv4", 12, 30, 400)
+	m.RestoreFailed("IPv6", true)
+	m.NFTablesSyncFailed("IPv4")
+	m.ConntrackReconciled("IPv4", 3*time.Millisecond, 2)
+	m.ConntrackReconciled("IPv4", time.Millisecond, 1)
+	m.ServiceChanged(3)
+	m.EndpointsChanged(2)
+	rec := httptest.NewRecorder()
+	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"} 1.7e+09`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"} 1.7e+09`,
+		`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="filter"} 12`,
+		`kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="filter"} 12`,
+		`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"} 400`,
+		`kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="nat"} 30`,
+		`kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv6"} 1`,
+		`kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv6"} 1`,
+		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv6"} 0`,
+		`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="IPv4"} 0`,
+		`kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} 2`,
+		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 3`,
+		`kubeproxy_sync_proxy_rules_service_changes_total 1`,
+		`kubeproxy_sync_proxy_rules_service_changes_pending 3`,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_total 1`,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_pending 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+	m.ChangesTaken()
+	rec = httptest.NewRecorder()
+	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0") {
+		t.Error("a build did not clear the pending endpoint changes")
+	}
+}

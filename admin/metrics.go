@@ -15,20 +15,30 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	syncDuration   *prometheus.HistogramVec
-	lastSync       prometheus.Gauge
-	lastQueued     prometheus.Gauge
-	serviceChanges prometheus.Counter
-	healthz        *prometheus.CounterVec
-	livez          *prometheus.CounterVec
-	rejected       *prometheus.CounterVec
-	listenerErrors prometheus.Counter
-	restoreFails   prometheus.Counter
-	partialFails   prometheus.Counter
-	fullSyncs      *prometheus.HistogramVec
-	partialSyncs   *prometheus.HistogramVec
-	noLocal        *prometheus.GaugeVec
-	sctpSkipped    prometheus.Gauge
+	syncDuration    *prometheus.HistogramVec
+	lastSync        *prometheus.GaugeVec
+	lastQueued      *prometheus.GaugeVec
+	families        []string // the planes' IP families ("" for a whole-state plane)
+	serviceChanges  prometheus.Counter
+	servicePending  prometheus.Gauge
+	endpointChanges prometheus.Counter
+	endpointPending prometheus.Gauge
+	healthz         *prometheus.CounterVec
+	livez           *prometheus.CounterVec
+	rejected        *prometheus.CounterVec
+	listenerErrors  prometheus.Counter
+	restoreFails    *prometheus.CounterVec
+	partialFails    *prometheus.CounterVec
+	iptablesRules   *prometheus.GaugeVec
+	iptablesLast    *prometheus.GaugeVec
+	nftFails        *prometheus.CounterVec
+	nftCleanupFails *prometheus.CounterVec
+	ctDuration      *prometheus.HistogramVec
+	ctDeleted       *prometheus.CounterVec
+	fullSyncs       *prometheus.HistogramVec
+	partialSyncs    *prometheus.HistogramVec
+	noLocal         *prometheus.GaugeVec
+	sctpSkipped     prometheus.Gauge
 
 	connections *prometheus.CounterVec
 	active      *prometheus.GaugeVec
@@ -52,12 +62,22 @@ func NewMetrics() *Metrics {
 			Help:    "How long applying a new state to the data plane took, per IP family where the mode syncs each apart.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}, []string{"ip_family"}),
-		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
-			Help: "The last time a state was applied."}),
-		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
-			Help: "The last time a change was queued."}),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time a state was applied, per IP family where the mode syncs each apart."}, []string{"ip_family"}),
+		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "The last time a change was queued, per IP family where the mode syncs each apart."}, []string{"ip_family"}),
+		families: []string{""},
+		// kube-proxy's change trackers' counts: every Service and
+		// EndpointSlice event from the API, and the services with a change
+		// not yet taken into a build.
 		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_service_changes_total",
-			Help: "Applied changes of the service set."}),
+			Help: "Service events received from the API (adds, updates, deletes)."}),
+		servicePending: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_service_changes_pending",
+			Help: "Services changed since the last build of the state."}),
+		endpointChanges: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_total",
+			Help: "EndpointSlice events received from the API (adds, updates, deletes)."}),
+		endpointPending: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_endpoint_changes_pending",
+			Help: "Services whose EndpointSlices changed since the last build of the state."}),
 		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_healthz_total",
 			Help: "/healthz responses by code."}, []string{"code"}),
 		livez: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_livez_total",
@@ -72,12 +92,27 @@ func NewMetrics() *Metrics {
 			Help: "How long a partial sync of a kernel mode's rules took, per IP family.", Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
 		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_no_local_endpoints_total",
 			Help: "Service ports with a Local traffic policy and endpoints, but none on this node, per IP family and policy."}, []string{"ip_family", "traffic_policy"}),
-		restoreFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
-			Help: "iptables-restore runs that failed."}),
+		restoreFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+			Help: "iptables-restore runs that failed, per IP family."}, []string{"ip_family"}),
+		iptablesRules: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_total",
+			Help: "Rules iptables mode has in the kernel after its last sync, per table and IP family."}, []string{"table", "ip_family"}),
+		iptablesLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_last",
+			Help: "Rules iptables mode wrote in its last sync, per table and IP family."}, []string{"table", "ip_family"}),
+		nftFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_nftables_sync_failures_total",
+			Help: "nftables mode transactions that failed, per IP family."}, []string{"ip_family"}),
+		// kube-proxy deletes stale chains in a transaction of their own and
+		// counts its failures here; sluice deletes them in the sync's own
+		// transaction, so its failure is a sync failure and this stays 0.
+		nftCleanupFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_nftables_cleanup_failures_total",
+			Help: "nftables mode stale-chain clean-ups that failed, per IP family (sluice deletes stale chains in the sync's own transaction: always 0)."}, []string{"ip_family"}),
+		ctDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "conntrack_reconciler_sync_duration_seconds",
+			Help: "How long one clean-up of stale conntrack entries after a kernel mode's sync took, per IP family.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"ip_family"}),
+		ctDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "conntrack_reconciler_deleted_entries_total",
+			Help: "Stale conntrack entries deleted after kernel mode syncs, per IP family."}, []string{"ip_family"}),
 		sctpSkipped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "sctp_ports_skipped",
 			Help: "SCTP service ports not served because this kernel has no SCTP (userspace mode)."}),
-		partialFails: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
-			Help: "Partial iptables-restore runs that failed (the next sync is full)."}),
+		partialFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
+			Help: "Partial iptables-restore runs that failed (the next sync is full), per IP family."}, []string{"ip_family"}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
 			Help: "Listeners that could not be opened (e.g. port in use)."}),
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
@@ -96,8 +131,8 @@ func NewMetrics() *Metrics {
 			Help:    "Time from accepting a connection to reaching an endpoint, retries included.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
-	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -108,13 +143,43 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Synced(took time.Duration, at time.Time, wholeSync bool) {
 	if wholeSync {
 		m.syncDuration.WithLabelValues("").Observe(took.Seconds())
+		m.lastSync.WithLabelValues("").Set(float64(at.UnixNano()) / 1e9)
 	}
-	m.lastSync.Set(float64(at.UnixNano()) / 1e9)
-	m.serviceChanges.Inc()
 }
 
+// SetFamilies names the IP families a kernel mode syncs apart ("IPv4",
+// "IPv6"): a queued change is stamped for each, as kube-proxy's
+// per-family proxiers stamp it. A plane that applies a state whole needs
+// none (its family label is "").
+func (m *Metrics) SetFamilies(families ...string) { m.families = families }
+
 // Queued records that a change is waiting.
-func (m *Metrics) Queued(at time.Time) { m.lastQueued.Set(float64(at.UnixNano()) / 1e9) }
+func (m *Metrics) Queued(at time.Time) {
+	for _, f := range m.families {
+		m.lastQueued.WithLabelValues(f).Set(float64(at.UnixNano()) / 1e9)
+	}
+}
+
+// ServiceChanged counts one Service event; pending is how many Services
+// have a change not yet taken into a build.
+func (m *Metrics) ServiceChanged(pending int) {
+	m.serviceChanges.Inc()
+	m.servicePending.Set(float64(pending))
+}
+
+// EndpointsChanged counts one EndpointSlice event; pending is how many
+// Services have slices changed since the last build.
+func (m *Metrics) EndpointsChanged(pending int) {
+	m.endpointChanges.Inc()
+	m.endpointPending.Set(float64(pending))
+}
+
+// ChangesTaken says a build took every pending change (kube-proxy's
+// checkout of its change trackers).
+func (m *Metrics) ChangesTaken() {
+	m.servicePending.Set(0)
+	m.endpointPending.Set(0)
+}
 
 // Rejected counts an invalid update from source, once for each object
 // named in its errors (or once with an empty object when none is named).
@@ -151,6 +216,7 @@ func kubeProxySyncBuckets() []float64 {
 // sync_full_/sync_partial_proxy_rules_duration_seconds.
 func (m *Metrics) FamilySynced(family string, full bool, took time.Duration) {
 	m.syncDuration.WithLabelValues(family).Observe(took.Seconds())
+	m.lastSync.WithLabelValues(family).SetToCurrentTime()
 	if full {
 		m.fullSyncs.WithLabelValues(family).Observe(took.Seconds())
 	} else {
@@ -166,21 +232,51 @@ func (m *Metrics) NoLocalEndpoints(family string, internal, external int) {
 	m.noLocal.WithLabelValues(family, "external").Set(float64(external))
 }
 
-// RestoreFailed counts a failed iptables-restore, and a failed partial
-// one separately as well, as kube-proxy does.
-func (m *Metrics) RestoreFailed(partial bool) {
-	m.restoreFails.Inc()
+// RestoreFailed counts a failed iptables-restore of one IP family, and a
+// failed partial one separately as well, as kube-proxy does.
+func (m *Metrics) RestoreFailed(family string, partial bool) {
+	m.restoreFails.WithLabelValues(family).Inc()
 	if partial {
-		m.partialFails.Inc()
+		m.partialFails.WithLabelValues(family).Inc()
 	}
 }
 
-// InvalidDroppedFrom exports kube-proxy's count of the INVALID packets
-// iptables mode drops, read from its nfacct counter at each scrape; a
-// failed read is left out of that scrape.
-func (m *Metrics) InvalidDroppedFrom(read func() (uint64, error)) {
-	m.Registry.MustRegister(readCounter{desc: prometheus.NewDesc("kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
-		"Packets dropped by iptables mode because conntrack found them invalid.", nil, nil), read: read})
+// IPTablesRules sets kube-proxy's rule counts after one family's sync:
+// the filter table's rules (always all written), the nat rules written
+// and the nat rules in the kernel (those written and those of unchanged
+// chains a partial sync left alone).
+func (m *Metrics) IPTablesRules(family string, filter, natWritten, natTotal int) {
+	m.iptablesRules.WithLabelValues("filter", family).Set(float64(filter))
+	m.iptablesLast.WithLabelValues("filter", family).Set(float64(filter))
+	m.iptablesRules.WithLabelValues("nat", family).Set(float64(natTotal))
+	m.iptablesLast.WithLabelValues("nat", family).Set(float64(natWritten))
+}
+
+// NFTablesSyncFailed counts a failed nftables transaction of one family.
+func (m *Metrics) NFTablesSyncFailed(family string) { m.nftFails.WithLabelValues(family).Inc() }
+
+// NFTablesFamilies makes the nftables failure counters exist at 0 for
+// each family (a dashboard's rate() needs the series before a failure).
+func (m *Metrics) NFTablesFamilies(families ...string) {
+	for _, f := range families {
+		m.nftFails.WithLabelValues(f)
+		m.nftCleanupFails.WithLabelValues(f)
+	}
+}
+
+// ConntrackReconciled records one clean-up of stale conntrack entries
+// after a kernel mode's sync of one family.
+func (m *Metrics) ConntrackReconciled(family string, took time.Duration, deleted int) {
+	m.ctDuration.WithLabelValues(family).Observe(took.Seconds())
+	m.ctDeleted.WithLabelValues(family).Add(float64(deleted))
+}
+
+// NFAcctCounter exports one of kube-proxy's nfacct-backed packet counters
+// of iptables mode (kubeproxy_iptables_ct_state_invalid_dropped_packets_total,
+// kubeproxy_iptables_localhost_nodeports_accepted_packets_total), read
+// from the kernel at each scrape; a failed read is left out of that scrape.
+func (m *Metrics) NFAcctCounter(name, help string, read func() (uint64, error)) {
+	m.Registry.MustRegister(readCounter{desc: prometheus.NewDesc(name, help, nil, nil), read: read})
 }
 
 // readCounter is a counter whose value the kernel keeps.

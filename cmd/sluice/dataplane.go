@@ -206,16 +206,14 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 	p := &iptablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
 		backoff:  syncBackoff{max: resyncEvery(cfg.KubeProxy.IPTables.SyncPeriod.Duration)},
 		loopback: loopbackWarner{mode: "iptables", log: log}}
-	// As kube-proxy: the INVALID drop counts into an nfacct counter, for
-	// kubeproxy_iptables_ct_state_invalid_dropped_packets_total, when the
-	// kernel has nfnetlink_acct.
-	counter := ""
-	if err := (nfacct.Netlink{}).Ensure(nfacct.InvalidDropped); err != nil {
-		log.Info("iptables mode: no nfacct counter for dropped invalid packets; their metric is not exported", "err", err)
-	} else {
-		counter = nfacct.InvalidDropped
-		metrics.InvalidDroppedFrom(func() (uint64, error) { return nfacct.Netlink{}.Packets(nfacct.InvalidDropped) })
-	}
+	// As kube-proxy: the INVALID drop and localhost NodePorts count into
+	// nfacct counters, for their metrics, when the kernel has
+	// nfnetlink_acct.
+	invalid := ensureNFAcct(nfacct.InvalidDropped, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+		"Packets dropped by iptables mode because conntrack found them invalid.", metrics, log)
+	localhost := ensureNFAcct(nfacct.LocalhostNodePortsAccepted, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+		"Packets accepted on NodePorts of the loopback interface (IPv4).", metrics, log)
+	var families []string
 	for _, fam := range probeFamilies(cfg.IPTablesBackend) {
 		r := fam.runner
 		if err := fam.err; err != nil {
@@ -228,9 +226,12 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 		o := iptablesOptions(cfg, fam.v6)
 		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
 		o.TCPBeLiberal = tcpBeLiberal()
-		o.InvalidDropCounter = counter
+		o.InvalidDropCounter = invalid
+		o.LocalhostNodePortCounter = localhost
 		p.proxiers = append(p.proxiers, &iptables.Proxier{Runner: r, Options: o, Log: log})
+		families = append(families, familyName(fam.v6))
 	}
+	metrics.SetFamilies(families...)
 	if localhostNodePorts(cfg) {
 		// kube-proxy sets this so DNAT of 127.0.0.1:NodePort works.
 		if err := setRouteLocalnet(); err != nil {
@@ -260,16 +261,29 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 		start := time.Now()
 		st, err := px.SyncStats(snap)
 		if err != nil {
-			p.metrics.RestoreFailed(!st.Full)
+			p.metrics.RestoreFailed(family(px), !st.Full)
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
 			continue
 		}
 		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
-		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
+		p.metrics.IPTablesRules(family(px), st.FilterRules, st.NATRules, st.NATRulesTotal)
+		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)
 	return errors.Join(errs...)
+}
+
+// ensureNFAcct creates the nfacct counter name and exports it as metric,
+// returning name, or "" (and a log line) when the kernel has no
+// nfnetlink_acct: the rules then count nothing, as kube-proxy's.
+func ensureNFAcct(name, metric, help string, m *admin.Metrics, log *slog.Logger) string {
+	if err := (nfacct.Netlink{}).Ensure(name); err != nil {
+		log.Info("iptables mode: no nfacct counter; its metric is not exported", "counter", name, "metric", metric, "err", err)
+		return ""
+	}
+	m.NFAcctCounter(metric, help, func() (uint64, error) { return nfacct.Netlink{}.Packets(name) })
+	return name
 }
 
 // noLocalEndpoints counts, for one IP family, the service ports with a
@@ -319,8 +333,10 @@ func familySynced(m *admin.Metrics, snap *lb.Snapshot, v6, full bool, took time.
 // the UDP and SCTP conntrack entries still DNATed to endpoints that are
 // gone (or never translated, from before the port had endpoints), which
 // would keep their clients stuck until they idle out.
-func deleteStaleConntrack(snap *lb.Snapshot, v6 bool, isLocal func(netip.Addr) bool, log *slog.Logger) {
+func deleteStaleConntrack(snap *lb.Snapshot, v6 bool, isLocal func(netip.Addr) bool, m *admin.Metrics, log *slog.Logger) {
+	start := time.Now()
 	n, err := conntrack.Netlink{IPv6: v6}.DeleteMatching(conntrack.Stale(snap, isLocal))
+	m.ConntrackReconciled(familyName(v6), time.Since(start), n)
 	switch {
 	case err != nil:
 		log.Warn("conntrack: stale entries not deleted", "family", familyName(v6), "err", err)

@@ -153,10 +153,10 @@ func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
 	}
 	for i, nf := range p.filters {
 		if err := nf.Sync(snap, p.proxiers[i].Options, bind); err != nil {
-			p.metrics.RestoreFailed(false)
+			p.metrics.RestoreFailed(familyName(nf.IPv6), false)
 			errs = append(errs, err)
 		}
-		deleteStaleConntrack(snap, nf.IPv6, p.local.has, p.log) // as in iptables mode
+		deleteStaleConntrack(snap, nf.IPv6, p.local.has, p.metrics, p.log) // as in iptables mode
 	}
 	return errors.Join(errs...)
 }

@@ -469,7 +469,7 @@ func TestKubeAPISource(t *testing.T) {
 		if err := json.Unmarshal([]byte(get(t, "http://"+e.healthz+"/healthz")), &body); err != nil || body["nodeEligible"] != true {
 			t.Fatalf("healthz: %v %v", body, err)
 		}
-		if m := e.metric(`kubeproxy_sync_proxy_rules_last_timestamp_seconds \S+`); m == "" {
+		if m := e.metric(`kubeproxy_sync_proxy_rules_last_timestamp_seconds\{ip_family=""\} \S+`); m == "" {
 			t.Fatal("no sync timestamp metric")
 		}
 	})

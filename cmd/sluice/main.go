@@ -363,8 +363,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
-			NodeEligible: health.SetNodeEligible,
-			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
+			NodeEligible: health.SetNodeEligible, Changes: metrics,
+			Skipped: func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
 		if np, ok := plane.(*nftablesPlane); ok && np != nil {
 			src.ServiceCIDRs = np.SetServiceCIDRs
 		}

@@ -68,6 +68,7 @@ func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 	p := &nftablesPlane{cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
 		backoff:  syncBackoff{max: resyncEvery(cfg.KubeProxy.NFTables.SyncPeriod.Duration)},
 		loopback: loopbackWarner{mode: "nftables", log: log}}
+	var families []string
 	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
 		nft, err := knftables.New(fam, nftables.Table)
 		if err != nil {
@@ -78,7 +79,10 @@ func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 			continue
 		}
 		p.proxiers = append(p.proxiers, &nftables.Proxier{NFT: nft, Options: nftablesOptions(cfg, fam == knftables.IPv6Family)})
+		families = append(families, familyName(fam == knftables.IPv6Family))
 	}
+	metrics.SetFamilies(families...)
+	metrics.NFTablesFamilies(families...)
 	log.Info("nftables mode", "families", len(p.proxiers), "table", nftables.Table)
 	go p.loop(cfg.KubeProxy.NFTables.SyncPeriod.Duration)
 	return p, nil
@@ -121,11 +125,12 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 		start := time.Now()
 		st, err := px.SyncStats(ctx, snap)
 		if err != nil {
+			p.metrics.NFTablesSyncFailed(familyName(px.Options.IPv6))
 			errs = append(errs, err)
 			continue
 		}
 		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
-		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.log)
+		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)

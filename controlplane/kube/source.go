@@ -69,6 +69,9 @@ type Source struct {
 	// Skipped is told about each bad object left out of the snapshot, with
 	// errors that name it; called when its problem first appears or changes.
 	Skipped func(error)
+	// Changes, when set, hears of every Service and EndpointSlice event,
+	// for kube-proxy's change metrics.
+	Changes ChangeCounter
 	Log     *slog.Logger
 	// After and Now are the clock, injectable for tests; default time's.
 	After func(time.Duration) <-chan time.Time
@@ -76,15 +79,28 @@ type Source struct {
 
 	wake chan struct{}
 
-	mu       sync.Mutex
-	dirty    map[serviceKey]bool
-	problems map[serviceKey]string // reported, so each is reported once
+	mu    sync.Mutex
+	dirty map[serviceKey]bool
+	// The Services with Service or EndpointSlice events since the last
+	// build (for Changes' pending counts).
+	svcPending, epPending map[serviceKey]bool
+	problems              map[serviceKey]string // reported, so each is reported once
 
 	// Owned by the Run goroutine.
 	services  cache.Indexer
 	endpoints cache.Indexer
 	built     map[serviceKey][]*lb.ServicePort
 	last      *lb.Snapshot
+}
+
+// ChangeCounter is told of each Service and EndpointSlice event with how
+// many Services now wait for a build because of such events, and when a
+// build takes them all (kube-proxy's sync_proxy_rules_service_changes_*
+// and _endpoint_changes_*).
+type ChangeCounter interface {
+	ServiceChanged(pending int)
+	EndpointsChanged(pending int)
+	ChangesTaken()
 }
 
 // serviceKey names a Service.
@@ -118,6 +134,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.wake = make(chan struct{}, 1)
 	s.mu.Lock()
 	s.dirty = map[serviceKey]bool{}
+	s.svcPending, s.epPending = map[serviceKey]bool{}, map[serviceKey]bool{}
 	s.problems = map[serviceKey]string{}
 	s.mu.Unlock()
 	s.built = map[serviceKey][]*lb.ServicePort{}
@@ -138,19 +155,20 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { s.markService(o) },
-		UpdateFunc: func(_, o any) { s.markService(o) },
-		DeleteFunc: func(o any) { s.markService(o) },
+		AddFunc:    func(o any) { s.markService(o); s.counted(false) },
+		UpdateFunc: func(_, o any) { s.markService(o); s.counted(false) },
+		DeleteFunc: func(o any) { s.markService(o); s.counted(false) },
 	}); err != nil {
 		return err
 	}
 	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(o any) { s.markSlice(o) },
+		AddFunc: func(o any) { s.markSlice(o); s.counted(true) },
 		UpdateFunc: func(old, o any) {
 			s.markSlice(old) // the service-name label may have changed
 			s.markSlice(o)
+			s.counted(true)
 		},
-		DeleteFunc: func(o any) { s.markSlice(o) },
+		DeleteFunc: func(o any) { s.markSlice(o); s.counted(true) },
 	}); err != nil {
 		return err
 	}
@@ -244,9 +262,14 @@ func sliceServiceIndex(o any) ([]string, error) {
 	return []string{sl.Namespace + "/" + name}, nil
 }
 
-func (s *Source) mark(key serviceKey) {
+func (s *Source) mark(key serviceKey, endpoints bool) {
 	s.mu.Lock()
 	s.dirty[key] = true
+	if endpoints {
+		s.epPending[key] = true
+	} else {
+		s.svcPending[key] = true
+	}
 	s.mu.Unlock()
 	s.Sink.Queued()
 	select {
@@ -263,10 +286,29 @@ func (s *Source) hasDirty() bool {
 
 func (s *Source) takeDirty() map[serviceKey]bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	d := s.dirty
 	s.dirty = map[serviceKey]bool{}
+	clear(s.svcPending)
+	clear(s.epPending)
+	if s.Changes != nil {
+		s.Changes.ChangesTaken() // under mu: a later event's count is not overwritten
+	}
+	s.mu.Unlock()
 	return d
+}
+
+// counted tells Changes of one Service (or EndpointSlice) event.
+func (s *Source) counted(endpoints bool) {
+	if s.Changes == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if endpoints {
+		s.Changes.EndpointsChanged(len(s.epPending))
+	} else {
+		s.Changes.ServiceChanged(len(s.svcPending))
+	}
 }
 
 func unwrapTombstone(o any) any {
@@ -278,7 +320,7 @@ func unwrapTombstone(o any) any {
 
 func (s *Source) markService(o any) {
 	if svc, ok := unwrapTombstone(o).(*corev1.Service); ok {
-		s.mark(serviceKey{svc.Namespace, svc.Name})
+		s.mark(serviceKey{svc.Namespace, svc.Name}, false)
 	}
 }
 
@@ -288,7 +330,7 @@ func (s *Source) markSlice(o any) {
 		return
 	}
 	if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" {
-		s.mark(serviceKey{sl.Namespace, name})
+		s.mark(serviceKey{sl.Namespace, name}, true)
 	} else {
 		s.report(serviceKey{sl.Namespace, "\x00slice/" + sl.Name}, &controlplane.ManifestError{
 			Object: "EndpointSlice " + sl.Namespace + "/" + sl.Name, Field: "metadata.labels[" + discoveryv1.LabelServiceName + "]",

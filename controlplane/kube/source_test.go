@@ -346,3 +346,89 @@ func TestMinSyncPeriodCoalesces(t *testing.T) {
 	default:
 	}
 }
+
+// changeCounts records what the source tells its ChangeCounter.
+type changeCounts struct {
+	mu                                         sync.Mutex
+	services, endpoints, svcPending, epPending int
+	taken                                      int
+	ev                                         chan struct{} // one per call
+}
+
+func (c *changeCounts) wait(t *testing.T, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		select {
+		case <-c.ev:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d change counts never came", n-i, n)
+		}
+	}
+}
+
+func (c *changeCounts) ServiceChanged(p int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.services++
+	c.svcPending = p
+	c.ev <- struct{}{}
+}
+
+func (c *changeCounts) EndpointsChanged(p int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endpoints++
+	c.epPending = p
+	c.ev <- struct{}{}
+}
+
+func (c *changeCounts) ChangesTaken() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.taken++
+	c.svcPending, c.epPending = 0, 0
+	c.ev <- struct{}{}
+}
+
+func (c *changeCounts) get() [5]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return [5]int{c.services, c.endpoints, c.svcPending, c.epPending, c.taken}
+}
+
+// kube-proxy's change metrics: every Service and EndpointSlice event is
+// counted; pending is the Services changed since the last build, and a
+// build takes them all.
+func TestChangeCounts(t *testing.T) {
+	client := fake.NewClientset(service("web"), slice("web", "w0", discoveryv1.AddressTypeIPv4, ready("10.244.0.9", "n1")))
+	timers := make(chan chan time.Time, 1)
+	counts := &changeCounts{ev: make(chan struct{}, 100)}
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s, MinSyncPeriod: time.Hour, Changes: counts,
+		After: func(time.Duration) <-chan time.Time { c := make(chan time.Time, 1); timers <- c; return c }})
+	s.next(t)
+	counts.wait(t, 3)
+	if got := counts.get(); got != [5]int{1, 1, 0, 0, 1} {
+		t.Fatalf("after the initial list: [services endpoints svcPending epPending taken] = %v, want [1 1 0 0 1]", got)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"w1", "w2"} {
+		if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("web", name, discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1")), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("api", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"} }), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	timer := <-timers // the build waits for MinSyncPeriod
+	counts.wait(t, 3)
+	if got := counts.get(); got != [5]int{2, 3, 1, 1, 1} {
+		t.Fatalf("before the build: %v, want [2 3 1 1 1] (two slices of one Service are one pending Service)", got)
+	}
+	timer <- time.Now()
+	s.until(t, "api appears", func(sn *lb.Snapshot) bool { return port(sn, "api", "http") != nil })
+	counts.wait(t, 1)
+	if got := counts.get(); got != [5]int{2, 3, 0, 0, 2} {
+		t.Fatalf("after the build: %v, want [2 3 0 0 2]", got)
+	}
+}

@@ -293,3 +293,48 @@ func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 		t.Fatal("no port came from the render cache")
 	}
 }
+
+// The rule counts behind kube-proxy's sync_proxy_rules_iptables_total and
+// _last: a partial sync writes fewer nat rules than the kernel then holds,
+// and what it holds is what a full sync of the same state writes.
+func TestRuleCountsOfFullAndPartialSyncs(t *testing.T) {
+	p := &Proxier{Runner: NewFake(), Options: opts()}
+	a := svcPort("a", "10.96.0.1", readyEP("10.244.0.1:8080", false), readyEP("10.244.0.4:8080", false))
+	b := svcPort("b", "10.96.0.2", readyEP("10.244.0.2:8080", false))
+	st, err := p.SyncStats(snap(a, b))
+	if err != nil || !st.Full || st.NATRules == 0 || st.FilterRules == 0 || st.NATRulesTotal != st.NATRules {
+		t.Fatalf("full sync: %+v %v", st, err)
+	}
+	b2 := svcPort("b", "10.96.0.2", readyEP("10.244.0.2:8080", false), readyEP("10.244.0.3:8080", false))
+	// The second from the render cache; the third with a port equal to a
+	// but new (rendered again, found unchanged).
+	a2 := svcPort("a", "10.96.0.1", readyEP("10.244.0.1:8080", false), readyEP("10.244.0.4:8080", false))
+	for i, s := range []*lb.Snapshot{snap(a, b2), snap(a, b2), snap(a2, b2)} {
+		st, err = p.SyncStats(s)
+		wantFilter, wantNAT := RuleCounts(Render(s, opts()))
+		if err != nil || st.Full || st.NATRulesTotal != wantNAT || st.FilterRules != wantFilter || st.NATRules >= st.NATRulesTotal {
+			t.Fatalf("partial sync %d: %+v %v; a full sync writes %d filter and %d nat rules", i, st, err, wantFilter, wantNAT)
+		}
+	}
+}
+
+// kube-proxy counts packets to a NodePort on 127.0.0.0/8 with an nfacct
+// rule before the NodePort's own (IPv4, localhost NodePorts on).
+func TestLocalhostNodePortsCounted(t *testing.T) {
+	sp := svcPort("a", "10.96.0.1", readyEP("10.244.0.1:8080", false))
+	sp.NodePort = 30080
+	o := opts()
+	o.LocalhostNodePorts, o.LocalhostNodePortCounter = true, "localhost_nps_accepted_pkts"
+	r := string(Render(snap(sp), o))
+	ext := ExternalChain(sp.Name)
+	want := `-A KUBE-NODEPORTS -m comment --comment ns/a:p -m tcp -p tcp -d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j ` + ext + "\n" +
+		`-A KUBE-NODEPORTS -m comment --comment ns/a:p -m tcp -p tcp --dport 30080 -j ` + ext + "\n"
+	if !strings.Contains(r, want) {
+		t.Fatalf("want\n%s\nin\n%s", want, r)
+	}
+	for _, o := range []Options{func() Options { o := o; o.LocalhostNodePorts = false; return o }(), func() Options { o := o; o.IPv6 = true; return o }()} {
+		if r := string(Render(snap(sp), o)); strings.Contains(r, "nfacct") {
+			t.Fatalf("localhost NodePorts %v, IPv6 %v: an nfacct rule\n%s", o.LocalhostNodePorts, o.IPv6, r)
+		}
+	}
+}

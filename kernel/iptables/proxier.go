@@ -39,6 +39,11 @@ type Proxier struct {
 type SyncStats struct {
 	Full  bool
 	Bytes int
+	// FilterRules and NATRules are the rules the restore wrote in each
+	// table; NATRulesTotal adds those of the unchanged chains a partial
+	// sync left as they were (kube-proxy's sync_proxy_rules_iptables_last
+	// and _total).
+	FilterRules, NATRules, NATRulesTotal int
 }
 
 // Invalidate makes the next sync full (after the tables were flushed).
@@ -82,8 +87,11 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 			o.ExistingNATChains = append(o.ExistingNATChains, c)
 		}
 	}
-	data, bodies, chains := renderPartial(snap, o, prev, &p.cache)
+	r := renderPartial(snap, o, prev, &p.cache)
+	data, bodies, chains := r.data, r.bodies, r.chains
 	st := SyncStats{Full: full, Bytes: len(data)}
+	st.FilterRules, st.NATRules = RuleCounts(data)
+	st.NATRulesTotal = st.NATRules + r.skippedNAT
 	if full {
 		if err := p.ensureHooks(o); err != nil {
 			p.applied = nil

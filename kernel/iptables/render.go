@@ -45,6 +45,11 @@ type Options struct {
 	// into (kube-proxy's ct_state_invalid_dropped_pkts), when the kernel
 	// has it.
 	InvalidDropCounter string
+	// LocalhostNodePortCounter names the nfacct counter that packets to a
+	// NodePort on 127.0.0.0/8 count into (kube-proxy's
+	// localhost_nps_accepted_pkts), when the kernel has it: each NodePort
+	// then has a rule for 127.0.0.0/8 before its own, as kube-proxy's.
+	LocalhostNodePortCounter string
 	// ExistingNATChains are the nat table's chains now (from iptables-save):
 	// unused per-service ones are deleted in the same restore.
 	ExistingNATChains []string
@@ -176,7 +181,38 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
-	return renderPartial(snap, o, applied, nil)
+	r := renderPartial(snap, o, applied, nil)
+	return r.data, r.bodies, r.chains
+}
+
+// rendered is one render's output: the restore input, the fingerprints
+// and chains as RenderPartial returns them, and the rules of the nat
+// chains it left out because they are unchanged (kube-proxy's
+// skippedNatRules, for sync_proxy_rules_iptables_total).
+type rendered struct {
+	data       []byte
+	bodies     Bodies
+	chains     []string
+	skippedNAT int
+}
+
+// rulesIn counts the lines of b that are rules ("-A ...").
+func rulesIn(b []byte) int {
+	n := bytes.Count(b, []byte("\n-A "))
+	if bytes.HasPrefix(b, []byte("-A ")) {
+		n++
+	}
+	return n
+}
+
+// RuleCounts are the "-A" rules in a restore input's filter and nat
+// tables.
+func RuleCounts(data []byte) (filter, nat int) {
+	i := bytes.Index(data, []byte("\n*nat\n"))
+	if i < 0 {
+		return rulesIn(data), 0
+	}
+	return rulesIn(data[:i]), rulesIn(data[i:])
 }
 
 // portRender is one service port's rendering: its lines in the top-level
@@ -185,6 +221,7 @@ type portRender struct {
 	filter, nat []byte
 	chains      []string
 	sum         uint64
+	bodyRules   int // the rules in its own chains
 }
 
 // portCache keeps each service port's rendering by pointer: a snapshot
@@ -198,8 +235,9 @@ type portCache struct {
 	hits  int // ports taken from the cache, ever (for tests)
 }
 
-func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache) ([]byte, Bodies, []string) {
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache) rendered {
 	mark := o.Mark()
+	skipped := 0
 	total := 0
 	for _, sp := range snap.Ports {
 		total += len(sp.Endpoints)
@@ -239,6 +277,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 				if len(c.chains) > 0 {
 					bodies[sp.Name] = c.sum
 				}
+				skipped += c.bodyRules
 				cache.ports[sp] = c
 				cache.hits++
 				continue
@@ -249,6 +288,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		f0, n0 := filterRules.b.Len(), natRules.b.Len()
 		renderPort(sp, o, mark, &filterRules, &natRules, &body, chain)
 		var sum uint64
+		nBody := rulesIn(body.b.Bytes())
 		if len(portChains) > 0 {
 			h := fnv.New64a()
 			for _, c := range portChains {
@@ -259,13 +299,14 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		}
 		if cache != nil {
 			cache.ports[sp] = portRender{filter: bytes.Clone(filterRules.b.Bytes()[f0:]), nat: bytes.Clone(natRules.b.Bytes()[n0:]),
-				chains: slices.Clone(portChains), sum: sum}
+				chains: slices.Clone(portChains), sum: sum, bodyRules: nBody}
 		}
 		if len(portChains) == 0 {
 			continue
 		}
 		bodies[sp.Name] = sum
 		if prev, ok := applied[sp.Name]; ok && prev == sum {
+			skipped += nBody
 			continue // unchanged: the kernel has these chains as they are
 		}
 		for _, c := range portChains {
@@ -351,7 +392,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	for c := range active {
 		chains = append(chains, c)
 	}
-	return out.b.Bytes(), bodies, chains
+	return rendered{data: out.b.Bytes(), bodies: bodies, chains: chains, skippedNAT: skipped}
 }
 
 // renderPort writes a service port's rules in the top-level chains to
@@ -443,6 +484,9 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	if sp.NodePort != 0 {
 		np := strconv.Itoa(int(sp.NodePort))
 		if usesExt {
+			if o.LocalhostNodePortCounter != "" && o.LocalhostNodePorts && !o.IPv6 {
+				natRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(s), match, []string{"-d", "127.0.0.0/8", "--dport", np, "-m", "nfacct", "--nfacct-name", o.LocalhostNodePortCounter, "-j", ext})...)
+			}
 			natRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(s), match, []string{"--dport", np, "-j", ext})...)
 		}
 		if !hasExternal {

@@ -1,8 +1,8 @@
 // Package nfacct owns the kernel's extended accounting objects
-// (nfnetlink_acct): the named packet counter kube-proxy's iptables mode
-// counts the INVALID packets it drops with (`-m nfacct --nfacct-name
-// ct_state_invalid_dropped_pkts`), and reading it for the metric
-// kubeproxy_iptables_ct_state_invalid_dropped_packets_total.
+// (nfnetlink_acct): the named packet counters kube-proxy's iptables mode
+// counts with (`-m nfacct --nfacct-name NAME`: the INVALID packets it
+// drops, the packets accepted on localhost NodePorts), and reading them
+// for its metrics.
 package nfacct
 
 import (
@@ -13,6 +13,10 @@ import (
 
 // InvalidDropped is the counter kube-proxy names for the INVALID drop.
 const InvalidDropped = "ct_state_invalid_dropped_pkts"
+
+// LocalhostNodePortsAccepted is the counter kube-proxy names for packets
+// to a NodePort on 127.0.0.0/8.
+const LocalhostNodePortsAccepted = "localhost_nps_accepted_pkts"
 
 // nameMax is NFACCT_NAME_MAX, the terminating NUL included.
 const nameMax = 32
