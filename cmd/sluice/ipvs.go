@@ -36,6 +36,8 @@ type ipvsPlane struct {
 
 	latestState
 	loopback loopbackWarner
+	backoff  syncBackoff // under latestState's mu, as the syncs are
+	failed   bool        // the last sync failed in part
 }
 
 // newIPVSPlane returns an error wrapping ipvs.ErrUnavailable when the
@@ -75,7 +77,7 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 	}
 	exclude := ipvsExcludeCIDRs(cfg)
 	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
-		loopback: loopbackWarner{mode: "ipvs", log: log}}
+		loopback: loopbackWarner{mode: "ipvs", log: log}, backoff: syncBackoff{max: resyncEvery(cfg.KubeProxy.IPVS.SyncPeriod.Duration)}}
 	sets := &ipvs.IPSetExec{}
 	if _, err := sets.List(); err != nil {
 		k.Close()
@@ -130,6 +132,12 @@ func (p *ipvsPlane) nodeIPs(snap *lb.Snapshot) []netip.Addr {
 func (p *ipvsPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.applyLocked) }
 
 func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
+	// As the iptables and nftables planes (issue 18): after failed syncs,
+	// wait 1 s, 2 s, ... (at most the resync period) before the next one,
+	// which the loop runs with the newest state.
+	if d := p.backoff.wait(); d > 0 {
+		return fmt.Errorf("IPVS mode: %w", errBackingOff{p.backoff.failures, d})
+	}
 	p.loopback.check(snap)
 	nodeIPs := p.nodeIPs(snap)
 	var errs []error
@@ -158,18 +166,23 @@ func (p *ipvsPlane) applyLocked(snap *lb.Snapshot) error {
 		}
 		deleteStaleConntrack(snap, nf.IPv6, p.local.has, p.metrics, p.log) // as in iptables mode
 	}
+	p.failed = len(errs) > 0
+	p.backoff.done(p.failed)
 	return errors.Join(errs...)
+}
+
+func (p *ipvsPlane) backoffWait() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.backoff.wait()
 }
 
 func (p *ipvsPlane) loop() {
 	defer close(p.done)
 	drain := time.NewTicker(p.cfg.IPVSDrainInterval)
 	defer drain.Stop()
-	every := p.cfg.KubeProxy.IPVS.SyncPeriod.Duration
-	if every <= 0 {
-		every = 30 * time.Second
-	}
-	resync := time.NewTicker(every)
+	every := resyncEvery(p.cfg.KubeProxy.IPVS.SyncPeriod.Duration)
+	resync := time.NewTimer(every)
 	defer resync.Stop()
 	for {
 		select {
@@ -184,9 +197,20 @@ func (p *ipvsPlane) loop() {
 				}
 			}
 		case <-resync.C:
+			// IPVS mode reapplies its state every period, as kube-proxy's;
+			// after a failure, sooner: when the back-off lets it.
+			if d := p.backoffWait(); d > 0 {
+				resync.Reset(min(d, every))
+				continue
+			}
 			if err := p.reapplyNewest(p.applyLocked); err != nil {
 				p.log.Error("IPVS resync failed", "err", err)
 			}
+			next := every
+			if d := p.backoffWait(); d > 0 {
+				next = min(d, every)
+			}
+			resync.Reset(next)
 		}
 	}
 }
