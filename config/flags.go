@@ -266,7 +266,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 func Parse(args []string) (*Config, string, error) {
 	cfg := Defaults()
 	fs := newFlagSet(cfg)
-	usage := fs.FlagUsages()
+	usage := usage(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, usage, suggest(fs, err)
 	}

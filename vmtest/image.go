@@ -23,11 +23,14 @@ var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs
 	"ip_tables", "ip6_tables", "iptable_nat", "iptable_filter", "iptable_mangle", "ip6table_nat", "ip6table_filter", "ip6table_mangle",
 	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_hash_ipportnet", "ip_set_bitmap_port",
 	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat",
-	"xt_statistic", "xt_recent", "xt_REDIRECT"}
+	"xt_statistic", "xt_recent", "xt_REDIRECT",
+	// nf_tables and the expressions nftables mode's ruleset uses.
+	"nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet",
+	"nft_reject_ipv4", "nft_reject_ipv6", "nft_fib", "nft_fib_ipv4", "nft_fib_ipv6", "nft_fib_inet", "nft_limit"}
 
 // guestTools are host binaries copied into every image with their shared
 // libraries and the loader (the image has no package manager).
-var guestTools = []string{"/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset"}
+var guestTools = []string{"/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset", "/usr/sbin/nft"}
 
 // Marker starts the line on which the guest reports its exit code.
 const Marker = "SLUICE-VM-RESULT"

@@ -78,7 +78,7 @@ func signalName(ctx context.Context) string {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg, usage, err := config.Parse(args)
 	if config.IsHelp(err) {
-		fmt.Fprintf(stdout, "Usage of sluice:\n%s", usage)
+		fmt.Fprint(stdout, usage)
 		return 0
 	}
 	if err != nil {

@@ -51,6 +51,44 @@ func TestSCTPInIPTablesModeInVM(t *testing.T) {
 	}
 }
 
+// nftables mode serves SCTP (and TCP) through ClusterIP and NodePort in a
+// kernel that has SCTP (issue 13; the host's has none), and --cleanup
+// removes its tables and nothing else.
+func TestSCTPInNFTablesModeInVM(t *testing.T) {
+	if out, err := exec.Command("nft", "add", "table", "inet", "someone-elses").CombinedOutput(); err != nil {
+		t.Fatalf("nft in the guest: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "someone-elses").Run() })
+	b := newBed(t)
+	b.backends("b", 8080, "10.244.0.5", "10.244.0.6")
+	dir := t.TempDir()
+	sh(t, dir, "svc.yaml", strings.NewReplacer("ENDPOINT2", "10.244.0.6", "HOLD2", "10.244.0.6").Replace(ipvsManifest))
+	p := startSluice(t, "--proxy-mode=nftables", "--mode-fallback=false", "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=",
+		"--cluster-cidr=10.244.0.0/16")
+	p.waitLog("state applied")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := exec.Command("nft", "list", "ruleset").CombinedOutput()
+			t.Logf("nft ruleset:\n%s", out)
+		}
+	})
+	// numgen random: 30 tries miss one of two backends with p = 2^-29.
+	both(t, "nftables mode ClusterIP TCP", b.tally("tcp", "10.96.0.10:80", 30))
+	both(t, "nftables mode ClusterIP SCTP", b.tally("sctp", "10.96.0.10:9000", 30))
+	both(t, "nftables mode NodePort SCTP", b.tally("sctp", "192.168.10.1:30090", 30))
+	p.stop()
+	c := startSluice(t, "--cleanup")
+	for range c.lines {
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("--cleanup: %v", err)
+	}
+	out, _ := exec.Command("nft", "list", "tables").CombinedOutput()
+	if strings.Contains(string(out), "kube-proxy") || !strings.Contains(string(out), "someone-elses") {
+		t.Fatalf("nft tables after --cleanup (want kube-proxy's gone, someone-elses kept):\n%s", out)
+	}
+}
+
 // The Netlink kernel against real IPVS: detection with every scheduler,
 // and a reconcile read back, then cleaned up.
 func TestIPVSKernelForReal(t *testing.T) {
