@@ -128,7 +128,9 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 	cases := []struct{ name, manifest, want string }{
 		{"bad yaml", "apiVersion: v1\nkind: [", "test.yaml#1: malformed YAML/JSON"},
 		{"unknown kind", "apiVersion: v1\nkind: Servce\nmetadata: {name: p}\n", `Servce default/p: unknown kind "Servce"`},
-		{"unknown field", svc + "  portz: []\n", `Service default/s: invalid Service`},
+		{"unknown field", svc + "  portz: []\n", `Service default/s: spec.portz: unknown field`},
+		{"unknown nested field", svc + "  ports: [{port: 80, protocl: TCP}]\n", `Service default/s: spec.ports[0].protocl: unknown field`},
+		{"wrong type", svc + "  ports: [{port: eighty}]\n", `Service default/s: invalid Service`},
 		{"invalid cluster ip", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.96.0.300\n  ports: [{port: 80}]\n", `Service default/s: spec.clusterIP: invalid IP address "10.96.0.300"`},
 		{"invalid external ip", svc + "  externalIPs: [nope]\n  ports: [{port: 80}]\n", `spec.externalIPs[0]: invalid IP address "nope"`},
 		{"port out of range", svc + "  ports: [{port: 70000}]\n", `Service default/s: spec.ports[0].port: must be 1-65535, got 70000`},

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -492,11 +493,19 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	fail := func(field string, err error) ([]error, *cachedDoc) {
 		return []error{&ManifestError{File: where, Object: id, Field: field, Err: err}}, nil
 	}
-	strict := func(into any) error {
-		if err := yaml.UnmarshalStrict(raw, into); err != nil {
-			return fmt.Errorf("invalid %s: %w", tm.Kind, err)
+	// As the API server decodes (case-sensitive, strict): an unknown or
+	// repeated field is named by its path in the object.
+	strict := func(into any) []error {
+		serrs, err := kjson.UnmarshalStrict(raw, into, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+		if err != nil {
+			return []error{&ManifestError{File: where, Object: id, Err: fmt.Errorf("invalid %s: %w", tm.Kind, err)}}
 		}
-		return nil
+		var errs []error
+		for _, se := range serrs {
+			field, what := strictField(se.Error())
+			errs = append(errs, &ManifestError{File: where, Object: id, Field: field, Err: errors.New(what)})
+		}
+		return errs
 	}
 	gv := tm.APIVersion + "/" + tm.Kind
 	switch gv {
@@ -534,23 +543,23 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	switch gv {
 	case "v1/Service":
 		svc := &corev1.Service{}
-		if err := strict(svc); err != nil {
-			return fail("", err)
+		if errs := strict(svc); errs != nil {
+			return errs, nil
 		}
 		svc.Namespace = ns
 		obj = svc
 	case "v1/Endpoints":
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		ep := &corev1.Endpoints{}
-		if err := strict(ep); err != nil {
-			return fail("", err)
+		if errs := strict(ep); errs != nil {
+			return errs, nil
 		}
 		ep.Namespace = ns
 		obj = ep
 	default:
 		sl := &discoveryv1.EndpointSlice{}
-		if err := strict(sl); err != nil {
-			return fail("", err)
+		if errs := strict(sl); errs != nil {
+			return errs, nil
 		}
 		sl.Namespace = ns
 		obj = sl
@@ -561,3 +570,17 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 
 // Origin returns where an object ("Kind ns/name") was read from, or "".
 func (o *Objects) Origin(id string) string { return o.origin[id] }
+
+// strictField splits a strict decoding error (`unknown field "spec.portz"`,
+// `duplicate field "metadata.name"`) into the field's path and what is
+// wrong with it; another error is returned whole.
+func strictField(msg string) (field, what string) {
+	for _, kind := range []string{"unknown field", "duplicate field"} {
+		if rest, ok := strings.CutPrefix(msg, kind+" "); ok {
+			if path, err := strconv.Unquote(rest); err == nil {
+				return path, kind + " (kubectl apply refuses it too)"
+			}
+		}
+	}
+	return "", msg
+}

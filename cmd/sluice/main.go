@@ -74,6 +74,19 @@ func signalName(ctx context.Context) string {
 	return ""
 }
 
+// manifestsRejected is why serve stops when the first load of --manifests
+// is refused.
+type manifestsRejected struct {
+	path string
+	err  error
+}
+
+func (e manifestsRejected) Error() string {
+	return fmt.Sprintf("manifests rejected at start-up: %v", e.err)
+}
+
+func (e manifestsRejected) Unwrap() error { return e.err }
+
 // run is the whole program; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg, usage, err := config.Parse(args)
@@ -126,6 +139,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.HandoverSocket = handoverPath(cfg.HandoverSocket, args)
 	if err := serve(ctx, cfg, log, stdout); err != nil {
+		var rej manifestsRejected
+		if errors.As(err, &rej) {
+			// One line per problem, each naming its file, object and field
+			// (joined, they were one line with literal \n in it).
+			problems := unjoin(rej.err)
+			for _, e := range problems {
+				log.Error("manifest rejected at start-up", "err", e)
+			}
+			log.Error("nothing served: fix the manifests above and start again", "path", rej.path, "problems", len(problems))
+			return 1
+		}
 		log.Error(err.Error())
 		return 1
 	}
@@ -348,7 +372,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg)}
 		if err := src.Load(); err != nil {
 			drain()
-			return fmt.Errorf("manifests rejected at start-up:\n%w", err)
+			return manifestsRejected{path: cfg.Manifests, err: err}
 		}
 		run, source = src.Run, cfg.Manifests
 	} else {
