@@ -8,6 +8,8 @@ require (
 	github.com/moby/ipvs v1.1.0
 	github.com/panjf2000/gnet/v2 v2.10.0
 	github.com/prometheus/client_golang v1.22.0
+	github.com/prometheus/client_model v0.6.1
+	github.com/prometheus/common v0.62.0
 	github.com/sirupsen/logrus v1.9.0
 	github.com/spf13/pflag v1.0.6
 	github.com/vishvananda/netlink v1.3.1
@@ -56,8 +58,6 @@ require (
 	github.com/panjf2000/ants/v2 v2.12.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
-	github.com/prometheus/client_model v0.6.1 // indirect
-	github.com/prometheus/common v0.62.0 // indirect
 	github.com/prometheus/procfs v0.15.1 // indirect
 	github.com/spf13/cobra v1.9.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// statusUsage is `sluice status --help`.
+const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [--json]
+
+Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
+started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
+or HAProxy's stats page answer: in userspace mode each service port with
+its frontends, endpoints (ejected ones marked), open and total connections,
+retries, failed connects and refused clients; in the kernel modes the mode,
+its families and its syncs.
+`
+
+// runStatus is `sluice status`; it returns the exit code.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addr := fs.String("metrics-bind-address", "127.0.0.1:10249", "the running sluice's --metrics-bind-address")
+	asJSON := fs.Bool("json", false, "print what the server answered, as JSON")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprint(stdout, statusUsage)
+			return 0
+		}
+		fmt.Fprintf(stderr, "sluice status: %v\n%s", err, statusUsage)
+		return 2
+	}
+	host := *addr
+	if strings.HasPrefix(host, "0.0.0.0:") || strings.HasPrefix(host, ":") {
+		host = "127.0.0.1:" + host[strings.LastIndex(host, ":")+1:]
+	} else if strings.HasPrefix(host, "[::]:") {
+		host = "[::1]:" + host[len("[::]:"):]
+	}
+	st, err := fetchStatus(&http.Client{Timeout: 5 * time.Second}, "http://"+host)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+		return 0
+	}
+	st.print(stdout, time.Now())
+	return 0
+}
+
+// instanceStatus is what one sluice answered.
+type instanceStatus struct {
+	Address string `json:"address"`
+	Mode    string `json:"mode"`
+	// Ports is the userspace mode's view, with each port's counters.
+	Ports []portStatus `json:"ports,omitempty"`
+	// Plane is a kernel mode's own summary.
+	Plane map[string]any `json:"plane,omitempty"`
+	// LastSync is the newest sync time per IP family ("" for a mode that
+	// applies a state whole).
+	LastSync map[string]time.Time `json:"lastSync"`
+}
+
+type portStatus struct {
+	listeners.PortView
+	Active      float64 `json:"active"`
+	Connections float64 `json:"connections"`
+	Retries     float64 `json:"retries"`
+	Failures    float64 `json:"connectFailures"`
+	Refused     float64 `json:"refused"`
+}
+
+func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
+	get := func(path string) ([]byte, error) {
+		resp, err := c.Get(base + path)
+		if err != nil {
+			return nil, fmt.Errorf("no sluice answers at %s (is it running, and with this --metrics-bind-address?): %w", base, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, fmt.Errorf("%s%s: %w", base, path, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("%s%s: %s", base, path, resp.Status)
+		}
+		return body, nil
+	}
+	mode, err := get("/proxyMode")
+	if err != nil {
+		return nil, err
+	}
+	st := &instanceStatus{Address: base, Mode: strings.TrimSpace(string(mode)), LastSync: map[string]time.Time{}}
+	page, err := get("/metrics")
+	if err != nil {
+		return nil, err
+	}
+	var parser expfmt.TextParser
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(page)))
+	if err != nil {
+		return nil, fmt.Errorf("%s/metrics: %w", base, err)
+	}
+	for _, m := range metricsOf(families, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+		sec, frac := math.Modf(m.GetGauge().GetValue())
+		st.LastSync[label(m, "ip_family")] = time.Unix(int64(sec), int64(frac*1e9))
+	}
+	dump, err := get("/debug/sluice")
+	if err != nil {
+		return nil, err
+	}
+	if st.Mode != "userspace" {
+		if err := json.Unmarshal(dump, &st.Plane); err != nil {
+			return nil, fmt.Errorf("%s/debug/sluice: %w", base, err)
+		}
+		return st, nil
+	}
+	var views []listeners.PortView
+	if err := json.Unmarshal(dump, &views); err != nil {
+		return nil, fmt.Errorf("%s/debug/sluice: %w", base, err)
+	}
+	counter := func(name string, v listeners.PortView) float64 {
+		for _, m := range metricsOf(families, name) {
+			if label(m, "service") == v.Service && label(m, "protocol") == v.Protocol {
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	for _, v := range views {
+		st.Ports = append(st.Ports, portStatus{PortView: v,
+			Active: counter("sluice_active_connections", v), Connections: counter("sluice_connections_total", v),
+			Retries: counter("sluice_connect_retries_total", v), Failures: counter("sluice_connect_failures_total", v),
+			Refused: counter("sluice_refused_total", v)})
+	}
+	return st, nil
+}
+
+func metricsOf(families map[string]*dto.MetricFamily, name string) []*dto.Metric {
+	if f := families[name]; f != nil {
+		return f.GetMetric()
+	}
+	return nil
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// print writes st as ipvsadm -Ln lays out its table: one line per service
+// port, then one per frontend and endpoint.
+func (st *instanceStatus) print(w io.Writer, now time.Time) {
+	fmt.Fprintf(w, "sluice at %s, %s mode", strings.TrimPrefix(st.Address, "http://"), st.Mode)
+	fams := make([]string, 0, len(st.LastSync))
+	for f := range st.LastSync {
+		fams = append(fams, f)
+	}
+	sort.Strings(fams)
+	for _, f := range fams {
+		name := f
+		if name == "" {
+			name = "state"
+		}
+		fmt.Fprintf(w, "; %s applied %s ago", name, now.Sub(st.LastSync[f]).Round(time.Second))
+	}
+	if len(fams) == 0 {
+		fmt.Fprint(w, "; nothing applied yet")
+	}
+	fmt.Fprintln(w)
+	if st.Mode != "userspace" {
+		keys := make([]string, 0, len(st.Plane))
+		for k := range st.Plane {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "  %s: %v\n", k, st.Plane[k])
+		}
+		fmt.Fprintln(w, "  (the rules themselves: iptables-save, nft list table ip kube-proxy, ipvsadm -Ln)")
+		return
+	}
+	fmt.Fprintf(w, "%d service ports\n", len(st.Ports))
+	for _, p := range st.Ports {
+		fmt.Fprintf(w, "%-4s %s", p.Protocol, p.Service)
+		if p.Affinity != nil {
+			fmt.Fprintf(w, " affinity ClientIP %s", *p.Affinity)
+		}
+		fmt.Fprintf(w, "  active %g, connections %g, retried %g, failed connects %g, refused %g\n", p.Active, p.Connections, p.Retries, p.Failures, p.Refused)
+		for _, fe := range p.Frontends {
+			fmt.Fprintf(w, "  <- %s\n", fe)
+		}
+		ejected := map[string]bool{}
+		for _, e := range p.Ejected {
+			ejected[e] = true
+		}
+		if len(p.Endpoints) == 0 {
+			fmt.Fprintln(w, "  -> no endpoints: clients are refused")
+		}
+		for _, e := range p.Endpoints {
+			state := "serving"
+			if ejected[e] {
+				state = "ejected (connects failed; probed again after its back-off)"
+			}
+			fmt.Fprintf(w, "  -> %-24s %s\n", e, state)
+		}
+		if p.ExternalEndpoints != nil {
+			fmt.Fprintf(w, "  external traffic (Local policy) -> %s\n", strings.Join(p.ExternalEndpoints, " "))
+		}
+	}
+}
