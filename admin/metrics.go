@@ -34,6 +34,8 @@ type Metrics struct {
 	nftFails        *prometheus.CounterVec
 	nftCleanupFails *prometheus.CounterVec
 	ctDuration      *prometheus.HistogramVec
+	programming     *prometheus.HistogramVec
+	updateApply     prometheus.Histogram
 	ctDeleted       *prometheus.CounterVec
 	fullSyncs       *prometheus.HistogramVec
 	partialSyncs    *prometheus.HistogramVec
@@ -105,6 +107,14 @@ func NewMetrics() *Metrics {
 		// transaction, so its failure is a sync failure and this stays 0.
 		nftCleanupFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "sync_proxy_rules_nftables_cleanup_failures_total",
 			Help: "nftables mode stale-chain clean-ups that failed, per IP family (sluice deletes stale chains in the sync's own transaction: always 0)."}, []string{"ip_family"}),
+		// kube-proxy's SLI: from the EndpointSlice controller's
+		// last-change-trigger-time to the change in the data plane.
+		programming: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "network_programming_duration_seconds",
+			Help:    "From a pod change (its EndpointSlice's last-change-trigger-time) to the data plane programmed for it, per IP family.",
+			Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
+		updateApply: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "update_apply_seconds",
+			Help:    "sluice's own share of an update: from a change reaching it (an API event; a --manifests reload, after its coalescing wait) to applied.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}),
 		ctDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "conntrack_reconciler_sync_duration_seconds",
 			Help: "How long one clean-up of stale conntrack entries after a kernel mode's sync took, per IP family.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"ip_family"}),
 		ctDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "conntrack_reconciler_deleted_entries_total",
@@ -132,7 +142,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -251,6 +261,16 @@ func (m *Metrics) IPTablesRules(family string, filter, natWritten, natTotal int)
 	m.iptablesRules.WithLabelValues("nat", family).Set(float64(natTotal))
 	m.iptablesLast.WithLabelValues("nat", family).Set(float64(natWritten))
 }
+
+// NetworkProgrammed records how long after a pod change (its
+// EndpointSlice's trigger time) the data plane was programmed for it.
+func (m *Metrics) NetworkProgrammed(family string, took time.Duration) {
+	m.programming.WithLabelValues(family).Observe(took.Seconds())
+}
+
+// UpdateApplied records sluice's own share of an update: from its
+// arrival to applied.
+func (m *Metrics) UpdateApplied(took time.Duration) { m.updateApply.Observe(took.Seconds()) }
 
 // NFTablesSyncFailed counts a failed nftables transaction of one family.
 func (m *Metrics) NFTablesSyncFailed(family string) { m.nftFails.WithLabelValues(family).Inc() }

@@ -28,6 +28,41 @@ type Sink interface {
 	Queued()
 }
 
+// TimedSink is a Sink that is also told when the changes a snapshot
+// carries began, to measure how long they took to reach the data plane.
+// A source publishes through PublishTimed when its sink has it.
+type TimedSink interface {
+	Sink
+	PublishTimed(*lb.Snapshot, UpdateTimes)
+}
+
+// UpdateTimes are when the changes in one published snapshot began.
+type UpdateTimes struct {
+	// Triggers are the EndpointSlices' endpoints.kubernetes.io/
+	// last-change-trigger-time annotations (when the controller saw the
+	// pod change), as kube-proxy's network programming latency takes them.
+	Triggers []Trigger
+	// Arrived is when each change reached sluice (an API event, a file
+	// event).
+	Arrived []time.Time
+}
+
+// Trigger is one EndpointSlice change's trigger time and IP family
+// ("IPv4", "IPv6": the slice's address type).
+type Trigger struct {
+	Family string
+	At     time.Time
+}
+
+// PublishTo hands snap to sink, with times when the sink takes them.
+func PublishTo(sink Sink, snap *lb.Snapshot, times UpdateTimes) {
+	if ts, ok := sink.(TimedSink); ok && (len(times.Triggers) > 0 || len(times.Arrived) > 0) {
+		ts.PublishTimed(snap, times)
+		return
+	}
+	sink.Publish(snap)
+}
+
 // ManifestSource serves Services and endpoints from manifest files and
 // watches them. The zero value is not usable: set Path and Sink.
 type ManifestSource struct {
@@ -44,6 +79,8 @@ type ManifestSource struct {
 	Resync time.Duration
 	// After is the timer, injectable for tests; default time.After.
 	After func(time.Duration) <-chan time.Time
+	// Now is the clock of the update times; default time.Now.
+	Now func() time.Time
 	// MaxBytes bounds what one load reads; a load over it is refused.
 	// Default DefaultMaxManifestBytes; negative: no limit.
 	MaxBytes int64
@@ -110,7 +147,10 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 
 // Reload reads the manifests again. A bad update is rejected and the last
 // good snapshot stays; an update that changes nothing is dropped.
-func (s *ManifestSource) Reload() {
+func (s *ManifestSource) Reload() { s.reload(UpdateTimes{}) }
+
+// reload is Reload; a published snapshot goes out with times.
+func (s *ManifestSource) reload(times UpdateTimes) {
 	snap, services, err := s.read()
 	if err != nil {
 		s.Sink.Reject(err) // counted before it is logged, so a reader of the log finds it counted
@@ -132,7 +172,7 @@ func (s *ManifestSource) Reload() {
 		return
 	}
 	s.last, s.lastServices = snap, services
-	s.Sink.Publish(snap)
+	PublishTo(s.Sink, snap, times)
 }
 
 // leaves flattens errors.Join trees (a ManifestError is one leaf).
@@ -272,7 +312,13 @@ func (s *ManifestSource) coalesce(ctx context.Context, changes <-chan struct{}, 
 			}
 		case <-pending:
 			pending = nil
-			s.Reload()
+			// Timed from here: the --manifest-coalesce wait before it is a
+			// setting, not work.
+			now := time.Now
+			if s.Now != nil {
+				now = s.Now
+			}
+			s.reload(UpdateTimes{Arrived: []time.Time{now()}})
 		case <-resync:
 			resync = after(s.Resync)
 			s.Reload()

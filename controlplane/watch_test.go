@@ -143,3 +143,31 @@ func TestManifestChmodCausesAReload(t *testing.T) {
 		t.Fatal("a chmod caused no reload")
 	}
 }
+
+// timedUnchangedSink also takes UpdateTimes.
+type timedUnchangedSink struct {
+	*unchangedSink
+	times chan UpdateTimes
+}
+
+func (s timedUnchangedSink) PublishTimed(snap *lb.Snapshot, t UpdateTimes) {
+	s.times <- t
+	s.Publish(snap)
+}
+
+// An edit's reload is published with when the reload began (after the
+// coalescing wait), by the source's clock, for sluice_update_apply_seconds.
+func TestManifestEditIsTimed(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "svc.yaml")
+	os.WriteFile(file, []byte(withNodePort("30080")), 0o644)
+	sink := timedUnchangedSink{newUnchangedSink(), make(chan UpdateTimes, 8)}
+	at := time.Unix(1700000000, 0)
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond, Now: func() time.Time { return at }}
+	runSource(t, src, sink.unchangedSink)
+	os.WriteFile(file, []byte(withNodePort("30081")), 0o644)
+	waitNodePort(t, &sink.recordingSink, 30081)
+	if ts := <-sink.times; len(ts.Arrived) != 1 || !ts.Arrived[0].Equal(at) || len(ts.Triggers) != 0 {
+		t.Fatalf("times %+v, want one arrival at %v", ts, at)
+	}
+}

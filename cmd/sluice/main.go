@@ -593,7 +593,26 @@ func changedPorts(prev, next *lb.Snapshot) []string {
 	return out
 }
 
-func (a *applier) Publish(snap *lb.Snapshot) {
+func (a *applier) Publish(snap *lb.Snapshot) { a.publish(snap) }
+
+// PublishTimed is Publish, then, if the state was applied, the time from
+// each change to now into kube-proxy's network programming latency and
+// sluice's update apply histogram.
+func (a *applier) PublishTimed(snap *lb.Snapshot, times controlplane.UpdateTimes) {
+	if a.publish(snap) != nil {
+		return
+	}
+	now := time.Now()
+	for _, t := range times.Triggers {
+		a.metrics.NetworkProgrammed(t.Family, now.Sub(t.At))
+	}
+	for _, t := range times.Arrived {
+		a.metrics.UpdateApplied(now.Sub(t))
+	}
+}
+
+// publish applies snap; it returns what failed.
+func (a *applier) publish(snap *lb.Snapshot) error {
 	start := time.Now()
 	a.local.refresh()
 	err := a.plane.Apply(snap)
@@ -630,11 +649,12 @@ func (a *applier) Publish(snap *lb.Snapshot) {
 		// what was applied before it stays (issue 18: a killed restore
 		// was followed by "state applied" and counted as a sync).
 		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "failures", len(unjoin(err)), "took", took)
-		return
+		return err
 	}
 	_, perFamily := a.plane.(interface{ perFamilySyncs() })
 	a.metrics.Synced(took, time.Now(), !perFamily)
 	a.log.Info("state applied", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
+	return nil
 }
 
 // Unchanged: a re-read found nothing new; what is applied is current.

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -129,5 +130,44 @@ func TestLogrusLinesJoinSluicesLog(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], `"level":"DEBUG"`) || !strings.Contains(lines[0], `"from":"moby/ipvs"`) ||
 		!strings.Contains(lines[1], `"level":"ERROR"`) || !strings.Contains(lines[1], "something else") {
 		t.Fatalf("log:\n%s", out.String())
+	}
+}
+
+// okPlane is a data plane whose every Apply succeeds.
+type okPlane struct{}
+
+func (okPlane) Apply(*lb.Snapshot) error { return nil }
+func (okPlane) Dump() any                { return nil }
+func (okPlane) Tick()                    {}
+
+// An applied update's times go into kube-proxy's network programming
+// latency (per family) and sluice_update_apply_seconds; a failed one's do
+// not (it was not programmed).
+func TestUpdateTimesObservedOnceApplied(t *testing.T) {
+	for _, tc := range []struct {
+		plane dataPlane
+		want  int
+	}{{okPlane{}, 1}, {failingPlane{errors.New("iptables-restore: killed")}, 0}} {
+		metrics := admin.NewMetrics()
+		a := &applier{plane: tc.plane, local: &localAddrs{}, health: admin.NewHealth(time.Minute, nil),
+			metrics: metrics, log: slog.New(slog.DiscardHandler), first: make(chan struct{})}
+		now := time.Now()
+		a.PublishTimed(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}, controlplane.UpdateTimes{
+			Triggers: []controlplane.Trigger{{Family: "IPv4", At: now.Add(-2 * time.Second)}}, Arrived: []time.Time{now.Add(-time.Millisecond)}})
+		families, err := metrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		observed := map[string]uint64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				observed[f.GetName()] += m.GetHistogram().GetSampleCount()
+			}
+		}
+		for _, name := range []string{"kubeproxy_network_programming_duration_seconds", "sluice_update_apply_seconds"} {
+			if observed[name] != uint64(tc.want) {
+				t.Errorf("%T: %s observed %d times, want %d", tc.plane, name, observed[name], tc.want)
+			}
+		}
 	}
 }

@@ -84,7 +84,12 @@ type Source struct {
 	// The Services with Service or EndpointSlice events since the last
 	// build (for Changes' pending counts).
 	svcPending, epPending map[serviceKey]bool
-	problems              map[serviceKey]string // reported, so each is reported once
+	// When each pending change arrived, and the trigger times of the
+	// pending EndpointSlice changes (for the sink's UpdateTimes).
+	arrived  map[serviceKey]time.Time
+	triggers []controlplane.Trigger
+	started  time.Time             // changes triggered before it are not timed
+	problems map[serviceKey]string // reported, so each is reported once
 
 	// Owned by the Run goroutine.
 	services  cache.Indexer
@@ -135,6 +140,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.dirty = map[serviceKey]bool{}
 	s.svcPending, s.epPending = map[serviceKey]bool{}, map[serviceKey]bool{}
+	s.arrived, s.triggers, s.started = map[serviceKey]time.Time{}, nil, s.now()
 	s.problems = map[serviceKey]string{}
 	s.mu.Unlock()
 	s.built = map[serviceKey][]*lb.ServicePort{}
@@ -162,8 +168,9 @@ func (s *Source) Run(ctx context.Context) error {
 		return err
 	}
 	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(o any) { s.markSlice(o); s.counted(true) },
+		AddFunc: func(o any) { s.noteTrigger(o); s.markSlice(o); s.counted(true) },
 		UpdateFunc: func(old, o any) {
+			s.noteTrigger(o)
 			s.markSlice(old) // the service-name label may have changed
 			s.markSlice(o)
 			s.counted(true)
@@ -206,7 +213,8 @@ func (s *Source) Run(ctx context.Context) error {
 		return fmt.Errorf("API source stopped before the initial list of Services and EndpointSlices: %w", context.Cause(ctx))
 	}
 	s.log().Info("initial list of Services and EndpointSlices synced", "took", time.Since(start).Round(time.Millisecond))
-	// The first build covers every Service, whatever was marked meanwhile.
+	// The first build covers every Service, whatever was marked meanwhile;
+	// it is not timed (the start-up is, by the first sync's own figures).
 	s.takeDirty()
 	keys := map[serviceKey]bool{}
 	for _, o := range s.services.List() {
@@ -221,7 +229,7 @@ func (s *Source) Run(ctx context.Context) error {
 	for key := range keys {
 		s.rebuild(key)
 	}
-	s.publish(true)
+	s.publish(true, controlplane.UpdateTimes{})
 	lastBuild := s.now()
 	for {
 		select {
@@ -241,12 +249,13 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		lastBuild = s.now()
 		changed := false
-		for key := range s.takeDirty() {
+		keys, times := s.takeDirty()
+		for key := range keys {
 			if s.rebuild(key) {
 				changed = true
 			}
 		}
-		s.publish(changed)
+		s.publish(changed, times)
 	}
 }
 
@@ -270,6 +279,9 @@ func (s *Source) mark(key serviceKey, endpoints bool) {
 	} else {
 		s.svcPending[key] = true
 	}
+	if _, ok := s.arrived[key]; !ok {
+		s.arrived[key] = s.now()
+	}
 	s.mu.Unlock()
 	s.Sink.Queued()
 	select {
@@ -284,17 +296,50 @@ func (s *Source) hasDirty() bool {
 	return len(s.dirty) > 0
 }
 
-func (s *Source) takeDirty() map[serviceKey]bool {
+func (s *Source) takeDirty() (map[serviceKey]bool, controlplane.UpdateTimes) {
 	s.mu.Lock()
 	d := s.dirty
 	s.dirty = map[serviceKey]bool{}
+	times := controlplane.UpdateTimes{Triggers: s.triggers}
+	for _, at := range s.arrived {
+		times.Arrived = append(times.Arrived, at)
+	}
+	s.triggers = nil
+	clear(s.arrived)
 	clear(s.svcPending)
 	clear(s.epPending)
 	if s.Changes != nil {
 		s.Changes.ChangesTaken() // under mu: a later event's count is not overwritten
 	}
 	s.mu.Unlock()
-	return d
+	return d, times
+}
+
+// noteTrigger keeps an EndpointSlice's last-change-trigger-time, when it
+// has one from after the source started (kube-proxy ignores older ones
+// too: they would measure the proxy's start-up, not the change).
+func (s *Source) noteTrigger(o any) {
+	sl, ok := unwrapTombstone(o).(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	v, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return
+	}
+	family := "IPv4"
+	if sl.AddressType == discoveryv1.AddressTypeIPv6 {
+		family = "IPv6"
+	}
+	s.mu.Lock()
+	if at.After(s.started) {
+		s.triggers = append(s.triggers, controlplane.Trigger{Family: family, At: at})
+	}
+	s.mu.Unlock()
 }
 
 // counted tells Changes of one Service (or EndpointSlice) event.
@@ -451,7 +496,7 @@ func (s *Source) report(key serviceKey, err error) {
 	}
 }
 
-func (s *Source) publish(changed bool) {
+func (s *Source) publish(changed bool, times controlplane.UpdateTimes) {
 	if !changed && s.last != nil {
 		s.Sink.Unchanged()
 		return
@@ -463,5 +508,5 @@ func (s *Source) publish(changed bool) {
 		}
 	}
 	s.last = snap
-	s.Sink.Publish(snap)
+	controlplane.PublishTo(s.Sink, snap, times)
 }

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -430,5 +431,54 @@ func TestChangeCounts(t *testing.T) {
 	counts.wait(t, 1)
 	if got := counts.get(); got != [5]int{2, 3, 0, 0, 2} {
 		t.Fatalf("after the build: %v, want [2 3 0 0 2]", got)
+	}
+}
+
+// timedSink is a sink that takes UpdateTimes.
+type timedSink struct {
+	*sink
+	times chan controlplane.UpdateTimes
+}
+
+func (s timedSink) PublishTimed(snap *lb.Snapshot, t controlplane.UpdateTimes) {
+	s.times <- t
+	s.Publish(snap)
+}
+
+// A change is published with when it arrived and, for an EndpointSlice
+// with kube's last-change-trigger-time, that time and its family (for
+// kube-proxy's network programming SLI); the initial list and triggers
+// from before the start are not timed.
+func TestUpdateTimes(t *testing.T) {
+	old := slice("web", "w0", discoveryv1.AddressTypeIPv4, ready("10.244.0.9", "n1"))
+	old.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)}
+	client := fake.NewClientset(service("web"), old)
+	s := timedSink{sink: newSink(), times: make(chan controlplane.UpdateTimes, 10)}
+	run(t, &Source{Client: client, Sink: s})
+	s.next(t)
+	select {
+	case ts := <-s.times:
+		t.Fatalf("the initial list was timed: %+v", ts)
+	default:
+	}
+	ctx := context.Background()
+	trigger := time.Now().Round(time.Microsecond)
+	sl := slice("web", "w1", discoveryv1.AddressTypeIPv6, ready("fd00::1", "n1"))
+	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.next(t)
+	ts := <-s.times
+	if len(ts.Triggers) != 1 || ts.Triggers[0].Family != "IPv6" || !ts.Triggers[0].At.Equal(trigger) || len(ts.Arrived) != 1 || ts.Arrived[0].Before(trigger) {
+		t.Fatalf("times %+v, want the IPv6 trigger %v and one arrival after it", ts, trigger)
+	}
+	// Without the annotation: only the arrival.
+	if err := client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "w1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.next(t)
+	if ts := <-s.times; len(ts.Triggers) != 0 || len(ts.Arrived) != 1 {
+		t.Fatalf("times of a delete: %+v", ts)
 	}
 }
