@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -150,8 +152,10 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, err
 	}
 	lo := netip.MustParseAddr("127.0.0.1")
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", freeLoopbackPort())
 	proc, err := StartProc("sluice-api-churn", -1, sl.bin, "--kubeconfig", bed.cluster.Kubeconfig, "--bind-address", lo.String(), "--userspace-capture=none",
-		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-min-sync-period=0", "--kube-api-qps=2000", "--kube-api-burst=2000")
+		"--healthz-bind-address=", "--metrics-bind-address="+strings.TrimSuffix(strings.TrimPrefix(metrics, "http://"), "/metrics"),
+		"--iptables-min-sync-period=0", "--kube-api-qps=2000", "--kube-api-burst=2000")
 	if err != nil {
 		return nil, err
 	}
@@ -169,13 +173,29 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, fmt.Errorf("sluice watching %d services did not come up:\n%s", bed.n, proc.Output())
 	}
 	write := func(ep netip.AddrPort) error {
-		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", ep), metav1.UpdateOptions{})
+		// Stamped as the EndpointSlice controller stamps a pod change, so
+		// sluice's kube-proxy SLI measures from this write.
+		sl := slice("probe", ep)
+		sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
 		return err
 	}
 	m, err := flips(ctx, bed.n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		m["services"] = float64(bed.n)
 		m["api_load_s"] = bed.loadTime.Seconds()
+		// sluice's own share of each update (event arrival to applied) and
+		// kube-proxy's network programming SLI (write to applied), from
+		// sluice's histograms: means, and the bucket bound of the p99.
+		if h, herr := readHistogram(metrics, "sluice_update_apply_seconds"); herr == nil && h.count > 0 {
+			m["own_share_mean_ms"] = h.sum / h.count * 1e3
+			if b := h.bound(0.99); !math.IsInf(b, 1) {
+				m["own_share_p99_le_ms"] = b * 1e3
+			}
+		}
+		if h, herr := readHistogram(metrics, "kubeproxy_network_programming_duration_seconds"); herr == nil && h.count > 0 {
+			m["netprog_mean_ms"] = h.sum / h.count * 1e3
+		}
 	}
 	return m, err
 }

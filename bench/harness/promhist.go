@@ -1,0 +1,60 @@
+package harness
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+)
+
+// promHistogram is one histogram series read from a /metrics page.
+type promHistogram struct {
+	count, sum float64
+	les, cum   []float64 // bucket upper bounds and cumulative counts
+}
+
+// readHistogram reads the histogram name from url, summed over its series.
+func readHistogram(url, name string) (promHistogram, error) {
+	var h promHistogram
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return h, fmt.Errorf("%s: %w", url, err)
+	}
+	f := fams[name]
+	if f == nil {
+		return h, fmt.Errorf("%s: no %s", url, name)
+	}
+	for _, m := range f.GetMetric() {
+		hi := m.GetHistogram()
+		h.count += float64(hi.GetSampleCount())
+		h.sum += hi.GetSampleSum()
+		for i, b := range hi.GetBucket() {
+			if i >= len(h.les) {
+				h.les = append(h.les, b.GetUpperBound())
+				h.cum = append(h.cum, 0)
+			}
+			h.cum[i] += float64(b.GetCumulativeCount())
+		}
+	}
+	return h, nil
+}
+
+// bound is the upper bound of the bucket holding quantile q: the q-th
+// value is at most this (a bucket's resolution, not interpolated); +Inf
+// above the last finite bucket.
+func (h promHistogram) bound(q float64) float64 {
+	for i, c := range h.cum {
+		if c >= q*h.count {
+			return h.les[i]
+		}
+	}
+	return math.Inf(1)
+}
