@@ -55,7 +55,10 @@ type Config struct {
 	Engine    string
 	// BusyPoll is how long an event loop keeps polling without sleeping
 	// after its last event (0: off).
-	BusyPoll        time.Duration
+	BusyPoll time.Duration
+	// EventLoops is how many event loops the eventloop engine runs; 0 is
+	// one per CPU (HAProxy's nbthread, nginx's worker_processes).
+	EventLoops      int
 	ConnectTimeouts []time.Duration
 	ConnectAttempts int
 	ConnectBudget   time.Duration
@@ -484,6 +487,11 @@ func (c *Config) Validate() error {
 		}
 	default:
 		p.add("engine", "", c.Engine, "want eventloop or goroutine")
+	}
+	if c.EventLoops < 0 || c.EventLoops > 1024 {
+		p.add("event-loops", "", c.EventLoops, "want 0 (one per CPU) up to 1024")
+	} else if c.EventLoops != 0 && c.Engine == "goroutine" {
+		p.add("event-loops", "", c.EventLoops, "only the eventloop engine has event loops")
 	}
 	if c.BusyPoll < 0 || c.BusyPoll > time.Second {
 		p.add("busy-poll", "", c.BusyPoll, "want 0 (off) up to 1s")

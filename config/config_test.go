@@ -56,6 +56,7 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		"--feature-gates":            {"--feature-gates=Foo=maybe"},
 		"--connect-timeouts":         {"--connect-timeouts=-2s"},
 		"--busy-poll":                {"--busy-poll=2s"},
+		"--event-loops":              {"--event-loops=-1"},
 	}
 	for flag, args := range cases {
 		_, _, err := Parse(args)

@@ -78,6 +78,9 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 // Name returns "eventloop".
 func (e *EventLoop) Name() string { return EngineEventLoop }
 
+// Loops is how many event loops serve connections.
+func (e *EventLoop) Loops() int { return len(e.loops) }
+
 func (e *EventLoop) pick() *loop { return e.loops[(e.next.Add(1)-1)%uint64(len(e.loops))] }
 
 // Listen opens a TCP or UDP listener on one loop.

@@ -81,12 +81,17 @@ func Systems(c Config, t *Topology) []System {
 		all = append(all, sluiceKernel{mode: "iptables"}, sluiceKernel{mode: "nftables"}, sluiceKernel{mode: "ipvs"})
 	}
 	all = append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
-	// Busy-polling trades a core for latency: run only when named.
-	return append(all, sluice{bin: c.Sluice, engine: "eventloop", suffix: "-busypoll", args: []string{"--busy-poll=50us"}}, haproxy{busyPoll: true})
+	// Busy-polling trades a core for latency, and one loop leaves a core
+	// to the load generator and backends on a small box: run only when
+	// named.
+	return append(all, sluice{bin: c.Sluice, engine: "eventloop", suffix: "-busypoll", args: []string{"--busy-poll=50us"}}, haproxy{busyPoll: true},
+		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-1loop", args: []string{"--event-loops=1"}})
 }
 
 // OptIn reports whether a system runs only when --systems names it.
-func OptIn(name string) bool { return strings.HasSuffix(name, "-busypoll") }
+func OptIn(name string) bool {
+	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop")
+}
 
 type direct struct{}
 

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -597,5 +598,19 @@ endpoints: [{addresses: [127.0.0.1]}]
 	}
 	if m := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); !strings.Contains(m, "sluice_sctp_ports_skipped 1") {
 		t.Fatalf("metrics lack sluice_sctp_ports_skipped 1")
+	}
+}
+
+// --event-loops sets how many event loops serve (HAProxy's nbthread);
+// the default is one per CPU.
+func TestEventLoopsFlag(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), "apiVersion: v1\nkind: List\nitems: []\n")
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{{[]string{"--event-loops=1"}, 1}, {nil, runtime.NumCPU()}} {
+		p := start(t, append([]string{"--manifests", dir, "--userspace-capture=none", "--healthz-bind-address=", "--metrics-bind-address="}, tc.args...)...)
+		p.waitLog("userspace engine", fmt.Sprintf("loops=%d ", tc.want))
 	}
 }
