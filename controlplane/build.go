@@ -92,19 +92,19 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 		}
 		sources[k] = append(sources[k], ep)
 	}
-	snap := &lb.Snapshot{Ports: make(map[lb.ServicePortName]*lb.ServicePort, len(m.prev))}
+	ports := make(map[lb.ServicePortName]*lb.ServicePort, len(m.prev))
 	next := make(map[svcKey]memoService, len(objs.Services))
 	for _, svc := range objs.Services {
 		k := svcKey{svc.Namespace, svc.Name}
 		if p, ok := m.prev[k]; ok && p.svc == svc && slices.Equal(p.sources, sources[k]) {
 			next[k] = p
 			for _, sp := range p.ports {
-				snap.Ports[sp.Name] = sp
+				ports[sp.Name] = sp
 			}
 			continue
 		}
 		e := &objErr{}
-		ports := buildService(svc, e)
+		svcPorts := buildService(svc, e)
 		collected := map[lb.ServicePortName][]lb.Endpoint{}
 		for _, src := range sources[k] {
 			switch o := src.(type) {
@@ -118,12 +118,13 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 		if len(e.errors) > 0 {
 			return buildFull(objs, nodeName)
 		}
-		for _, sp := range ports {
+		for _, sp := range svcPorts {
 			sp.Endpoints = mergeEndpoints(collected[sp.Name])
-			snap.Ports[sp.Name] = sp
+			ports[sp.Name] = sp
 		}
-		next[k] = memoService{svc: svc, sources: sources[k], ports: ports}
+		next[k] = memoService{svc: svc, sources: sources[k], ports: svcPorts}
 	}
+	snap := lb.NewSnapshot(ports)
 	if err := checkNodePorts(snap, objs); err != nil {
 		return nil, err
 	}
@@ -164,7 +165,7 @@ func checkNodePorts(snap *lb.Snapshot, objs *Objects) error {
 
 // buildFull builds every Service from scratch and reports every problem.
 func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
-	snap := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	all := map[lb.ServicePortName]*lb.ServicePort{}
 	var errs []error
 	known := map[svcKey]bool{}
 	for _, svc := range objs.Services {
@@ -177,7 +178,7 @@ func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 			continue
 		}
 		for _, sp := range ports {
-			snap.Ports[sp.Name] = sp
+			all[sp.Name] = sp
 		}
 	}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
@@ -197,12 +198,13 @@ func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 		return nil, errors.Join(errs...)
 	}
 	for name, eps := range collected {
-		sp, ok := snap.Ports[name]
+		sp, ok := all[name]
 		if !ok {
 			continue // a port the Service does not have: ignored, as kube-proxy does
 		}
 		sp.Endpoints = mergeEndpoints(eps)
 	}
+	snap := lb.NewSnapshot(all)
 	if err := checkNodePorts(snap, objs); err != nil {
 		return nil, err
 	}

@@ -89,10 +89,10 @@ func TestBuildMergesSlicesAndLegacyEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Ports) != 3 {
-		t.Fatalf("got %d ports, want 3 (ExternalName skipped): %v", len(snap.Ports), snap.Ports)
+	if snap.Ports.Len() != 3 {
+		t.Fatalf("got %d ports, want 3 (ExternalName skipped): %v", snap.Ports.Len(), snap.Ports)
 	}
-	http := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}]
+	http := snap.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
 	if http == nil || http.NodePort != 30080 || http.Port != 80 || http.ClusterIPs[0] != netip.MustParseAddr("10.96.0.10") {
 		t.Fatalf("http port wrong: %+v", http)
 	}
@@ -113,11 +113,11 @@ func TestBuildMergesSlicesAndLegacyEndpoints(t *testing.T) {
 	if u := http.Usable(); len(u) != 2 {
 		t.Fatalf("usable = %v, want the two ready", u)
 	}
-	dns := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "dns", Protocol: lb.UDP}]
+	dns := snap.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "dns", Protocol: lb.UDP})
 	if dns == nil || len(dns.Endpoints) != 2 {
 		t.Fatalf("dns wrong: %+v", dns)
 	}
-	legacy := snap.Ports[lb.ServicePortName{Namespace: "default", Name: "legacy", Protocol: lb.TCP}]
+	legacy := snap.Ports.Get(lb.ServicePortName{Namespace: "default", Name: "legacy", Protocol: lb.TCP})
 	if legacy == nil || len(legacy.Endpoints) != 2 || len(legacy.Usable()) != 1 || legacy.Usable()[0].String() != "10.1.0.1:9000" {
 		t.Fatalf("legacy wrong: %+v", legacy)
 	}
@@ -180,7 +180,7 @@ status:
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "lb", Port: "http", Protocol: lb.TCP}]
+	sp := snap.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "lb", Port: "http", Protocol: lb.TCP})
 	if sp == nil || sp.HealthCheckNodePort != 32000 || len(sp.SourceRanges) != 2 ||
 		sp.SourceRanges[0] != netip.MustParsePrefix("192.168.1.0/24") || sp.LoadBalancerIPs[0] != netip.MustParseAddr("198.51.100.1") {
 		t.Fatalf("%+v", sp)
@@ -246,7 +246,7 @@ func TestManifestSourceHotReloadAndBadReload(t *testing.T) {
 			t.Fatalf("good update rejected: %v", err)
 		}
 	}
-	if np := next.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}].NodePort; np != 30081 {
+	if np := next.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}).NodePort; np != 30081 {
 		t.Fatalf("nodePort after reload = %d", np)
 	}
 }
@@ -335,7 +335,7 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap, _ := Build(edited)
-	if np := snap.Ports[lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}].NodePort; np != 30090 {
+	if np := snap.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}).NodePort; np != 30090 {
 		t.Fatalf("edit not seen through the cache: nodePort %d", np)
 	}
 	// A cached document repeated is a duplicate, reported at its own place.
@@ -450,7 +450,7 @@ func TestBuildMemoMatchesAFreshBuild(t *testing.T) {
 		if prev != nil {
 			for j := 0; j < n; j++ {
 				name := lb.ServicePortName{Namespace: "m", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: lb.TCP}
-				a, b := prev.Ports[name], got.Ports[name]
+				a, b := prev.Ports.Get(name), got.Ports.Get(name)
 				unchanged := old.port[j] == s.port[j] && old.ep[j] == s.ep[j] && old.legacy[j] == s.legacy[j] && (old.badAddr == j+1) == (s.badAddr == j+1)
 				if a != nil && b != nil && unchanged && a != b {
 					t.Fatalf("step %d: untouched service s%d was rebuilt (a new *ServicePort)", step, j)

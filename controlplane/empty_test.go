@@ -29,7 +29,7 @@ func loadedSource(t *testing.T) (*ManifestSource, *recordingSink, string) {
 	if err := src.Load(); err != nil {
 		t.Fatal(err)
 	}
-	if s := <-sink.snaps; len(s.Ports) == 0 {
+	if s := <-sink.snaps; s.Ports.Len() == 0 {
 		t.Fatal("the good manifest has no ports")
 	}
 	return src, sink, file
@@ -43,7 +43,7 @@ func reloadRejected(t *testing.T, src *ManifestSource, sink *recordingSink) erro
 	case err := <-sink.rejects:
 		return err
 	case s := <-sink.snaps:
-		t.Fatalf("published %d service ports; want a rejection", len(s.Ports))
+		t.Fatalf("published %d service ports; want a rejection", s.Ports.Len())
 	}
 	return nil
 }
@@ -97,8 +97,8 @@ func TestRemovingEveryServiceNeedsAnExplicitEmptyList(t *testing.T) {
 	src.Reload()
 	select {
 	case s := <-sink.snaps:
-		if len(s.Ports) != 0 {
-			t.Fatalf("explicit empty List published %d ports", len(s.Ports))
+		if s.Ports.Len() != 0 {
+			t.Fatalf("explicit empty List published %d ports", s.Ports.Len())
 		}
 	case err := <-sink.rejects:
 		t.Fatalf("explicit empty List rejected: %v", err)
@@ -108,7 +108,7 @@ func TestRemovingEveryServiceNeedsAnExplicitEmptyList(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.Reload()
-	if s := <-sink.snaps; len(s.Ports) == 0 {
+	if s := <-sink.snaps; s.Ports.Len() == 0 {
 		t.Fatal("new Service not published")
 	}
 }

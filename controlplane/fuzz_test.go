@@ -31,7 +31,7 @@ func FuzzParseManifest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for name, sp := range snap.Ports {
+		for name, sp := range snap.Ports.All() {
 			if sp.Name != name {
 				t.Fatalf("port keyed %v holds %v", name, sp.Name)
 			}

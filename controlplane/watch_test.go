@@ -41,7 +41,7 @@ func waitNodePort(t *testing.T, sink *recordingSink, np int32) {
 	for {
 		select {
 		case s := <-sink.snaps:
-			if sp := s.Ports[webHTTP]; sp != nil && int32(sp.NodePort) == np {
+			if sp := s.Ports.Get(webHTTP); sp != nil && int32(sp.NodePort) == np {
 				return
 			}
 		case err := <-sink.rejects:

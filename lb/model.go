@@ -136,13 +136,36 @@ func (sp *ServicePort) SameFrontend(o *ServicePort) bool {
 // Snapshot is one immutable view of every service port. It is published by
 // pointer swap; readers never lock and never mutate it.
 type Snapshot struct {
-	Ports map[ServicePortName]*ServicePort
+	Ports PortMap
+	// ID names this snapshot among its source's (0: unnamed). When Base
+	// is not 0, this snapshot is the one whose ID is Base with the ports
+	// named in Changed added, replaced or removed, and nothing else: a
+	// consumer that applied Base may apply only those (issue 16). A full
+	// comparison stays correct whatever these say.
+	ID, Base uint64
+	Changed  []ServicePortName
+}
+
+// NewSnapshot returns a snapshot of the ports in m.
+func NewSnapshot(m map[ServicePortName]*ServicePort) *Snapshot {
+	return &Snapshot{Ports: NewPortMap(m)}
+}
+
+// DeltaSince returns the names of the ports that differ between the
+// snapshot whose ID is id and s (added, replaced or removed), and true,
+// when s says it is that snapshot with those changes; false when it does
+// not (then compare the whole maps).
+func (s *Snapshot) DeltaSince(id uint64) ([]ServicePortName, bool) {
+	if s.Base == 0 || id != s.Base {
+		return nil, false
+	}
+	return s.Changed, true
 }
 
 // Sorted returns the service ports ordered by name, for stable output.
 func (s *Snapshot) Sorted() []*ServicePort {
-	out := make([]*ServicePort, 0, len(s.Ports))
-	for _, sp := range s.Ports {
+	out := make([]*ServicePort, 0, s.Ports.Len())
+	for _, sp := range s.Ports.All() {
 		out = append(out, sp)
 	}
 	slices.SortFunc(out, func(a, b *ServicePort) int {

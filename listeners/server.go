@@ -84,6 +84,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	ports map[lb.ServicePortName]*servedPort
+	// The ID and node addresses of the snapshot applied last (for deltas).
+	appliedID        uint64
+	appliedNodeAddrs []netip.Addr
 
 	// Ejections are logged off the data path: a bounded queue drained by
 	// one goroutine, started with the first; what does not fit is counted.
@@ -193,27 +196,52 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			nodeAddrs = addrs
 		}
 	}
-	for name, p := range s.ports {
-		if _, ok := snap.Ports[name]; !ok {
-			s.closePort(p)
-			delete(s.ports, name)
-			if f, ok := p.target.Counters.(interface{ Forget() }); ok {
-				f.Forget() // its metric series go with it
-			}
-			s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
+	// Only the ports the snapshot says changed since the one applied last,
+	// when it says so and the node addresses are as they were (issue 16:
+	// O(changed) per update, not O(service ports)); else every one.
+	names, delta := snap.DeltaSince(s.appliedID)
+	delta = delta && slices.Equal(nodeAddrs, s.appliedNodeAddrs)
+	remove := func(name lb.ServicePortName, p *servedPort) {
+		s.closePort(p)
+		delete(s.ports, name)
+		if f, ok := p.target.Counters.(interface{ Forget() }); ok {
+			f.Forget() // its metric series go with it
 		}
+		s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
 	}
 	// The very same port as last time (the sources reuse unchanged ones)
 	// needs nothing; the others are handled in name order, so listeners
 	// open in a stable order.
-	changed := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
-	for name, sp := range snap.Ports {
+	changed := map[lb.ServicePortName]*lb.ServicePort{}
+	consider := func(name lb.ServicePortName, sp *lb.ServicePort) {
 		p := s.ports[name]
 		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs, nodeAddrs)) {
-			changed.Ports[name] = sp
+			changed[name] = sp
 		}
 	}
-	for _, sp := range changed.Sorted() {
+	if delta {
+		for _, name := range names {
+			sp := snap.Ports.Get(name)
+			if sp == nil {
+				if p := s.ports[name]; p != nil {
+					remove(name, p)
+				}
+				continue
+			}
+			consider(name, sp)
+		}
+	} else {
+		for name, p := range s.ports {
+			if snap.Ports.Get(name) == nil {
+				remove(name, p)
+			}
+		}
+		for name, sp := range snap.Ports.All() {
+			consider(name, sp)
+		}
+	}
+	s.appliedID, s.appliedNodeAddrs = snap.ID, nodeAddrs
+	for _, sp := range lb.NewSnapshot(changed).Sorted() {
 		p := s.ports[sp.Name]
 		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs, nodeAddrs))
 		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {

@@ -4,8 +4,10 @@ package listeners
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -26,11 +28,11 @@ func freePort(t *testing.T) uint16 {
 }
 
 func snapshotOf(ports ...*lb.ServicePort) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	sPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range ports {
-		s.Ports[p.Name] = p
+		sPorts[p.Name] = p
 	}
-	return s
+	return lb.NewSnapshot(sPorts)
 }
 
 func webPort(nodePort uint16, eps ...netip.AddrPort) *lb.ServicePort {
@@ -470,4 +472,71 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
+}
+
+// A server given each snapshot as a delta of the last (ID, Base, Changed)
+// ends up serving what a server given every snapshot whole serves, step
+// after step of a random walk, a skipped snapshot included (its delta no
+// longer applies: the server compares everything) (issue 16).
+func TestServerDeltasConvergeWithFullApplies(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	newServer := func() *Server {
+		srv := &Server{Engine: NewGoroutine(Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy()}
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	delta, full := newServer(), newServer()
+	name := func(i int) lb.ServicePortName {
+		return lb.ServicePortName{Namespace: "walk", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
+	}
+	port := func(i int) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})}, Port: 80}
+		for k := rng.IntN(3); k > 0; k-- {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 1, byte(rng.IntN(5) + 1)}), 8080), Ready: true, Serving: true})
+		}
+		return sp
+	}
+	last := &lb.Snapshot{}
+	view := func(s *Server) string {
+		var b strings.Builder
+		for _, v := range s.Dump() {
+			fmt.Fprintf(&b, "%s %s %d frontends %v\n", v.Service, v.Protocol, len(v.Frontends), v.Endpoints)
+		}
+		return b.String()
+	}
+	for step := 1; step <= 60; step++ {
+		set := map[lb.ServicePortName]*lb.ServicePort{}
+		var del []lb.ServicePortName
+		for k := rng.IntN(4) + 1; k > 0; k-- {
+			i := rng.IntN(12)
+			if rng.IntN(4) == 0 {
+				del = append(del, name(i))
+			} else {
+				set[name(i)] = port(i)
+			}
+		}
+		var changed []lb.ServicePortName
+		for n := range set {
+			changed = append(changed, n)
+		}
+		changed = append(changed, del...)
+		next := &lb.Snapshot{Ports: last.Ports.With(set, del), ID: uint64(step), Base: last.ID, Changed: changed}
+		last = next
+		if step%17 == 0 {
+			continue // the delta server misses this one; the next one's base is not what it applied
+		}
+		whole := map[lb.ServicePortName]*lb.ServicePort{}
+		for n, sp := range next.Ports.All() {
+			whole[n] = sp
+		}
+		if err := delta.Apply(next); err != nil {
+			t.Fatal(err)
+		}
+		if err := full.Apply(lb.NewSnapshot(whole)); err != nil {
+			t.Fatal(err)
+		}
+		if d, f := view(delta), view(full); d != f {
+			t.Fatalf("step %d: with deltas\n%s\nwhole\n%s", step, d, f)
+		}
+	}
 }

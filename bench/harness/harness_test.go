@@ -191,11 +191,11 @@ func TestWriteSyncResultsReportsMediansAndPartialRatio(t *testing.T) {
 
 func TestSyncSnapshotShape(t *testing.T) {
 	s := SyncSnapshot(300)
-	if len(s.Ports) != 300 {
-		t.Fatalf("%d ports", len(s.Ports))
+	if s.Ports.Len() != 300 {
+		t.Fatalf("%d ports", s.Ports.Len())
 	}
 	seen := map[string]bool{}
-	for _, sp := range s.Ports {
+	for _, sp := range s.Ports.All() {
 		if len(sp.Endpoints) != 10 || seen[sp.ClusterIPs[0].String()] {
 			t.Fatalf("port %v: %d endpoints, duplicate ClusterIP %v", sp.Name, len(sp.Endpoints), seen[sp.ClusterIPs[0].String()])
 		}

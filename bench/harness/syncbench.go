@@ -41,16 +41,16 @@ type SyncResult struct {
 // SyncSnapshot is n services with 10 ready endpoints each, a NodePort and
 // an external IP.
 func SyncSnapshot(n int) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	ports := map[lb.ServicePortName]*lb.ServicePort{}
 	for i := 0; i < n; i++ {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80, NodePort: uint16(30000 + i%2768)}
 		for j := 0; j < 10; j++ {
 			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + i>>12), byte(i >> 4), byte(j + 16*(i&15))}), 8080), Ready: true, Serving: true})
 		}
-		s.Ports[sp.Name] = sp
+		ports[sp.Name] = sp
 	}
-	return s
+	return lb.NewSnapshot(ports)
 }
 
 // timedRunner measures the time spent in the real runner.

@@ -48,7 +48,7 @@ func TestFailedSyncsBackOff(t *testing.T) {
 	snap := func(ip string) *lb.Snapshot {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "svc", Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
-		return &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}}
+		return lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})
 	}
 	var waits []time.Duration
 	for i := 0; i < 5; i++ {
@@ -102,7 +102,7 @@ func TestIPVSFailedSyncsBackOff(t *testing.T) {
 	snap := func(ip string) *lb.Snapshot {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "svc", Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
-		return &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}}
+		return lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})
 	}
 	var waits []time.Duration
 	for i := 0; i < 4; i++ {

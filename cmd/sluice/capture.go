@@ -280,7 +280,7 @@ type bindCapture struct {
 
 func serviceIPs(snap *lb.Snapshot) []netip.Addr {
 	set := map[netip.Addr]bool{}
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs) {
 			set[ip] = true
 		}

@@ -131,7 +131,7 @@ func (w *loopbackWarner) check(snap *lb.Snapshot) {
 	if w.warned == nil {
 		w.warned = map[lb.ServicePortName]bool{}
 	}
-	for name, sp := range snap.Ports {
+	for name, sp := range snap.Ports.All() {
 		for _, ep := range sp.Endpoints {
 			if ep.Addr.Addr().IsLoopback() && !w.warned[name] {
 				w.warned[name] = true
@@ -290,7 +290,7 @@ func ensureNFAcct(name, metric, help string, m *admin.Metrics, log *slog.Logger)
 // Local policy that have endpoints but none on this node, as kube-proxy's
 // sync_proxy_rules_no_local_endpoints_total (internal and external).
 func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		if !slices.ContainsFunc(sp.ClusterIPs, func(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == v6 }) {
 			continue
 		}
@@ -433,7 +433,7 @@ func (p *iptablesPlane) Dump() any {
 	defer p.mu.Unlock()
 	n := 0
 	if p.last != nil {
-		n = len(p.last.Ports)
+		n = p.last.Ports.Len()
 	}
 	fams := []string{}
 	for _, px := range p.proxiers {

@@ -236,7 +236,7 @@ func (p *ipvsPlane) Dump() any {
 	}
 	n := 0
 	if p.last != nil {
-		n = len(p.last.Ports)
+		n = p.last.Ports.Len()
 	}
 	return map[string]any{"mode": "ipvs", "servicePorts": n, "draining": draining}
 }

@@ -534,7 +534,7 @@ func healthCheckServices(snap *lb.Snapshot) []admin.HealthCheckService {
 		port     uint16
 	}
 	local := map[key]map[netip.Addr]bool{}
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		if sp.HealthCheckNodePort == 0 {
 			continue
 		}
@@ -576,20 +576,31 @@ type applier struct {
 }
 
 // changedPorts names the service ports that differ between two snapshots
-// (added, removed or changed), sorted.
+// (added, removed or changed), sorted: the ones next says changed when it
+// is prev with changes, else found by comparing both.
 func changedPorts(prev, next *lb.Snapshot) []string {
 	var out []string
-	for name, sp := range next.Ports {
+	name := func(n lb.ServicePortName) string { return n.String() + "/" + string(n.Protocol) }
+	if prev != nil {
+		if names, ok := next.DeltaSince(prev.ID); ok {
+			for _, n := range names {
+				out = append(out, name(n))
+			}
+			slices.Sort(out)
+			return out
+		}
+	}
+	for n, sp := range next.Ports.All() {
 		// The same pointer is the same port (the API source reuses the ports
 		// of Services that did not change); only other ones are compared.
-		if prev == nil || (prev.Ports[name] != sp && !reflect.DeepEqual(prev.Ports[name], sp)) {
-			out = append(out, name.String()+"/"+string(name.Protocol))
+		if prev == nil || (prev.Ports.Get(n) != sp && !reflect.DeepEqual(prev.Ports.Get(n), sp)) {
+			out = append(out, name(n))
 		}
 	}
 	if prev != nil {
-		for name := range prev.Ports {
-			if _, ok := next.Ports[name]; !ok {
-				out = append(out, name.String()+"/"+string(name.Protocol))
+		for n := range prev.Ports.All() {
+			if next.Ports.Get(n) == nil {
+				out = append(out, name(n))
 			}
 		}
 	}
@@ -652,12 +663,12 @@ func (a *applier) publish(snap *lb.Snapshot) error {
 		// (each part logged above) is retried by the plane's resync, and
 		// what was applied before it stays (issue 18: a killed restore
 		// was followed by "state applied" and counted as a sync).
-		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "failures", len(unjoin(err)), "took", took)
+		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", snap.Ports.Len(), "changed", len(changed), "ports", strings.Join(shown, ","), "failures", len(unjoin(err)), "took", took)
 		return err
 	}
 	_, perFamily := a.plane.(interface{ perFamilySyncs() })
 	a.metrics.Synced(took, time.Now(), !perFamily)
-	a.log.Info("state applied", "servicePorts", len(snap.Ports), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
+	a.log.Info("state applied", "servicePorts", snap.Ports.Len(), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
 	return nil
 }
 

@@ -73,7 +73,7 @@ func TestAFailedApplyIsNotReportedAsApplied(t *testing.T) {
 	metrics := admin.NewMetrics()
 	a := &applier{plane: failingPlane{errors.New("iptables-restore: killed")}, local: &localAddrs{}, health: admin.NewHealth(time.Minute, nil),
 		metrics: metrics, log: slog.New(slog.NewTextHandler(&logs, nil)), first: make(chan struct{})}
-	a.Publish(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}})
+	a.Publish(lb.NewSnapshot(nil))
 	if strings.Contains(logs.String(), "state applied") || !strings.Contains(logs.String(), "state not applied in full") {
 		t.Fatalf("log after a failed apply:\n%s", logs.String())
 	}
@@ -107,10 +107,11 @@ func TestNoLocalEndpointsCount(t *testing.T) {
 	none.InternalLocal = true
 	v6 := port("e", "fd00::1", ep("[fd00:244::1]:80", false))
 	v6.InternalLocal = true
-	snap := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	snapPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range []*lb.ServicePort{remoteOnly, hasLocal, internal, none, v6} {
-		snap.Ports[p.Name] = p
+		snapPorts[p.Name] = p
 	}
+	snap := lb.NewSnapshot(snapPorts)
 	if in, ex := noLocalEndpoints(snap, false); in != 1 || ex != 1 {
 		t.Fatalf("IPv4: internal %d external %d, want 1 and 1", in, ex)
 	}
@@ -152,7 +153,7 @@ func TestUpdateTimesObservedOnceApplied(t *testing.T) {
 		a := &applier{plane: tc.plane, local: &localAddrs{}, health: admin.NewHealth(time.Minute, nil),
 			metrics: metrics, log: slog.New(slog.DiscardHandler), first: make(chan struct{})}
 		now := time.Now()
-		a.PublishTimed(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}, controlplane.UpdateTimes{
+		a.PublishTimed(lb.NewSnapshot(nil), controlplane.UpdateTimes{
 			Triggers: []controlplane.Trigger{{Family: "IPv4", At: now.Add(-2 * time.Second)}}, Arrived: []time.Time{now.Add(-time.Millisecond)}})
 		families, err := metrics.Registry.Gather()
 		if err != nil {
@@ -169,5 +170,27 @@ func TestUpdateTimesObservedOnceApplied(t *testing.T) {
 				t.Errorf("%T: %s observed %d times, want %d", tc.plane, name, observed[name], tc.want)
 			}
 		}
+	}
+}
+
+// The changed-ports log names the same ports whether the snapshot says
+// what changed (a delta of the last) or the two are compared whole.
+func TestChangedPortsFromADeltaOrAComparison(t *testing.T) {
+	port := func(name string, p uint16) *lb.ServicePort {
+		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Port: "p", Protocol: lb.TCP}, Port: p}
+	}
+	a, b, c := port("a", 80), port("b", 80), port("c", 80)
+	prev := lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{a.Name: a, b.Name: b})
+	prev.ID = 4
+	b2 := port("b", 81)
+	set := map[lb.ServicePortName]*lb.ServicePort{b2.Name: b2, c.Name: c}
+	next := &lb.Snapshot{Ports: prev.Ports.With(set, []lb.ServicePortName{a.Name}), ID: 5, Base: 4, Changed: []lb.ServicePortName{c.Name, b2.Name, a.Name}}
+	whole := &lb.Snapshot{Ports: next.Ports}
+	want := []string{"ns/a:p/TCP", "ns/b:p/TCP", "ns/c:p/TCP"}
+	if got := changedPorts(prev, next); !slices.Equal(got, want) {
+		t.Fatalf("from the delta: %v, want %v", got, want)
+	}
+	if got := changedPorts(prev, whole); !slices.Equal(got, want) {
+		t.Fatalf("compared: %v, want %v", got, want)
 	}
 }

@@ -167,7 +167,7 @@ func (p *nftablesPlane) Dump() any {
 	defer p.mu.Unlock()
 	n := 0
 	if p.last != nil {
-		n = len(p.last.Ports)
+		n = p.last.Ports.Len()
 	}
 	return map[string]any{"mode": "nftables", "families": len(p.proxiers), "servicePorts": n, "lastSyncFailed": p.failed}
 }

@@ -96,6 +96,7 @@ type Source struct {
 	endpoints cache.Indexer
 	built     map[serviceKey][]*lb.ServicePort
 	last      *lb.Snapshot
+	ids       uint64 // the last snapshot ID given
 }
 
 // ChangeCounter is told of each Service and EndpointSlice event with how
@@ -248,14 +249,24 @@ func (s *Source) Run(ctx context.Context) error {
 			}
 		}
 		lastBuild = s.now()
-		changed := false
+		// Only the Services that changed are rebuilt, and the snapshot is
+		// the last one with their ports replaced (lb.PortMap shares the
+		// rest): O(changed), not O(Services), per event (issue 16).
+		set := map[lb.ServicePortName]*lb.ServicePort{}
+		var del []lb.ServicePortName
 		keys, times := s.takeDirty()
 		for key := range keys {
+			old := s.built[key]
 			if s.rebuild(key) {
-				changed = true
+				for _, sp := range old {
+					del = append(del, sp.Name)
+				}
+				for _, sp := range s.built[key] {
+					set[sp.Name] = sp
+				}
 			}
 		}
-		s.publish(changed, times)
+		s.publishDelta(set, del, times)
 	}
 }
 
@@ -466,12 +477,15 @@ func (s *Source) rebuild(key serviceKey) bool {
 	}
 	s.report(key, errors.Join(errs...))
 	old := s.built[key]
+	if reflect.DeepEqual(old, ports) {
+		return false // the same ports: the published ones stay, pointers and all
+	}
 	if len(ports) == 0 {
 		delete(s.built, key)
 	} else {
 		s.built[key] = ports
 	}
-	return !reflect.DeepEqual(old, ports) && (len(old) > 0 || len(ports) > 0)
+	return len(old) > 0 || len(ports) > 0
 }
 
 // report tells Skipped about a problem of one key once, and again only when
@@ -501,12 +515,40 @@ func (s *Source) publish(changed bool, times controlplane.UpdateTimes) {
 		s.Sink.Unchanged()
 		return
 	}
-	snap := &lb.Snapshot{Ports: make(map[lb.ServicePortName]*lb.ServicePort, len(s.built))}
+	all := make(map[lb.ServicePortName]*lb.ServicePort, len(s.built))
 	for _, ports := range s.built {
 		for _, sp := range ports {
-			snap.Ports[sp.Name] = sp
+			all[sp.Name] = sp
 		}
 	}
+	snap := lb.NewSnapshot(all)
+	snap.ID = s.nextID()
 	s.last = snap
 	controlplane.PublishTo(s.Sink, snap, times)
+}
+
+// publishDelta publishes the last snapshot with the ports in set added or
+// replaced and those in del removed, saying so (Base, Changed).
+func (s *Source) publishDelta(set map[lb.ServicePortName]*lb.ServicePort, del []lb.ServicePortName, times controlplane.UpdateTimes) {
+	if len(set) == 0 && len(del) == 0 {
+		s.Sink.Unchanged()
+		return
+	}
+	changed := make([]lb.ServicePortName, 0, len(set)+len(del))
+	for name := range set {
+		changed = append(changed, name)
+	}
+	for _, name := range del {
+		if _, ok := set[name]; !ok {
+			changed = append(changed, name)
+		}
+	}
+	snap := &lb.Snapshot{Ports: s.last.Ports.With(set, del), ID: s.nextID(), Base: s.last.ID, Changed: changed}
+	s.last = snap
+	controlplane.PublishTo(s.Sink, snap, times)
+}
+
+func (s *Source) nextID() uint64 {
+	s.ids++
+	return s.ids
 }

@@ -113,7 +113,7 @@ func run(t *testing.T, src *Source) {
 }
 
 func port(snap *lb.Snapshot, svc, name string) *lb.ServicePort {
-	return snap.Ports[lb.ServicePortName{Namespace: "default", Name: svc, Port: name, Protocol: lb.TCP}]
+	return snap.Ports.Get(lb.ServicePortName{Namespace: "default", Name: svc, Port: name, Protocol: lb.TCP})
 }
 
 func addrs(list []netip.AddrPort) []string {
@@ -139,7 +139,7 @@ func TestFirstSnapshotHasTheInitialListsAndSkipsWhatKubeProxySkips(t *testing.T)
 	s := newSink()
 	run(t, &Source{Client: client, Sink: s, NodeName: "n1"})
 	snap := s.next(t)
-	if len(snap.Ports) != 1 {
+	if snap.Ports.Len() != 1 {
 		t.Fatalf("ports = %v, want only default/web:http", snap.Ports)
 	}
 	sp := port(snap, "web", "http")
@@ -209,7 +209,7 @@ func TestBadObjectsAreSkippedAndReportedOnce(t *testing.T) {
 		mu.Unlock()
 	}})
 	snap := s.next(t)
-	if len(snap.Ports) != 1 || port(snap, "web", "http") == nil {
+	if snap.Ports.Len() != 1 || port(snap, "web", "http") == nil {
 		t.Fatalf("ports = %v, want web only", snap.Ports)
 	}
 	mu.Lock()
@@ -480,5 +480,60 @@ func TestUpdateTimes(t *testing.T) {
 	s.next(t)
 	if ts := <-s.times; len(ts.Triggers) != 0 || len(ts.Arrived) != 1 {
 		t.Fatalf("times of a delete: %+v", ts)
+	}
+}
+
+// Each snapshot after the first says it is the one before with the ports
+// it names changed (issue 16), and says so truly: exactly those names
+// differ between the two.
+func TestSnapshotsCarryTheirDelta(t *testing.T) {
+	client := fake.NewClientset(service("web"), slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.1", "n1")))
+	s := newSink()
+	run(t, &Source{Client: client, Sink: s})
+	prev := s.next(t)
+	ctx := context.Background()
+	changes := []func() error{
+		func() error {
+			_, err := client.CoreV1().Services("default").Create(ctx, service("api", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"} }), metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, slice("web", "web-a", discoveryv1.AddressTypeIPv4, ready("10.244.0.2", "n1")), metav1.UpdateOptions{})
+			return err
+		},
+		func() error { return client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}) },
+	}
+	for i, change := range changes {
+		if err := change(); err != nil {
+			t.Fatal(err)
+		}
+		next := s.next(t)
+		names, ok := next.DeltaSince(prev.ID)
+		if !ok {
+			t.Fatalf("change %d: snapshot %d (base %d) is not a delta of %d", i, next.ID, next.Base, prev.ID)
+		}
+		var differ []string
+		seen := map[lb.ServicePortName]bool{}
+		for n, sp := range next.Ports.All() {
+			seen[n] = true
+			if prev.Ports.Get(n) != sp {
+				differ = append(differ, n.String())
+			}
+		}
+		for n := range prev.Ports.All() {
+			if !seen[n] {
+				differ = append(differ, n.String())
+			}
+		}
+		var said []string
+		for _, n := range names {
+			said = append(said, n.String())
+		}
+		slices.Sort(differ)
+		slices.Sort(said)
+		if len(said) == 0 || !slices.Equal(said, differ) {
+			t.Fatalf("change %d: says %v changed, %v did", i, said, differ)
+		}
+		prev = next
 	}
 }

@@ -72,7 +72,7 @@ type nodePortKey struct {
 func Stale(snap *lb.Snapshot, isLocal func(netip.Addr) bool) func(Flow) bool {
 	byVIP := map[vipKey]*target{}
 	byNodePort := map[nodePortKey]*target{}
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		proto := protoNumber(sp.Name.Protocol)
 		if proto == 0 {
 			continue

@@ -28,11 +28,11 @@ func sctpPort(eps ...string) *lb.ServicePort {
 }
 
 func snap(ports ...*lb.ServicePort) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	sPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range ports {
-		s.Ports[p.Name] = p
+		sPorts[p.Name] = p
 	}
-	return s
+	return lb.NewSnapshot(sPorts)
 }
 
 func flow(dst, reply string) Flow {

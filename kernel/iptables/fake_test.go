@@ -34,11 +34,11 @@ func readyEP(s string, local bool) lb.Endpoint {
 }
 
 func snap(ports ...*lb.ServicePort) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	sPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range ports {
-		s.Ports[p.Name] = p
+		sPorts[p.Name] = p
 	}
-	return s
+	return lb.NewSnapshot(sPorts)
 }
 
 func isLocal(a netip.Addr) bool { return a == nodeIP || a.IsLoopback() }

@@ -239,13 +239,13 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	mark := o.Mark()
 	skipped := 0
 	total := 0
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		total += len(sp.Endpoints)
 	}
 	o.largeCluster = total > LargeClusterEndpoints
 	var filterRules, natRules, natChains, bodyRules writer
 	active := map[string]bool{}
-	bodies := make(Bodies, len(snap.Ports))
+	bodies := make(Bodies, snap.Ports.Len())
 	var portChains []string
 	chain := func(name string) {
 		if !active[name] {
@@ -254,16 +254,16 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		}
 	}
 	var body writer
-	bodyRules.b.Grow(len(snap.Ports) * 4096)
-	natRules.b.Grow(len(snap.Ports) * 256)
-	natChains.b.Grow(len(snap.Ports) * 512)
+	bodyRules.b.Grow(snap.Ports.Len() * 4096)
+	natRules.b.Grow(snap.Ports.Len() * 256)
+	natChains.b.Grow(snap.Ports.Len() * 512)
 	var cached map[*lb.ServicePort]portRender
 	if cache != nil {
 		key := fmt.Sprint(o.withoutExisting(), o.largeCluster)
 		if cache.key == key {
 			cached = cache.ports
 		}
-		cache.key, cache.ports = key, make(map[*lb.ServicePort]portRender, len(snap.Ports))
+		cache.key, cache.ports = key, make(map[*lb.ServicePort]portRender, snap.Ports.Len())
 	}
 	for _, sp := range snap.Sorted() {
 		if c, ok := cached[sp]; ok {

@@ -23,11 +23,11 @@ func port(name, cip string, proto lb.Protocol, eps ...string) *lb.ServicePort {
 }
 
 func snap(ports ...*lb.ServicePort) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	sPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range ports {
-		s.Ports[p.Name] = p
+		sPorts[p.Name] = p
 	}
-	return s
+	return lb.NewSnapshot(sPorts)
 }
 
 func opts() Options { return Options{NodeIPs: []netip.Addr{node, netip.MustParseAddr("fd00::2")}} }

@@ -42,11 +42,11 @@ func port(name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
 }
 
 func snapOf(ports ...*lb.ServicePort) *lb.Snapshot {
-	s := &lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{}}
+	sPorts := map[lb.ServicePortName]*lb.ServicePort{}
 	for _, p := range ports {
-		s.Ports[p.Name] = p
+		sPorts[p.Name] = p
 	}
-	return s
+	return lb.NewSnapshot(sPorts)
 }
 
 func opts() Options {
@@ -435,15 +435,16 @@ func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 	prev := snapOf()
 	skipped := 0
 	for step, fresh := range states(rng, 40) {
-		next := snapOf()
-		for name, sp := range fresh.Ports {
-			if old, ok := prev.Ports[name]; ok && rng.IntN(3) > 0 {
-				next.Ports[name] = old // unchanged: shared
+		nextPorts := map[lb.ServicePortName]*lb.ServicePort{}
+		for name, sp := range fresh.Ports.All() {
+			if old := prev.Ports.Get(name); old != nil && rng.IntN(3) > 0 {
+				nextPorts[name] = old // unchanged: shared
 				skipped++
 			} else {
-				next.Ports[name] = sp
+				nextPorts[name] = sp
 			}
 		}
+		next := lb.NewSnapshot(nextPorts)
 		if err := p.Sync(ctx, next); err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}

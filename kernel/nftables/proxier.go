@@ -82,10 +82,10 @@ func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, 
 // partial writes only what changed since the last sync.
 func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
 	tx := p.NFT.NewTransaction()
-	next := make(map[lb.ServicePortName]*portBundle, len(snap.Ports))
+	next := make(map[lb.ServicePortName]*portBundle, snap.Ports.Len())
 	type change struct{ old, new *portBundle }
 	var changes []change
-	from := make(map[lb.ServicePortName]*lb.ServicePort, len(snap.Ports))
+	from := make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
 	for _, sp := range snap.Sorted() {
 		from[sp.Name] = sp
 		old := p.applied[sp.Name]
@@ -106,7 +106,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		}
 	}
 	for name, old := range p.applied {
-		if _, ok := snap.Ports[name]; !ok {
+		if snap.Ports.Get(name) == nil {
 			changes = append(changes, change{old, nil})
 		}
 	}
@@ -262,8 +262,8 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
 	p.chains, p.sets, p.applied, p.clusterIPs = d.Chains, d.Sets, d.Ports, d.ClusterIPs
-	p.from = make(map[lb.ServicePortName]*lb.ServicePort, len(snap.Ports))
-	for name, sp := range snap.Ports {
+	p.from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
+	for name, sp := range snap.Ports.All() {
 		p.from[name] = sp
 	}
 	return nil

@@ -179,7 +179,7 @@ type Desired struct {
 // family.
 func clusterIPs(snap *lb.Snapshot, o Options) map[string]bool {
 	out := map[string]bool{}
-	for _, sp := range snap.Ports {
+	for _, sp := range snap.Ports.All() {
 		for _, a := range sp.ClusterIPs {
 			if o.family(a) {
 				out[a.String()] = true

@@ -105,7 +105,7 @@ func TestIPVSKernelForReal(t *testing.T) {
 		Affinity:  lb.Affinity{ClientIP: true, Timeout: 600e9},
 		Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.9.1:9000"), Ready: true, Serving: true}}}
 	p := &ipvs.Proxier{Kernel: k, Options: ipvs.Options{Scheduler: "sh"}}
-	if _, err := p.Sync(&lb.Snapshot{Ports: map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}}); err != nil {
+	if _, err := p.Sync(lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})); err != nil {
 		t.Fatal(err)
 	}
 	svcs, err := k.Services()
