@@ -40,6 +40,8 @@ type EventLoop struct {
 	stopped   sync.WaitGroup // loop goroutines
 	stopOnce  sync.Once      // a second Shutdown must not close the loops' descriptors again
 	fds       *fdBudget
+	// listenSockets counts the TCP listening sockets open (see listenTCP).
+	listenSockets atomic.Int64
 }
 
 // NewEventLoop starts the loops.
@@ -558,7 +560,17 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 	if len(fds) > 0 {
 		ln.addr = localAddr(fds[0])
 	}
-	for len(fds) < len(e.loops) {
+	// One socket per loop (SO_REUSEPORT: each connection stays on the loop
+	// whose socket accepted it) while listening sockets hold at most a
+	// quarter of the descriptor budget; past that (thousands of service
+	// ports) one socket per listener, the listeners spread over the loops:
+	// at 10k service ports two loops' sockets were 20k descriptors, the
+	// whole limit here, and listeners failed with EMFILE.
+	want := len(e.loops)
+	if lim := e.fds.limit; lim > 0 && e.listenSockets.Load()+int64(want) > lim/4 {
+		want = 1
+	}
+	for len(fds) < want {
 		at := addr
 		if len(fds) > 0 {
 			at = ln.addr // the port the first socket got, when addr asked for any
@@ -577,8 +589,12 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		}
 		fds = append(fds, fd)
 	}
+	first := 0
+	if len(fds) < len(e.loops) {
+		first = int(e.next.Add(1) - 1) // spread single sockets over the loops
+	}
 	for i, fd := range fds {
-		l := e.loops[i%len(e.loops)]
+		l := e.loops[(first+i)%len(e.loops)]
 		s := &elTCPSocket{ln: ln, l: l, fd: fd}
 		err := errStopped
 		l.do(func() { err = l.register(fd, s) })
@@ -591,6 +607,7 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		}
 		socks.Hold("tcp", ln.addr, fd)
 		ln.socks = append(ln.socks, s)
+		e.listenSockets.Add(1)
 	}
 	return ln, nil
 }
@@ -624,6 +641,7 @@ func (ln *elTCPListener) Close() error {
 }
 
 func (ln *elTCPListener) closeSockets() {
+	ln.e.listenSockets.Add(-int64(len(ln.socks)))
 	for _, s := range ln.socks {
 		if !s.l.do(func() {
 			s.l.timers.cancel(s.backoff)

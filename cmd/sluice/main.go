@@ -693,7 +693,13 @@ func (a *applier) lastErr() error {
 	return a.err
 }
 
+// unjoin lists the errors joined in err (none for nil: a retry that was
+// not due yet logged "err=<nil>" every second and counted it as a
+// listener error).
 func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		return j.Unwrap()
 	}

@@ -194,3 +194,12 @@ func TestChangedPortsFromADeltaOrAComparison(t *testing.T) {
 		t.Fatalf("compared: %v, want %v", got, want)
 	}
 }
+
+func TestUnjoinNilIsNothing(t *testing.T) {
+	if errs := unjoin(nil); len(errs) != 0 {
+		t.Fatalf("unjoin(nil) = %v", errs)
+	}
+	if errs := unjoin(errors.Join(errors.New("a"), errors.New("b"))); len(errs) != 2 {
+		t.Fatalf("unjoin of two = %v", errs)
+	}
+}
