@@ -87,6 +87,7 @@ type Server struct {
 	// The ID and node addresses of the snapshot applied last (for deltas).
 	appliedID        uint64
 	appliedNodeAddrs []netip.Addr
+	unserved         int // frontends in the ports' failed lists
 
 	// Ejections are logged off the data path: a bounded queue drained by
 	// one goroutine, started with the first; what does not fit is counted.
@@ -351,6 +352,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			if fe.Role != RoleProxyPort && fe.Role != RoleExternalProxyPort { // those move to another port of the range
 				p.failed = append(p.failed, failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
+				s.unserved++
 			}
 			return false
 		}
@@ -439,11 +441,7 @@ func (s *Server) now() time.Time {
 func (s *Server) Unserved() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for _, p := range s.ports {
-		n += len(p.failed)
-	}
-	return n
+	return s.unserved // kept as failures come and go: O(1), called on every apply
 }
 
 // RetryFailed tries again each listener that failed to open and whose
@@ -456,6 +454,7 @@ func (s *Server) RetryFailed() (int, error) {
 	var errs []error
 	left := 0
 	for _, p := range s.ports {
+		before := len(p.failed)
 		kept := p.failed[:0]
 		for _, f := range p.failed {
 			if now.Before(f.next) {
@@ -477,6 +476,7 @@ func (s *Server) RetryFailed() (int, error) {
 			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 		}
 		p.failed = kept
+		s.unserved += len(kept) - before
 		left += len(kept)
 	}
 	return left, errors.Join(errs...)
@@ -499,6 +499,7 @@ func (s *Server) closePort(p *servedPort) {
 			s.ProxyPorts.Release(port)
 		}
 	}
+	s.unserved -= len(p.failed)
 	p.listeners, p.frontends, p.proxyPorts, p.failed = nil, nil, nil, nil
 }
 

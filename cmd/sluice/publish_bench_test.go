@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// BenchmarkPublishOneChangeAt10k is sluice's own share of one endpoint
+// change at 10k service ports in userspace mode, past the source: the
+// applier and the userspace plane, given the change as a delta of the
+// last snapshot (issue 16). go test -bench PublishOneChange ./cmd/sluice
+func BenchmarkPublishOneChangeAt10k(b *testing.B) {
+	const n = 10000
+	name := func(i int) lb.ServicePortName {
+		return lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
+	}
+	port := func(i, ep int) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
+		for j := 0; j < 10; j++ {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
+		}
+		return sp
+	}
+	all := map[lb.ServicePortName]*lb.ServicePort{}
+	for i := 0; i < n; i++ {
+		all[name(i)] = port(i, 0)
+	}
+	metrics := admin.NewMetrics()
+	log := slog.New(slog.DiscardHandler)
+	health := admin.NewHealth(time.Minute, nil)
+	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+		Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }}
+	defer srv.Close()
+	a := &applier{plane: userspacePlane{Server: srv, capture: noCapture{}, metrics: metrics, health: health, log: log},
+		local: &localAddrs{}, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+	snap := lb.NewSnapshot(all)
+	snap.ID = 1
+	a.Publish(snap)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sp := port(i%n, i%200+1)
+		next := &lb.Snapshot{Ports: snap.Ports.With(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}, nil), ID: snap.ID + 1, Base: snap.ID, Changed: []lb.ServicePortName{sp.Name}}
+		a.Publish(next)
+		snap = next
+	}
+}
