@@ -12,17 +12,19 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 # bare "context deadline exceeded" that is no finding. Each is a few seconds.
 FUZZ_SCALE ?= 1
 
-.PHONY: help build run image image-test test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-kube-sync bench-sync-fake bench-engines bench-deps clean
+.PHONY: help build build-demo run image image-test test test-vm test-deps test-unit test-race fuzz verify vet fmt-check staticcheck windows bench bench-smoke bench-vm bench-vm-idle bench-api-churn bench-sync bench-kube-sync bench-sync-fake bench-engines bench-deps clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/sluice, bin/sluice-demo-backend and bin/sluice-bench
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
-	$(GO) build -o bin/sluice-demo-backend ./bench/backends
+build: build-demo ## build bin/sluice, bin/sluice-demo-backend and bin/sluice-bench
 	$(GO) build -o bin/sluice-bench ./bench/cmd/sluice-bench
 
-run: build ## run the demo: three loopback backends and sluice on examples/ (Ctrl-C stops all)
+build-demo: ## build only what `make run` runs: bin/sluice and bin/sluice-demo-backend
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
+	$(GO) build -o bin/sluice-demo-backend ./bench/backends
+
+run: build-demo ## run the demo: three loopback backends and sluice on examples/ (Ctrl-C stops all)
 	./scripts/demo.sh
 
 test: test-deps image verify test-race fuzz ## everything CI runs: installs the test beds, builds the image, checks, race-enabled tests, short fuzzing

@@ -38,7 +38,11 @@ type Config struct {
 	KubeProxy kpv1alpha1.KubeProxyConfiguration
 
 	// Process-level flags of kube-proxy that are not in the file.
-	ConfigFile    string
+	ConfigFile string
+	// FileMode is the mode the --config file gave, as written ("" when
+	// it left it empty, which is userspace here and iptables to
+	// kube-proxy); for the start-up log.
+	FileMode      string
 	WriteConfigTo string
 	Cleanup       bool
 	InitOnly      bool
@@ -198,6 +202,7 @@ func LoadFile(path string, into *Config) error {
 		}
 		into.ConfigWarnings = append(into.ConfigWarnings, fmt.Sprintf("--config %s: using lenient decoding as strict decoding failed: %v", path, err))
 	}
+	into.FileMode = string(kp.Mode)
 	setKubeProxyDefaults(&kp, &into.KubeProxy)
 	into.KubeProxy = kp
 	return nil

@@ -21,7 +21,7 @@ cat <<MSG
       curl 127.0.0.1:30080          # repeat: backend-1, backend-2, backend-3 take turns
 
   UDP:  echo hi | socat - UDP:127.0.0.1:30053     (if socat is installed)
-  Admin: curl 127.0.0.1:10256/healthz ; curl 127.0.0.1:10249/metrics ; curl 127.0.0.1:10249/debug/sluice
+  Admin: bin/sluice status ; curl 127.0.0.1:10256/healthz ; curl 127.0.0.1:10249/metrics
   Edit examples/demo.yaml while it runs: changes apply without a restart.
   Ctrl-C stops everything.
 

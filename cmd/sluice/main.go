@@ -74,6 +74,20 @@ func signalName(ctx context.Context) string {
 	return ""
 }
 
+// modeOrigin says where the proxy mode came from, for the start-up log: a
+// kube-proxy user expects iptables by default, and sluice's is userspace.
+func modeOrigin(cfg *config.Config) string {
+	switch {
+	case slices.Contains(cfg.Changed, "proxy-mode"):
+		return "the --proxy-mode flag"
+	case cfg.ConfigFile != "" && cfg.FileMode != "":
+		return "mode in " + cfg.ConfigFile
+	case cfg.ConfigFile != "":
+		return "the default: mode is empty in " + cfg.ConfigFile + ", which is userspace to sluice (iptables to kube-proxy)"
+	}
+	return "the default (sluice's is userspace; kube-proxy's is iptables)"
+}
+
 // manifestsRejected is why serve stops when the first load of --manifests
 // is refused.
 type manifestsRejected struct {
@@ -246,6 +260,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		drain = func() {}
 	)
 	mode := cfg.Mode()
+	log.Info("proxy mode", "mode", mode, "from", modeOrigin(cfg))
 	// fallback moves to the next mode when the kernel lacks what this one
 	// needs, saying why, unless --mode-fallback=false.
 	fallback := func(err error, to string) error {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/lb"
 )
@@ -201,5 +204,36 @@ func TestUnjoinNilIsNothing(t *testing.T) {
 	}
 	if errs := unjoin(errors.Join(errors.New("a"), errors.New("b"))); len(errs) != 2 {
 		t.Fatalf("unjoin of two = %v", errs)
+	}
+}
+
+// Start-up says where the proxy mode came from: the flag, the config
+// file, or the default, which differs from kube-proxy's.
+func TestModeOrigin(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kp.yaml")
+	for _, tc := range []struct {
+		config string
+		args   []string
+		want   string
+	}{
+		{"", nil, "the default (sluice's is userspace; kube-proxy's is iptables)"},
+		{"", []string{"--proxy-mode=iptables"}, "the --proxy-mode flag"},
+		{"mode: nftables\n", nil, "mode in " + file},
+		{"mode: \"\"\n", nil, "the default: mode is empty in " + file + ", which is userspace to sluice (iptables to kube-proxy)"},
+		{"mode: nftables\n", []string{"--proxy-mode=ipvs"}, "the --proxy-mode flag"},
+	} {
+		args := tc.args
+		if tc.config != "" {
+			os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+tc.config), 0o644)
+			args = append([]string{"--config", file}, args...)
+		}
+		cfg, _, err := config.Parse(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := modeOrigin(cfg); got != tc.want {
+			t.Errorf("%v: %q, want %q", args, got, tc.want)
+		}
 	}
 }
