@@ -85,12 +85,12 @@ func Systems(c Config, t *Topology) []System {
 	// to the load generator and backends on a small box: run only when
 	// named.
 	return append(all, sluice{bin: c.Sluice, engine: "eventloop", suffix: "-busypoll", args: []string{"--busy-poll=50us"}}, haproxy{busyPoll: true},
-		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-1loop", args: []string{"--event-loops=1"}})
+		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-1loop", args: []string{"--event-loops=1"}}, haproxy{oneThread: true})
 }
 
 // OptIn reports whether a system runs only when --systems names it.
 func OptIn(name string) bool {
-	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop")
+	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread")
 }
 
 type direct struct{}
@@ -217,9 +217,10 @@ func (n naive) Start(t *Topology, _ string, svcs []Service, cpu int) (*Proc, err
 }
 
 type haproxy struct {
-	splice   bool
-	busyPoll bool // HAProxy's global busy-polling
-	maxconn  int  // 0: proxiedConnLimit()
+	splice    bool
+	busyPoll  bool // HAProxy's global busy-polling
+	oneThread bool // nbthread 1, beside sluice-eventloop-1loop
+	maxconn   int  // 0: proxiedConnLimit()
 }
 
 func (h haproxy) Name() string {
@@ -228,6 +229,8 @@ func (h haproxy) Name() string {
 		return "haproxy-splice"
 	case h.busyPoll:
 		return "haproxy-busypoll"
+	case h.oneThread:
+		return "haproxy-1thread"
 	}
 	return "haproxy"
 }
@@ -269,7 +272,11 @@ func (h haproxy) config(lb netip.Addr, svcs []Service) string {
 	if maxconn == 0 {
 		maxconn = min(25000, proxiedConnLimit())
 	}
-	fmt.Fprintf(&c, "global\n  nbthread 2\n  maxconn %d\n", maxconn)
+	threads := 2
+	if h.oneThread {
+		threads = 1
+	}
+	fmt.Fprintf(&c, "global\n  nbthread %d\n  maxconn %d\n", threads, maxconn)
 	if h.busyPoll {
 		c.WriteString("  busy-polling\n")
 	}
