@@ -52,7 +52,7 @@ Usage:
   sluice --manifests PATH [flags]     serve Services and EndpointSlices from
                                       YAML files (a file or a directory), watched
   sluice --cleanup                    remove what any mode installed, and exit
-  sluice status [--json]              what a running sluice serves: service
+  sluice status [-o json] [--watch]   what a running sluice serves: service
                                       ports, frontends, endpoints, counters
 
 Examples:

@@ -202,6 +202,17 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 	return true
 }
 
+// EjectedFor is how long ep stays in back-off (0: it is not ejected).
+func (p *Picker) EjectedFor(ep netip.AddrPort) time.Duration {
+	now := p.clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h := p.health[ep]; h != nil && now.Before(h.ejectedUntil) {
+		return h.ejectedUntil.Sub(now)
+	}
+	return 0
+}
+
 // Ejected reports whether ep is currently in back-off.
 func (p *Picker) Ejected(ep netip.AddrPort) bool {
 	now := p.clock.Now()

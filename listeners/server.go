@@ -573,6 +573,8 @@ type PortView struct {
 	Frontends []string `json:"frontends"`
 	Endpoints []string `json:"endpoints"`
 	Ejected   []string `json:"ejected,omitempty"`
+	// EjectedLeft is how long each ejected endpoint stays skipped.
+	EjectedLeft map[string]string `json:"ejectedLeft,omitempty"`
 	// ExternalEndpoints is set when the traffic policies give external
 	// frontends endpoints of their own.
 	ExternalEndpoints []string `json:"externalEndpoints,omitempty"`
@@ -595,8 +597,12 @@ func (s *Server) Dump() []PortView {
 		}
 		for _, ep := range p.target.Picker.Endpoints() {
 			v.Endpoints = append(v.Endpoints, ep.String())
-			if p.target.Picker.Ejected(ep) {
+			if left := p.target.Picker.EjectedFor(ep); left > 0 {
 				v.Ejected = append(v.Ejected, ep.String())
+				if v.EjectedLeft == nil {
+					v.EjectedLeft = map[string]string{}
+				}
+				v.EjectedLeft[ep.String()] = left.Round(time.Second).String()
 			}
 		}
 		if p.ext != p.target {

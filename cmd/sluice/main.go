@@ -104,7 +104,7 @@ func (e manifestsRejected) Unwrap() error { return e.err }
 // run is the whole program; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "status" {
-		return runStatus(args[1:], stdout, stderr)
+		return runStatus(ctx, args[1:], stdout, stderr)
 	}
 	cfg, usage, err := config.Parse(args)
 	if config.IsHelp(err) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,22 +20,27 @@ import (
 )
 
 // statusUsage is `sluice status --help`.
-const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [--json]
+const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [-o json] [--watch[=2s]]
 
 Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
 started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
 or HAProxy's stats page answer: in userspace mode each service port with
 its frontends, endpoints (ejected ones marked), open and total connections,
 retries, failed connects and refused clients; in the kernel modes the mode,
-its families and its syncs.
+its families and its syncs. -o json prints it as data; --watch prints it
+again every interval until interrupted.
 `
 
-// runStatus is `sluice status`; it returns the exit code.
-func runStatus(args []string, stdout, stderr io.Writer) int {
+// runStatus is `sluice status`; it returns the exit code. ctx ends a
+// --watch.
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("status", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	addr := fs.String("metrics-bind-address", "127.0.0.1:10249", "the running sluice's --metrics-bind-address")
-	asJSON := fs.Bool("json", false, "print what the server answered, as JSON")
+	asJSON := fs.Bool("json", false, "print what the server answered, as JSON (as -o json)")
+	output := fs.StringP("output", "o", "", "json: print what the server answered, as JSON")
+	watch := fs.Duration("watch", 0, "print again every interval (e.g. 2s) until interrupted")
+	fs.Lookup("watch").NoOptDefVal = "2s"
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(stdout, statusUsage)
@@ -49,19 +55,42 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	} else if strings.HasPrefix(host, "[::]:") {
 		host = "[::1]:" + host[len("[::]:"):]
 	}
-	st, err := fetchStatus(&http.Client{Timeout: 5 * time.Second}, "http://"+host)
-	if err != nil {
-		fmt.Fprintf(stderr, "sluice status: %v\n", err)
-		return 1
+	switch *output {
+	case "":
+	case "json":
+		*asJSON = true
+	default:
+		fmt.Fprintf(stderr, "sluice status: -o %q: want json\n", *output)
+		return 2
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(st)
-		return 0
+	if *watch < 0 {
+		fmt.Fprintf(stderr, "sluice status: --watch %v: want a positive interval\n", *watch)
+		return 2
 	}
-	st.print(stdout, time.Now())
-	return 0
+	client := &http.Client{Timeout: 5 * time.Second}
+	for {
+		st, err := fetchStatus(client, "http://"+host)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice status: %v\n", err)
+			return 1
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(st)
+		} else {
+			st.print(stdout, time.Now())
+		}
+		if *watch == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(*watch):
+			fmt.Fprintln(stdout)
+		}
+	}
 }
 
 // instanceStatus is what one sluice answered.
@@ -222,7 +251,7 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 		for _, e := range p.Endpoints {
 			state := "serving"
 			if ejected[e] {
-				state = "ejected (connects failed; probed again after its back-off)"
+				state = "ejected (connects failed; probed again in " + p.EjectedLeft[e] + ")"
 			}
 			fmt.Fprintf(w, "  -> %-24s %s\n", e, state)
 		}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -49,16 +51,32 @@ subsets:
 		"TCP  e2e/web:http  active 0, connections 4, retried 1, failed connects 1, refused 0\n",
 		fmt.Sprintf("  <- nodePort 127.0.0.1:%d\n", np),
 		fmt.Sprintf("  -> %-24s serving\n", fmt.Sprintf("127.0.0.1:%d", bport)),
-		fmt.Sprintf("  -> %-24s ejected", fmt.Sprintf("127.0.0.1:%d", dead)),
+		fmt.Sprintf("  -> %-24s ejected (connects failed; probed again in 1h0m0s)", fmt.Sprintf("127.0.0.1:%d", dead)),
 	} {
 		if err != nil || !strings.Contains(text, want) {
 			t.Fatalf("sluice status (%v) lacks %q:\n%s", err, want, text)
 		}
 	}
-	out, err = exec.Command(sluiceBin, "status", "--json", "--metrics-bind-address="+metrics).Output()
+	out, err = exec.Command(sluiceBin, "status", "-o", "json", "--metrics-bind-address="+metrics).Output()
 	var st instanceStatus
 	if err != nil || json.Unmarshal(out, &st) != nil || st.Mode != "userspace" || len(st.Ports) != 1 || st.Ports[0].Connections != 4 || len(st.Ports[0].Ejected) != 1 {
-		t.Fatalf("sluice status --json (%v):\n%s", err, out)
+		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
+	}
+	// --watch prints again until interrupted.
+	w := exec.Command(sluiceBin, "status", "--watch=10ms", "--metrics-bind-address="+metrics)
+	stdout, _ := w.StdoutPipe()
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	for seen := 0; seen < 3 && sc.Scan(); {
+		if strings.HasPrefix(sc.Text(), "sluice at ") {
+			seen++
+		}
+	}
+	w.Process.Signal(os.Interrupt)
+	if err := w.Wait(); err != nil {
+		t.Fatalf("status --watch after SIGINT: %v", err)
 	}
 	closed := freePort(t, "tcp")
 	out, err = exec.Command(sluiceBin, "status", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", closed)).CombinedOutput()
