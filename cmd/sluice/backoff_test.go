@@ -45,29 +45,9 @@ func TestFailedSyncsBackOff(t *testing.T) {
 		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		proxiers: []*iptables.Proxier{{Runner: r, Options: iptablesOptions(cfg, false)}},
 		backoff:  syncBackoff{now: func() time.Time { return now }, max: 5 * time.Second}}
-	snap := func(ip string) *lb.Snapshot {
-		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "svc", Port: "p", Protocol: lb.TCP},
-			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
-		return lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})
-	}
-	var waits []time.Duration
-	for i := 0; i < 5; i++ {
-		before := r.restores
-		if err := p.Apply(snap("10.96.0.1")); err == nil || r.restores != before+1 {
-			t.Fatalf("attempt %d: %v, %d restores (want one, failing)", i, err, r.restores-before)
-		}
-		waits = append(waits, p.backoffWait())
-		// Updates during the wait are not applied, and say why.
-		if err := p.Apply(snap("10.96.0.2")); !errors.As(err, new(errBackingOff)) || r.restores != before+1 {
-			t.Fatalf("attempt %d: an update during the back-off: %v, %d restores", i, err, r.restores-before)
-		}
-		now = now.Add(p.backoffWait())
-	}
-	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}
-	for i := range want {
-		if waits[i] != want[i] {
-			t.Fatalf("waits %v, want %v", waits, want)
-		}
+	waits := backOffWalk(t, 5, 1, p.Apply, r, p.backoffWait, &now)
+	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}; !slices.Equal(waits, want) {
+		t.Fatalf("waits %v, want %v", waits, want)
 	}
 	// The resync after the wait applies the newest state, and succeeds.
 	r.broken = false
@@ -99,24 +79,7 @@ func TestIPVSFailedSyncsBackOff(t *testing.T) {
 		proxiers: []*ipvs.Proxier{{Kernel: kernel}},
 		filters:  []*ipvs.Netfilter{{Sets: ipvs.NewFakeIPSet(), IPTables: r, MasqueradeBit: 14}},
 		backoff:  syncBackoff{now: func() time.Time { return now }, max: 5 * time.Second}}
-	snap := func(ip string) *lb.Snapshot {
-		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "svc", Port: "p", Protocol: lb.TCP},
-			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
-		return lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})
-	}
-	var waits []time.Duration
-	for i := 0; i < 4; i++ {
-		before := r.restores
-		if err := p.Apply(snap("10.96.0.1")); err == nil || r.restores == before {
-			t.Fatalf("attempt %d: %v, %d restores (want a failing one)", i, err, r.restores-before)
-		}
-		waits = append(waits, p.backoffWait())
-		after := r.restores
-		if err := p.Apply(snap("10.96.0.2")); !errors.As(err, new(errBackingOff)) || r.restores != after {
-			t.Fatalf("attempt %d: an update during the back-off: %v, %d restores", i, err, r.restores-after)
-		}
-		now = now.Add(p.backoffWait())
-	}
+	waits := backOffWalk(t, 4, 0, p.Apply, r, p.backoffWait, &now)
 	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second}; !slices.Equal(waits, want) {
 		t.Fatalf("waits %v, want %v", waits, want)
 	}
@@ -130,4 +93,35 @@ func TestIPVSFailedSyncsBackOff(t *testing.T) {
 	if dump := kernel.Dump(); !strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "10.96.0.1") {
 		t.Fatalf("the newest state was not the one applied:\n%s", dump)
 	}
+}
+
+// oneServiceAt is a snapshot of one TCP service port at ClusterIP ip.
+func oneServiceAt(ip string) *lb.Snapshot {
+	sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "svc", Port: "p", Protocol: lb.TCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
+	return lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})
+}
+
+// backOffWalk applies the state at 10.96.0.1 n times through apply while
+// r fails: each attempt must run r's restore (perAttempt times, or at
+// least once for 0) and fail, and an update to 10.96.0.2 during the wait
+// must be deferred without a restore. It advances *now past each wait
+// and returns the waits.
+func backOffWalk(t *testing.T, n, perAttempt int, apply func(*lb.Snapshot) error, r *flakyRunner, wait func() time.Duration, now *time.Time) []time.Duration {
+	t.Helper()
+	var waits []time.Duration
+	for i := 0; i < n; i++ {
+		before := r.restores
+		err := apply(oneServiceAt("10.96.0.1"))
+		if ran := r.restores - before; err == nil || ran == 0 || (perAttempt > 0 && ran != perAttempt) {
+			t.Fatalf("attempt %d: %v, %d restores (want a failing one)", i, err, ran)
+		}
+		waits = append(waits, wait())
+		after := r.restores
+		if err := apply(oneServiceAt("10.96.0.2")); !errors.As(err, new(errBackingOff)) || r.restores != after {
+			t.Fatalf("attempt %d: an update during the back-off: %v, %d restores", i, err, r.restores-after)
+		}
+		*now = now.Add(wait())
+	}
+	return waits
 }
