@@ -1,0 +1,54 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// BenchmarkOneSliceUpdateAt10k is the API source's share of one
+// EndpointSlice update at 10k Services: from the fake API's write to the
+// snapshot published (issue 16). go test -bench OneSliceUpdate ./controlplane/kube
+func BenchmarkOneSliceUpdateAt10k(b *testing.B) {
+	const n = 10000
+	var objs []runtime.Object
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("s%d", i)
+		objs = append(objs, service(name, func(s *corev1.Service) {
+			ip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip}
+		}), slice(name, name+"-a", discoveryv1.AddressTypeIPv4, ready(fmt.Sprintf("10.244.%d.%d", i>>8, i&255), "n1")))
+	}
+	client := fake.NewClientset(objs...)
+	s := &benchSink{snaps: make(chan *lb.Snapshot, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- (&Source{Client: client, Sink: s}).Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-s.snaps // the initial list
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		name := fmt.Sprintf("s%d", i%n)
+		sl := slice(name, name+"-a", discoveryv1.AddressTypeIPv4, ready(fmt.Sprintf("10.245.%d.%d", i>>8&255, i&255), "n1"))
+		if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		<-s.snaps
+	}
+}
+
+// benchSink hands over published snapshots and drops the rest.
+type benchSink struct{ snaps chan *lb.Snapshot }
+
+func (s *benchSink) Publish(snap *lb.Snapshot) { s.snaps <- snap }
+func (s *benchSink) Unchanged()                {}
+func (s *benchSink) Reject(error)              {}
+func (s *benchSink) Queued()                   {}
