@@ -168,6 +168,11 @@ func (s *Snapshot) Sorted() []*ServicePort {
 	for _, sp := range s.Ports.All() {
 		out = append(out, sp)
 	}
+	return SortPorts(out)
+}
+
+// SortPorts orders ports by name (then protocol) in place and returns them.
+func SortPorts(out []*ServicePort) []*ServicePort {
 	slices.SortFunc(out, func(a, b *ServicePort) int {
 		if c := strings.Compare(a.Name.String(), b.Name.String()); c != 0 {
 			return c

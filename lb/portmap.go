@@ -80,7 +80,7 @@ func (m PortMap) With(set map[ServicePortName]*ServicePort, del []ServicePortNam
 	if m.shards != nil {
 		shards = *m.shards
 	}
-	copied := map[int]bool{}
+	var copied [portShards]bool
 	own := func(i int) map[ServicePortName]*ServicePort {
 		if !copied[i] {
 			copied[i] = true

@@ -213,11 +213,11 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	// The very same port as last time (the sources reuse unchanged ones)
 	// needs nothing; the others are handled in name order, so listeners
 	// open in a stable order.
-	changed := map[lb.ServicePortName]*lb.ServicePort{}
+	var changed []*lb.ServicePort
 	consider := func(name lb.ServicePortName, sp *lb.ServicePort) {
 		p := s.ports[name]
 		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs, nodeAddrs)) {
-			changed[name] = sp
+			changed = append(changed, sp)
 		}
 	}
 	if delta {
@@ -242,7 +242,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		}
 	}
 	s.appliedID, s.appliedNodeAddrs = snap.ID, nodeAddrs
-	for _, sp := range lb.NewSnapshot(changed).Sorted() {
+	for _, sp := range lb.SortPorts(changed) {
 		p := s.ports[sp.Name]
 		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs, nodeAddrs))
 		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {

@@ -50,13 +50,7 @@ func TestFailedSyncsBackOff(t *testing.T) {
 		t.Fatalf("waits %v, want %v", waits, want)
 	}
 	// The resync after the wait applies the newest state, and succeeds.
-	r.broken = false
-	if err := p.reapplyNewest(p.applyLocked); err != nil {
-		t.Fatal(err)
-	}
-	if p.backoffWait() != 0 || p.failed {
-		t.Fatalf("after a success: wait %v, failed %v", p.backoffWait(), p.failed)
-	}
+	recovers(t, r, func() error { return p.reapplyNewest(p.applyLocked) }, p.backoffWait, func() bool { return p.failed })
 	if dump := r.Fake.Dump(); !strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "10.96.0.1/32") {
 		t.Fatalf("the newest state was not the one applied:\n%s", dump)
 	}
@@ -83,13 +77,7 @@ func TestIPVSFailedSyncsBackOff(t *testing.T) {
 	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second}; !slices.Equal(waits, want) {
 		t.Fatalf("waits %v, want %v", waits, want)
 	}
-	r.broken = false
-	if err := p.reapplyNewest(p.applyLocked); err != nil {
-		t.Fatal(err)
-	}
-	if p.backoffWait() != 0 || p.failed {
-		t.Fatalf("after a success: wait %v, failed %v", p.backoffWait(), p.failed)
-	}
+	recovers(t, r, func() error { return p.reapplyNewest(p.applyLocked) }, p.backoffWait, func() bool { return p.failed })
 	if dump := kernel.Dump(); !strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "10.96.0.1") {
 		t.Fatalf("the newest state was not the one applied:\n%s", dump)
 	}
@@ -124,4 +112,17 @@ func backOffWalk(t *testing.T, n, perAttempt int, apply func(*lb.Snapshot) error
 		*now = now.Add(wait())
 	}
 	return waits
+}
+
+// recovers mends r, runs the plane's resync and checks that the back-off
+// and the failure are over.
+func recovers(t *testing.T, r *flakyRunner, resync func() error, wait func() time.Duration, failed func() bool) {
+	t.Helper()
+	r.broken = false
+	if err := resync(); err != nil {
+		t.Fatal(err)
+	}
+	if wait() != 0 || failed() {
+		t.Fatalf("after a success: wait %v, failed %v", wait(), failed())
+	}
 }

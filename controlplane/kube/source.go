@@ -79,14 +79,15 @@ type Source struct {
 
 	wake chan struct{}
 
-	mu    sync.Mutex
-	dirty map[serviceKey]bool
-	// The Services with Service or EndpointSlice events since the last
-	// build (for Changes' pending counts).
-	svcPending, epPending map[serviceKey]bool
-	// When each pending change arrived, and the trigger times of the
-	// pending EndpointSlice changes (for the sink's UpdateTimes).
-	arrived  map[serviceKey]time.Time
+	mu sync.Mutex
+	// pending are the Services changed since the last build: when the
+	// first change arrived, and whether by Service or EndpointSlice
+	// events; svcPending and epPending count those kinds (Changes'
+	// pending counts).
+	pending               map[serviceKey]*pendingChange
+	svcPending, epPending int
+	// The trigger times of the pending EndpointSlice changes (for the
+	// sink's UpdateTimes).
 	triggers []controlplane.Trigger
 	started  time.Time             // changes triggered before it are not timed
 	problems map[serviceKey]string // reported, so each is reported once
@@ -107,6 +108,13 @@ type ChangeCounter interface {
 	ServiceChanged(pending int)
 	EndpointsChanged(pending int)
 	ChangesTaken()
+}
+
+// pendingChange is what the source knows of a Service's changes since the
+// last build.
+type pendingChange struct {
+	arrived            time.Time
+	service, endpoints bool
 }
 
 // serviceKey names a Service.
@@ -139,9 +147,8 @@ func (s *Source) after(d time.Duration) <-chan time.Time {
 func (s *Source) Run(ctx context.Context) error {
 	s.wake = make(chan struct{}, 1)
 	s.mu.Lock()
-	s.dirty = map[serviceKey]bool{}
-	s.svcPending, s.epPending = map[serviceKey]bool{}, map[serviceKey]bool{}
-	s.arrived, s.triggers, s.started = map[serviceKey]time.Time{}, nil, s.now()
+	s.pending, s.svcPending, s.epPending = map[serviceKey]*pendingChange{}, 0, 0
+	s.triggers, s.started = nil, s.now()
 	s.problems = map[serviceKey]string{}
 	s.mu.Unlock()
 	s.built = map[serviceKey][]*lb.ServicePort{}
@@ -284,14 +291,17 @@ func sliceServiceIndex(o any) ([]string, error) {
 
 func (s *Source) mark(key serviceKey, endpoints bool) {
 	s.mu.Lock()
-	s.dirty[key] = true
-	if endpoints {
-		s.epPending[key] = true
-	} else {
-		s.svcPending[key] = true
+	c := s.pending[key]
+	if c == nil {
+		c = &pendingChange{arrived: s.now()}
+		s.pending[key] = c
 	}
-	if _, ok := s.arrived[key]; !ok {
-		s.arrived[key] = s.now()
+	if endpoints && !c.endpoints {
+		c.endpoints = true
+		s.epPending++
+	} else if !endpoints && !c.service {
+		c.service = true
+		s.svcPending++
 	}
 	s.mu.Unlock()
 	s.Sink.Queued()
@@ -304,21 +314,18 @@ func (s *Source) mark(key serviceKey, endpoints bool) {
 func (s *Source) hasDirty() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.dirty) > 0
+	return len(s.pending) > 0
 }
 
-func (s *Source) takeDirty() (map[serviceKey]bool, controlplane.UpdateTimes) {
+func (s *Source) takeDirty() (map[serviceKey]*pendingChange, controlplane.UpdateTimes) {
 	s.mu.Lock()
-	d := s.dirty
-	s.dirty = map[serviceKey]bool{}
+	d := s.pending
+	s.pending, s.svcPending, s.epPending = map[serviceKey]*pendingChange{}, 0, 0
 	times := controlplane.UpdateTimes{Triggers: s.triggers}
-	for _, at := range s.arrived {
-		times.Arrived = append(times.Arrived, at)
+	for _, c := range d {
+		times.Arrived = append(times.Arrived, c.arrived)
 	}
 	s.triggers = nil
-	clear(s.arrived)
-	clear(s.svcPending)
-	clear(s.epPending)
 	if s.Changes != nil {
 		s.Changes.ChangesTaken() // under mu: a later event's count is not overwritten
 	}
@@ -361,9 +368,9 @@ func (s *Source) counted(endpoints bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if endpoints {
-		s.Changes.EndpointsChanged(len(s.epPending))
+		s.Changes.EndpointsChanged(s.epPending)
 	} else {
-		s.Changes.ServiceChanged(len(s.svcPending))
+		s.Changes.ServiceChanged(s.svcPending)
 	}
 }
 
