@@ -34,7 +34,8 @@ var modes = []string{ModeUserspace, ModeIPTables, ModeIPVS, ModeNFTables}
 // Config is everything sluice runs with.
 type Config struct {
 	// KubeProxy is the kube-proxy-compatible part; --config files fill it and
-	// --write-config-to writes it.
+	// --write-config-to writes it (sluice's own settings below go in the
+	// file's SluiceConfiguration document).
 	KubeProxy kpv1alpha1.KubeProxyConfiguration
 
 	// Process-level flags of kube-proxy that are not in the file.
@@ -117,6 +118,7 @@ func Defaults() *Config {
 		HealthzBindAddress: "0.0.0.0:10256",
 		MetricsBindAddress: "127.0.0.1:10249",
 		Mode:               kpv1alpha1.ProxyMode(ModeUserspace),
+		FeatureGates:       map[string]bool{},
 		ConfigSyncPeriod:   dur(15 * time.Minute),
 		OOMScoreAdj:        i32(-999),
 		DetectLocalMode:    "ClusterCIDR",
@@ -149,6 +151,8 @@ func Defaults() *Config {
 		KubeProxy:         kp,
 		UDPTimeout:        250 * time.Millisecond,
 		Engine:            defaultEngine(),
+		IPTablesBackend:   "auto",
+		UserspaceCapture:  "auto",
 		ModeFallback:      true,
 		IPVSDrainInterval: time.Minute,
 		ConnectTimeouts:   []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
@@ -172,37 +176,77 @@ func defaultEngine() string {
 	return "goroutine"
 }
 
-// LoadFile reads a KubeProxyConfiguration file over the defaults. Unknown
-// fields and a wrong apiVersion or kind are errors naming the file.
+// LoadFile reads a --config file over the defaults in into: a
+// KubeProxyConfiguration, a SluiceConfiguration, or both as two YAML
+// documents (at most one of each, in any order). Unknown fields and a wrong
+// apiVersion or kind are errors naming the file and the document's line.
 func LoadFile(path string, into *Config) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	var tm metav1.TypeMeta
-	if err := yaml.Unmarshal(data, &tm); err != nil {
-		return fmt.Errorf("--config %s: malformed YAML/JSON: %w", path, err)
+	docs := splitDocuments(data)
+	if len(docs) == 0 {
+		return fmt.Errorf("--config %s: empty: want a KubeProxyConfiguration and/or a %s", path, SluiceKind)
 	}
-	if tm.APIVersion != kpv1alpha1.SchemeGroupVersion.String() || tm.Kind != "KubeProxyConfiguration" {
-		return fmt.Errorf("--config %s: want apiVersion %s and kind KubeProxyConfiguration, got apiVersion %q kind %q",
-			path, kpv1alpha1.SchemeGroupVersion, tm.APIVersion, tm.Kind)
+	seen := map[string]int{}
+	for i, doc := range docs {
+		where := fmt.Sprintf("--config %s", path)
+		if len(docs) > 1 {
+			where = fmt.Sprintf("--config %s:%d (document %d)", path, doc.line, i+1)
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc.data, &tm); err != nil {
+			return fmt.Errorf("%s: malformed YAML/JSON: %w", where, err)
+		}
+		switch {
+		case tm.APIVersion == kpv1alpha1.SchemeGroupVersion.String() && tm.Kind == "KubeProxyConfiguration":
+			err = loadKubeProxyDocument(where, doc.data, into)
+		case tm.APIVersion == SluiceAPIVersion && tm.Kind == SluiceKind:
+			err = loadSluiceDocument(where, doc.data, into)
+			if i == 0 && len(docs) > 1 {
+				into.ConfigWarnings = append(into.ConfigWarnings, fmt.Sprintf("%s: kube-proxy reads only the first document of a --config file: put the KubeProxyConfiguration first to keep the file usable by kube-proxy", where))
+			}
+		default:
+			return fmt.Errorf("%s: want apiVersion %s and kind KubeProxyConfiguration, or apiVersion %s and kind %s; got apiVersion %q kind %q",
+				where, kpv1alpha1.SchemeGroupVersion, SluiceAPIVersion, SluiceKind, tm.APIVersion, tm.Kind)
+		}
+		if err != nil {
+			return err
+		}
+		if prev, dup := seen[tm.Kind]; dup {
+			return fmt.Errorf("%s: a second %s (the first is document %d): a --config file holds at most one of each kind", where, tm.Kind, prev)
+		}
+		seen[tm.Kind] = i + 1
 	}
-	// As kube-proxy v1.34 decodes it: strictly first; when that fails only
-	// for unknown or duplicate fields (files from older releases carry
-	// fields removed since, such as udpIdleTimeout), leniently, with a
-	// warning; anything else is an error.
+	return nil
+}
+
+// loadKubeProxyDocument decodes a KubeProxyConfiguration over into, as
+// kube-proxy v1.34 decodes it: strictly first; when that fails only for
+// unknown or duplicate fields (files from older releases carry fields
+// removed since, such as udpIdleTimeout), leniently, with a warning;
+// anything else is an error. Its logging section sets the log format and
+// verbosity, as kube-proxy's does.
+func loadKubeProxyDocument(where string, data []byte, into *Config) error {
 	var kp kpv1alpha1.KubeProxyConfiguration
 	if err := yaml.UnmarshalStrict(data, &kp); err != nil {
 		if !strictOnly(err) {
-			return fmt.Errorf("--config %s: %w", path, err)
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		kp = kpv1alpha1.KubeProxyConfiguration{}
 		if lerr := yaml.Unmarshal(data, &kp); lerr != nil {
-			return fmt.Errorf("--config %s: %w", path, lerr)
+			return fmt.Errorf("%s: %w", where, lerr)
 		}
-		into.ConfigWarnings = append(into.ConfigWarnings, fmt.Sprintf("--config %s: using lenient decoding as strict decoding failed: %v", path, err))
+		into.ConfigWarnings = append(into.ConfigWarnings, fmt.Sprintf("%s: using lenient decoding as strict decoding failed: %v", where, err))
 	}
 	into.FileMode = string(kp.Mode)
+	if kp.Logging.Format != "" {
+		into.LogFormat = kp.Logging.Format
+	}
+	if kp.Logging.Verbosity != 0 {
+		into.Verbosity = int(kp.Logging.Verbosity)
+	}
 	setKubeProxyDefaults(&kp, &into.KubeProxy)
 	into.KubeProxy = kp
 	return nil
@@ -301,17 +345,19 @@ func withDefaultPort(addr, host string, port int) string {
 	return addr
 }
 
-// WriteFile writes the effective KubeProxyConfiguration, as kube-proxy's
-// --write-config-to does.
-func (c *Config) WriteFile(path string) error {
-	kp := c.KubeProxy
-	kp.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
-	kp.Kind = "KubeProxyConfiguration"
-	data, err := yaml.Marshal(&kp)
-	if err != nil {
-		return err
+// SyncPeriods are the mode's full-resync period and minimum time between
+// syncs, as kube-proxy v1.34 takes them from a v1alpha1 configuration: the
+// ipvs section in IPVS mode, the nftables section in nftables mode, the
+// iptables section otherwise (userspace mode too).
+func (c *Config) SyncPeriods() (sync, minSync time.Duration) {
+	kp := &c.KubeProxy
+	switch c.Mode() {
+	case ModeIPVS:
+		return kp.IPVS.SyncPeriod.Duration, kp.IPVS.MinSyncPeriod.Duration
+	case ModeNFTables:
+		return kp.NFTables.SyncPeriod.Duration, kp.NFTables.MinSyncPeriod.Duration
 	}
-	return os.WriteFile(path, data, 0o644)
+	return kp.IPTables.SyncPeriod.Duration, kp.IPTables.MinSyncPeriod.Duration
 }
 
 // Mode returns the proxy mode.
@@ -330,6 +376,8 @@ func (p *problems) add(flag, field string, value any, format string, a ...any) {
 	name := "--" + flag
 	if field != "" {
 		name += " (config field " + field + ")"
+	} else if f, ok := sluiceFields[flag]; ok {
+		name += " (" + SluiceKind + " field " + f + ")"
 	}
 	*p = append(*p, fmt.Errorf("invalid value %q for %s: %s", fmt.Sprint(value), name, fmt.Sprintf(format, a...)))
 }

@@ -123,8 +123,8 @@ var flagModes = map[string][]string{
 	"iptables-localhost-nodeports": {ModeIPTables},
 	// Userspace mode uses them too: the healthz timeout is twice the sync
 	// period, and the min sync period bounds how often the API source builds.
-	"iptables-sync-period":              {ModeIPTables, ModeIPVS, ModeUserspace},
-	"iptables-min-sync-period":          {ModeIPTables, ModeIPVS, ModeUserspace},
+	"iptables-sync-period":              {ModeIPTables, ModeNFTables, ModeUserspace},
+	"iptables-min-sync-period":          {ModeIPTables, ModeNFTables, ModeUserspace},
 	"masquerade-all":                    kernelModes,
 	"cluster-cidr":                      kernelModes,
 	"detect-local-mode":                 kernelModes,
@@ -188,7 +188,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.BoolVar(&kp.BindAddressHardFail, "bind-address-hard-fail", kp.BindAddressHardFail, "If true, a port that cannot be opened is fatal.")
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "If true, remove everything any sluice mode installed in the kernel and exit.")
 	fs.StringVar(&kp.ClusterCIDR, "cluster-cidr", kp.ClusterCIDR, "The CIDR range of the pods in the cluster (a comma-separated dual-stack pair allowed).")
-	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file. Flags given on the command line override it.")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file, optionally followed by a SluiceConfiguration (config.sluice-proxy.io/v1alpha1) document with sluice's own settings. Flags given on the command line override it.")
 	fs.DurationVar(&kp.ConfigSyncPeriod.Duration, "config-sync-period", kp.ConfigSyncPeriod.Duration, "How often configuration is re-read from its source. Must be greater than 0.")
 	fs.Int32Var(kp.Conntrack.MaxPerCore, "conntrack-max-per-core", *kp.Conntrack.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).")
 	fs.Int32Var(kp.Conntrack.Min, "conntrack-min", *kp.Conntrack.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.")
@@ -238,12 +238,12 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.Version, "version", c.Version, "Print version information and exit (--version or --version=raw).")
 	fs.Lookup("version").NoOptDefVal = "true"
 	fs.BoolVar(&kp.WindowsRunAsService, "windows-service", kp.WindowsRunAsService, "Enable Windows Service Control Manager API integration (accepted; not used).")
-	fs.StringVar(&c.WriteConfigTo, "write-config-to", c.WriteConfigTo, "If set, write the effective configuration to this file and exit.")
+	fs.StringVar(&c.WriteConfigTo, "write-config-to", c.WriteConfigTo, "If set, write the effective configuration to this file and exit: the KubeProxyConfiguration, then a SluiceConfiguration document.")
 
 	// sluice's own flags.
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "A file or directory of Service, EndpointSlice and Endpoints manifests (YAML or JSON, as kubectl apply -f takes them), watched for changes.")
-	fs.StringVar(&c.IPTablesBackend, "iptables-backend", "auto", "iptables mode and --cleanup: auto (the iptables command, as the system's alternatives choose), nft (iptables-nft) or legacy (iptables-legacy).")
-	fs.StringVar(&c.UserspaceCapture, "userspace-capture", "auto", "How userspace mode captures traffic to ClusterIPs and non-local external IPs: nftables (redirects in sluice's own table, sluice-portals; no iptables binaries needed), iptables (REDIRECT rules in KUBE-PORTALS-CONTAINER/HOST), bind (the VIPs are assigned to a dummy interface, or lo, and listened on directly), none, or auto (nftables if nft works, else iptables, else bind, else none; the choice is logged).")
+	fs.StringVar(&c.IPTablesBackend, "iptables-backend", c.IPTablesBackend, "iptables mode and --cleanup: auto (the iptables command, as the system's alternatives choose), nft (iptables-nft) or legacy (iptables-legacy).")
+	fs.StringVar(&c.UserspaceCapture, "userspace-capture", c.UserspaceCapture, "How userspace mode captures traffic to ClusterIPs and non-local external IPs: nftables (redirects in sluice's own table, sluice-portals; no iptables binaries needed), iptables (REDIRECT rules in KUBE-PORTALS-CONTAINER/HOST), bind (the VIPs are assigned to a dummy interface, or lo, and listened on directly), none, or auto (nftables if nft works, else iptables, else bind, else none; the choice is logged).")
 	fs.BoolVar(&c.ModeFallback, "mode-fallback", c.ModeFallback, "When the kernel lacks what --proxy-mode needs, fall back (ipvs to iptables to userspace) with one log line saying why; false makes it a start-up error.")
 	fs.DurationVar(&c.IPVSDrainInterval, "ipvs-drain-interval", c.IPVSDrainInterval, "IPVS mode: how often a removed TCP real server (weight 0) is checked for remaining connections before it is deleted.")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "Userspace engine: eventloop (epoll, Linux) or goroutine (standard library, every OS).")
@@ -289,6 +289,16 @@ func Parse(args []string) (*Config, string, error) {
 	fs.Visit(func(f *pflag.Flag) { cfg.Changed = append(cfg.Changed, f.Name) })
 	if fs.Changed("iptables-masquerade-bit") {
 		cfg.KubeProxy.NFTables.MasqueradeBit = i32(*cfg.KubeProxy.IPTables.MasqueradeBit)
+	}
+	// kube-proxy v1.34 takes --iptables-(min-)sync-period in every mode but
+	// IPVS: in nftables mode they set the nftables section's periods.
+	if cfg.Mode() == ModeNFTables {
+		if fs.Changed("iptables-sync-period") {
+			cfg.KubeProxy.NFTables.SyncPeriod = cfg.KubeProxy.IPTables.SyncPeriod
+		}
+		if fs.Changed("iptables-min-sync-period") {
+			cfg.KubeProxy.NFTables.MinSyncPeriod = cfg.KubeProxy.IPTables.MinSyncPeriod
+		}
 	}
 	if fs.Changed("masquerade-all") {
 		cfg.KubeProxy.NFTables.MasqueradeAll = cfg.KubeProxy.IPTables.MasqueradeAll

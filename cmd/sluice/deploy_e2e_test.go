@@ -145,8 +145,10 @@ func TestDeployWithRBAC(t *testing.T) {
 		findObj(t, objs, "ConfigMap", "sluice", &cm)
 		file := filepath.Join(t.TempDir(), "config.conf")
 		os.WriteFile(file, []byte(cm.Data["config.conf"]), 0o600)
-		if _, _, err := config.Parse([]string{"--config=" + file}); err != nil {
+		if cfg, _, err := config.Parse([]string{"--config=" + file}); err != nil {
 			t.Errorf("deploy/%s: sluice refuses its config.conf: %v", dir, err)
+		} else if len(cfg.ConfigWarnings) > 0 {
+			t.Errorf("deploy/%s: config.conf decodes with warnings: %v", dir, cfg.ConfigWarnings)
 		}
 	}
 

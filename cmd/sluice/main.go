@@ -231,7 +231,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		return errors.New("no service source: pass --kubeconfig (or --master, or run in a cluster) to watch the Kubernetes API, or --manifests PATH (a file or directory of Service and EndpointSlice manifests)")
 	}
 	metrics := admin.NewMetrics()
-	health := admin.NewHealth(2*cfg.KubeProxy.IPTables.SyncPeriod.Duration, nil)
+	syncEvery, minSync := cfg.SyncPeriods()
+	health := admin.NewHealth(2*syncEvery, nil) // kube-proxy's healthz timeout
 	local := &localAddrs{}
 
 	// Hitless restart: take the listening sockets of a sluice running with
@@ -399,10 +400,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		run, source = src.Run, cfg.Manifests
 	} else {
 		sink.source = "kubernetes"
-		minSync := cfg.KubeProxy.IPTables.MinSyncPeriod.Duration
-		if mode == config.ModeIPVS {
-			minSync = cfg.KubeProxy.IPVS.MinSyncPeriod.Duration // kube-proxy's knob in IPVS mode
-		}
 		client, host, err := newKubeClient(cfg)
 		if err != nil {
 			return err
