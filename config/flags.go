@@ -237,7 +237,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.IntVarP(&c.Verbosity, "v", "v", c.Verbosity, "Log verbosity: 0 info, 1 and more debug.")
 	fs.StringVar(&c.Version, "version", c.Version, "Print version information and exit (--version or --version=raw).")
 	fs.Lookup("version").NoOptDefVal = "true"
-	fs.BoolVar(&kp.WindowsRunAsService, "windows-service", kp.WindowsRunAsService, "Enable Windows Service Control Manager API integration (accepted; not used).")
+	fs.BoolVar(&kp.WindowsRunAsService, "windows-service", kp.WindowsRunAsService, "On Windows, run as a service of the Service Control Manager (sc create ... --windows-service): a stop or shutdown drains as SIGTERM does. Ignored elsewhere, as by kube-proxy.")
 	fs.StringVar(&c.WriteConfigTo, "write-config-to", c.WriteConfigTo, "If set, write the effective configuration to this file and exit: the KubeProxyConfiguration, then a SluiceConfiguration document.")
 
 	// sluice's own flags.

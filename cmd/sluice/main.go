@@ -68,8 +68,11 @@ func (s stopSignal) Error() string { return "signal " + s.String() }
 
 // signalName names the signal that ended ctx, or "" when none did.
 func signalName(ctx context.Context) string {
-	if s, ok := context.Cause(ctx).(stopSignal); ok {
+	switch s := context.Cause(ctx).(type) {
+	case stopSignal:
 		return s.String()
+	case serviceStopped:
+		return s.Error()
 	}
 	return ""
 }
@@ -132,6 +135,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "wrote configuration to %s\n", cfg.WriteConfigTo)
 		return 0
 	}
+	body := func(ctx context.Context) int { return runConfigured(ctx, cfg, args, stdout, stderr) }
+	if cfg.KubeProxy.WindowsRunAsService && runtime.GOOS == "windows" {
+		code, err := serveAsWindowsService(ctx, body)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice: --windows-service: %v\n", err)
+			return 1
+		}
+		return code
+	}
+	return body(ctx)
+}
+
+// runConfigured runs sluice with a parsed configuration until ctx ends; it
+// returns the exit code.
+func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdout, stderr io.Writer) int {
 	log := newLogger(cfg, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
 	routeLogrus(log)        // and moby/ipvs through logrus
