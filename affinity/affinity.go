@@ -115,6 +115,21 @@ func (t *Table) Expire() int {
 	return n
 }
 
+// PerEndpoint counts the live pins (used within the TTL) of each endpoint,
+// for status pages; it takes the lock once and allocates one map.
+func (t *Table) PerEndpoint() map[netip.AddrPort]int {
+	now := t.clock.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[netip.AddrPort]int)
+	for _, p := range t.pins {
+		if now.Sub(p.lastUsed) < t.ttl {
+			out[p.endpoint]++
+		}
+	}
+	return out
+}
+
 // Len returns the number of pins, expired or not.
 func (t *Table) Len() int {
 	t.mu.Lock()

@@ -75,3 +75,24 @@ func TestExpireSweepsAndSetTTLApplies(t *testing.T) {
 		t.Fatal("fresh pin expired")
 	}
 }
+
+// PerEndpoint counts live pins only: one unused for a TTL is not counted
+// even before Expire removes it.
+func TestPerEndpointCountsLivePins(t *testing.T) {
+	clk := NewManualClock(time.Unix(1000, 0))
+	tab := NewTable(10*time.Second, clk)
+	tab.Pin(client1, ep1)
+	clk.Step(6 * time.Second)
+	tab.Pin(client2, ep1)
+	tab.Pin(netip.MustParseAddr("10.0.0.3"), ep2)
+	if got := tab.PerEndpoint(); got[ep1] != 2 || got[ep2] != 1 || len(got) != 2 {
+		t.Fatalf("pins %v", got)
+	}
+	clk.Step(5 * time.Second) // client1's pin is 11s old
+	if got := tab.PerEndpoint(); got[ep1] != 1 || got[ep2] != 1 {
+		t.Fatalf("pins after client1's TTL %v", got)
+	}
+	if tab.Len() != 3 {
+		t.Fatalf("PerEndpoint removed pins: len %d", tab.Len())
+	}
+}

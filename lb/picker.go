@@ -93,6 +93,15 @@ func (p *Picker) SetEndpoints(addrs []netip.AddrPort) {
 	p.mu.Unlock()
 }
 
+// Pins counts the clients pinned to each endpoint by ClientIP affinity;
+// nil when affinity is off.
+func (p *Picker) Pins() map[netip.AddrPort]int {
+	if t := p.affinity.Load(); t != nil {
+		return t.PerEndpoint()
+	}
+	return nil
+}
+
 // Endpoints returns the current endpoint list. Callers must not modify it.
 func (p *Picker) Endpoints() []netip.AddrPort { return p.set.Load().addrs }
 

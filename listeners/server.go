@@ -579,6 +579,35 @@ type PortView struct {
 	// frontends endpoints of their own.
 	ExternalEndpoints []string `json:"externalEndpoints,omitempty"`
 	Affinity          *string  `json:"affinityTimeout,omitempty"`
+	// States is every endpoint the source gave, with its conditions and
+	// whether it takes traffic (Endpoints are the ones that do).
+	States []EndpointState `json:"endpointStates"`
+}
+
+// EndpointState is one endpoint's conditions and use, for status pages.
+type EndpointState struct {
+	Addr string `json:"address"`
+	// Condition is ready, terminating (serving and terminating: used only
+	// while no endpoint is ready), terminating-not-serving or not-ready.
+	Condition string `json:"condition"`
+	Local     bool   `json:"local,omitempty"`
+	// InUse is set when cluster traffic goes to it.
+	InUse bool `json:"inUse"`
+	// Pinned counts the clients ClientIP affinity keeps on it.
+	Pinned int `json:"pinned,omitempty"`
+}
+
+// condition names an endpoint's EndpointSlice conditions.
+func condition(ep lb.Endpoint) string {
+	switch {
+	case ep.Ready:
+		return "ready"
+	case ep.Serving && ep.Terminating:
+		return "terminating"
+	case ep.Terminating:
+		return "terminating-not-serving"
+	}
+	return "not-ready"
 }
 
 // Dump returns what is being served, sorted, for /debug/sluice.
@@ -614,6 +643,20 @@ func (s *Server) Dump() []PortView {
 		if p.sp.Affinity.ClientIP {
 			t := p.sp.Affinity.Timeout.String()
 			v.Affinity = &t
+		}
+		pins := p.target.Picker.Pins()
+		if p.ext != p.target {
+			for a, n := range p.ext.Picker.Pins() {
+				if pins == nil {
+					pins = map[netip.AddrPort]int{}
+				}
+				pins[a] += n
+			}
+		}
+		v.States = make([]EndpointState, 0, len(p.sp.Endpoints))
+		for _, ep := range p.sp.Endpoints {
+			v.States = append(v.States, EndpointState{Addr: ep.Addr.String(), Condition: condition(ep), Local: ep.Local,
+				InUse: p.target.Picker.Has(ep.Addr), Pinned: pins[ep.Addr]})
 		}
 		out = append(out, v)
 	}

@@ -20,15 +20,18 @@ import (
 )
 
 // statusUsage is `sluice status --help`.
-const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [-o json] [--watch[=2s]]
+const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [-o json] [--watch[=2s]] [--rate-interval=1s]
 
 Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
 started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
 or HAProxy's stats page answer: in userspace mode each service port with
-its frontends, endpoints (ejected ones marked), open and total connections,
-retries, failed connects and refused clients; in the kernel modes the mode,
-its families and its syncs. -o json prints it as data; --watch prints it
-again every interval until interrupted.
+its frontends, every endpoint with its condition (ready, terminating,
+not-ready), whether it takes traffic, ejection with the time left and the
+clients ClientIP affinity pins to it, open and total connections, retries,
+failed connects and refused clients, with connection and error rates per
+second (measured over --rate-interval, or between --watch prints); in the
+kernel modes the mode, its families and its syncs. -o json prints it as
+data; --watch prints it again every interval until interrupted.
 `
 
 // runStatus is `sluice status`; it returns the exit code. ctx ends a
@@ -41,6 +44,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	output := fs.StringP("output", "o", "", "json: print what the server answered, as JSON")
 	watch := fs.Duration("watch", 0, "print again every interval (e.g. 2s) until interrupted")
 	fs.Lookup("watch").NoOptDefVal = "2s"
+	rateInterval := fs.Duration("rate-interval", time.Second, "the connection and error rates are measured over this long (two samples); 0: no rates")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(stdout, statusUsage)
@@ -67,13 +71,36 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "sluice status: --watch %v: want a positive interval\n", *watch)
 		return 2
 	}
+	if *rateInterval < 0 {
+		fmt.Fprintf(stderr, "sluice status: --rate-interval %v: want 0 (no rates) or more\n", *rateInterval)
+		return 2
+	}
 	client := &http.Client{Timeout: 5 * time.Second}
+	var prev *instanceStatus
+	var prevAt time.Time
 	for {
+		if prev == nil && *rateInterval > 0 {
+			// A first sample for the rates, as vmstat 1 2 takes one.
+			first, err := fetchStatus(client, "http://"+host)
+			if err != nil {
+				fmt.Fprintf(stderr, "sluice status: %v\n", err)
+				return 1
+			}
+			prev, prevAt = first, time.Now()
+			select {
+			case <-ctx.Done():
+				return 0
+			case <-time.After(*rateInterval):
+			}
+		}
 		st, err := fetchStatus(client, "http://"+host)
 		if err != nil {
 			fmt.Fprintf(stderr, "sluice status: %v\n", err)
 			return 1
 		}
+		now := time.Now()
+		st.withRates(prev, now.Sub(prevAt))
+		prev, prevAt = st, now
 		if *asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
@@ -113,6 +140,35 @@ type portStatus struct {
 	Retries     float64 `json:"retries"`
 	Failures    float64 `json:"connectFailures"`
 	Refused     float64 `json:"refused"`
+	// Rates are per second over the last interval (two samples: the
+	// previous --watch print, or --rate-interval apart); absent without one.
+	ConnRate  *float64 `json:"connectionsPerSecond,omitempty"`
+	ErrorRate *float64 `json:"errorsPerSecond,omitempty"`
+}
+
+// withRates sets st's per-second rates from an earlier sample prev taken
+// dt before: new connections, and errors (failed connects and refused
+// clients). A port absent from prev, or whose counters went down (a
+// restarted sluice), gets none.
+func (st *instanceStatus) withRates(prev *instanceStatus, dt time.Duration) {
+	if prev == nil || dt <= 0 {
+		return
+	}
+	type key struct{ svc, proto string }
+	before := make(map[key]portStatus, len(prev.Ports))
+	for _, p := range prev.Ports {
+		before[key{p.Service, p.Protocol}] = p
+	}
+	for i := range st.Ports {
+		p := &st.Ports[i]
+		b, ok := before[key{p.Service, p.Protocol}]
+		if !ok || p.Connections < b.Connections || p.Failures+p.Refused < b.Failures+b.Refused {
+			continue
+		}
+		conn := (p.Connections - b.Connections) / dt.Seconds()
+		errs := (p.Failures + p.Refused - b.Failures - b.Refused) / dt.Seconds()
+		p.ConnRate, p.ErrorRate = &conn, &errs
+	}
 }
 
 func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
@@ -237,7 +293,18 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 		if p.Affinity != nil {
 			fmt.Fprintf(w, " affinity ClientIP %s", *p.Affinity)
 		}
-		fmt.Fprintf(w, "  active %g, connections %g, retried %g, failed connects %g, refused %g\n", p.Active, p.Connections, p.Retries, p.Failures, p.Refused)
+		rate := func(r *float64) string {
+			if r == nil {
+				return ""
+			}
+			return fmt.Sprintf(" (%.1f/s)", *r)
+		}
+		errRate := ""
+		if p.ErrorRate != nil {
+			errRate = fmt.Sprintf(", errors %.1f/s", *p.ErrorRate)
+		}
+		fmt.Fprintf(w, "  active %g, connections %g%s, retried %g, failed connects %g, refused %g%s\n", p.Active, p.Connections,
+			rate(p.ConnRate), p.Retries, p.Failures, p.Refused, errRate)
 		for _, fe := range p.Frontends {
 			fmt.Fprintf(w, "  <- %s\n", fe)
 		}
@@ -246,17 +313,43 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 			ejected[e] = true
 		}
 		if len(p.Endpoints) == 0 {
-			fmt.Fprintln(w, "  -> no endpoints: clients are refused")
+			fmt.Fprintln(w, "  -> no usable endpoints: clients are refused")
 		}
-		for _, e := range p.Endpoints {
-			state := "serving"
-			if ejected[e] {
-				state = "ejected (connects failed; probed again in " + p.EjectedLeft[e] + ")"
-			}
-			fmt.Fprintf(w, "  -> %-24s %s\n", e, state)
+		for _, e := range p.States {
+			fmt.Fprintf(w, "  -> %-24s %s\n", e.Addr, endpointLine(e, ejected[e.Addr], p.EjectedLeft[e.Addr]))
 		}
 		if p.ExternalEndpoints != nil {
 			fmt.Fprintf(w, "  external traffic (Local policy) -> %s\n", strings.Join(p.ExternalEndpoints, " "))
 		}
 	}
+}
+
+// endpointLine describes one endpoint: its condition, whether cluster
+// traffic goes to it, ejection, and the clients affinity pins to it.
+func endpointLine(e listeners.EndpointState, ejected bool, left string) string {
+	parts := []string{e.Condition}
+	if e.Local {
+		parts[0] += ", local"
+	}
+	switch {
+	case e.InUse && e.Condition == "terminating":
+		parts = append(parts, "in use (no endpoint is ready)")
+	case !e.InUse && e.Condition == "terminating":
+		parts = append(parts, "not used while endpoints are ready")
+	case !e.InUse && e.Condition == "ready":
+		parts = append(parts, "not used (traffic policy Local)")
+	case !e.InUse:
+		parts = append(parts, "not used")
+	}
+	if ejected {
+		parts = append(parts, "ejected (connects failed; probed again in "+left+")")
+	}
+	if e.Pinned > 0 {
+		s := "s"
+		if e.Pinned == 1 {
+			s = ""
+		}
+		parts = append(parts, fmt.Sprintf("%d client%s pinned", e.Pinned, s))
+	}
+	return strings.Join(parts, "; ")
 }

@@ -9,13 +9,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/listeners"
 )
 
 // `sluice status` shows what a running sluice serves: each service port
 // with its frontends, its endpoints (a dead one ejected) and its counters;
 // --json the same as data; and says plainly when nothing answers.
 func TestStatusShowsWhatIsServed(t *testing.T) {
-	bport, dead, np, mp := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
+	bport, dead, np, mp, np2 := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
 	httpBackend(t, fmt.Sprintf("127.0.0.1:%d", bport), "ok")
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), fmt.Sprintf(`apiVersion: v1
@@ -34,7 +37,25 @@ subsets:
   ports: [{name: http, port: %d}]
 - addresses: [{ip: 127.0.0.1}]
   ports: [{name: http, port: %d}]
-`, np, bport, dead))
+- notReadyAddresses: [{ip: 127.0.0.2}]
+  ports: [{name: http, port: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.11
+  sessionAffinity: ClientIP
+  ports: [{port: 80, nodePort: %d, protocol: TCP}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: sticky, namespace: e2e}
+subsets:
+- addresses: [{ip: 127.0.0.1}]
+  ports: [{port: %d}]
+`, np, bport, dead, np2, bport))
 	metrics := fmt.Sprintf("127.0.0.1:%d", mp)
 	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--userspace-capture=none", "--eject-after=1", "--eject-backoff=1h",
 		"--healthz-bind-address=", "--metrics-bind-address="+metrics)
@@ -44,14 +65,22 @@ subsets:
 			t.Fatalf("try %d: %q", i, got)
 		}
 	}
+	if got := get(t, fmt.Sprintf("http://127.0.0.1:%d/", np2)); got != "ok" {
+		t.Fatalf("sticky: %q", got)
+	}
+	// No traffic while status measures its rates (1s): they are 0.
 	out, err := exec.Command(sluiceBin, "status", "--metrics-bind-address="+metrics).CombinedOutput()
 	text := string(out)
 	for _, want := range []string{
 		"userspace mode; state applied ",
-		"TCP  e2e/web:http  active 0, connections 4, retried 1, failed connects 1, refused 0\n",
+		"2 service ports\n",
+		"TCP  e2e/web:http  active 0, connections 4 (0.0/s), retried 1, failed connects 1, refused 0, errors 0.0/s\n",
 		fmt.Sprintf("  <- nodePort 127.0.0.1:%d\n", np),
-		fmt.Sprintf("  -> %-24s serving\n", fmt.Sprintf("127.0.0.1:%d", bport)),
-		fmt.Sprintf("  -> %-24s ejected (connects failed; probed again in 1h0m0s)", fmt.Sprintf("127.0.0.1:%d", dead)),
+		fmt.Sprintf("  -> %-24s ready\n", fmt.Sprintf("127.0.0.1:%d", bport)),
+		fmt.Sprintf("  -> %-24s ready; ejected (connects failed; probed again in 59m5", fmt.Sprintf("127.0.0.1:%d", dead)), // of 1h
+		fmt.Sprintf("  -> %-24s not-ready; not used\n", "127.0.0.2:8080"),
+		"TCP  e2e/sticky affinity ClientIP 3h0m0s  active 0, connections 1 (0.0/s)",
+		fmt.Sprintf("  -> %-24s ready; 1 client pinned\n", fmt.Sprintf("127.0.0.1:%d", bport)),
 	} {
 		if err != nil || !strings.Contains(text, want) {
 			t.Fatalf("sluice status (%v) lacks %q:\n%s", err, want, text)
@@ -59,11 +88,12 @@ subsets:
 	}
 	out, err = exec.Command(sluiceBin, "status", "-o", "json", "--metrics-bind-address="+metrics).Output()
 	var st instanceStatus
-	if err != nil || json.Unmarshal(out, &st) != nil || st.Mode != "userspace" || len(st.Ports) != 1 || st.Ports[0].Connections != 4 || len(st.Ports[0].Ejected) != 1 {
+	if err != nil || json.Unmarshal(out, &st) != nil || st.Mode != "userspace" || len(st.Ports) != 2 || st.Ports[1].Connections != 4 ||
+		len(st.Ports[1].Ejected) != 1 || len(st.Ports[1].States) != 3 || st.Ports[0].States[0].Pinned != 1 || st.Ports[1].ConnRate == nil {
 		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
 	}
 	// --watch prints again until interrupted.
-	w := exec.Command(sluiceBin, "status", "--watch=10ms", "--metrics-bind-address="+metrics)
+	w := exec.Command(sluiceBin, "status", "--watch=10ms", "--rate-interval=0", "--metrics-bind-address="+metrics)
 	stdout, _ := w.StdoutPipe()
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
@@ -93,4 +123,30 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// Rates come from two samples: new connections, and errors (failed
+// connects plus refused clients), per second; a port new since the first
+// sample, or whose counters went back (a restarted sluice), gets none.
+func TestStatusRatesFromTwoSamples(t *testing.T) {
+	port := func(svc string, conns, fails, refused float64) portStatus {
+		return portStatus{PortView: listeners.PortView{Service: svc, Protocol: "TCP"}, Connections: conns, Failures: fails, Refused: refused}
+	}
+	prev := &instanceStatus{Ports: []portStatus{port("a", 100, 1, 0), port("b", 50, 0, 0)}}
+	cur := &instanceStatus{Ports: []portStatus{port("a", 300, 3, 2), port("b", 10, 0, 0), port("c", 5, 0, 0)}}
+	cur.withRates(prev, 2*time.Second)
+	a, b, c := cur.Ports[0], cur.Ports[1], cur.Ports[2]
+	if a.ConnRate == nil || *a.ConnRate != 100 || a.ErrorRate == nil || *a.ErrorRate != 2 {
+		t.Fatalf("a: %v %v", a.ConnRate, a.ErrorRate)
+	}
+	if b.ConnRate != nil || c.ConnRate != nil {
+		t.Fatalf("rates for a restarted or new port: %v %v", b.ConnRate, c.ConnRate)
+	}
+	var buf strings.Builder
+	cur.Mode = "userspace"
+	cur.print(&buf, time.Now())
+	if !strings.Contains(buf.String(), "connections 300 (100.0/s), retried 0, failed connects 3, refused 2, errors 2.0/s\n") ||
+		!strings.Contains(buf.String(), "connections 10, retried 0, failed connects 0, refused 0\n") {
+		t.Fatalf("printed:\n%s", buf.String())
+	}
 }
