@@ -42,7 +42,20 @@ type Objects struct {
 	// skipped counts the objects of other kinds (a Deployment beside its
 	// Service in an application's directory): read, then left alone.
 	skipped int
+	// skippedKinds names each kind skipped ("apps/v1 Deployment") with
+	// where it was first found and how many.
+	skippedKinds map[string]SkippedKind
 }
+
+// SkippedKind is a kind of object the manifests hold and sluice does not
+// read: where it was first found, and how many there are.
+type SkippedKind struct {
+	First string
+	Count int
+}
+
+// SkippedKinds names each kind the read skipped.
+func (o *Objects) SkippedKinds() map[string]SkippedKind { return o.skippedKinds }
 
 // otherCoreKinds are the core (v1) kinds sluice leaves alone; any other
 // v1 kind but Service, Endpoints and List is taken for a typo.
@@ -85,12 +98,21 @@ type ManifestError struct {
 	File   string // path, with "#N" for the Nth document of a multi-document file
 	Object string // e.g. "Service default/web"; empty when the document could not be decoded
 	Field  string // e.g. "spec.ports[1].port"; empty when it is not about one field
-	Err    error
+	// Line and Column place Field in the file (Locate sets them); 0 when
+	// unknown.
+	Line, Column int
+	Err          error
 }
 
 func (e *ManifestError) Error() string {
 	var b strings.Builder
-	for _, part := range []string{e.File, e.Object, e.Field} {
+	where := e.File
+	if e.Line > 0 {
+		// file:line:column, as compilers and editors write it.
+		path, _, _ := strings.Cut(e.File, "#")
+		where = fmt.Sprintf("%s:%d:%d", path, e.Line, e.Column)
+	}
+	for _, part := range []string{where, e.Object, e.Field} {
 		if part != "" {
 			b.WriteString(part + ": ")
 		}
@@ -523,6 +545,15 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
 			o.skipped++
+			if o.skippedKinds == nil {
+				o.skippedKinds = map[string]SkippedKind{}
+			}
+			k := o.skippedKinds[gv]
+			if k.Count == 0 {
+				k.First = where
+			}
+			k.Count++
+			o.skippedKinds[gv] = k
 			return nil, nil
 		}
 		if tm.Kind == "" {

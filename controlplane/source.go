@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"sort"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -86,7 +87,10 @@ type ManifestSource struct {
 	MaxBytes int64
 
 	last         *lb.Snapshot
-	lastServices int  // Services in the last good read
+	lastServices int // Services in the last good read
+	// skippedKinds are the kinds of objects skipped that have been
+	// warned about, so each gets one warning, not one per reload.
+	skippedKinds map[string]bool
 	rejected     bool // the last read was refused
 	cache        DocCache
 	memo         BuildMemo
@@ -133,16 +137,38 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		defer debug.FreeOSMemory()
 	}
 	if err != nil {
-		return nil, 0, BoundErrors(err, MaxReportedErrors)
+		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))
 	}
+	s.warnSkipped(objs.SkippedKinds())
 	if len(objs.Services) == 0 && s.lastServices > 0 && !objs.ExplicitlyEmpty() {
 		return nil, 0, fmt.Errorf("manifests %s: %w (%d served now)", s.Path, ErrWouldRemoveEveryService, s.lastServices)
 	}
 	snap, err := s.memo.Build(objs, s.NodeName)
 	if err != nil {
-		return nil, 0, BoundErrors(err, MaxReportedErrors)
+		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))
 	}
 	return snap, len(objs.Services), nil
+}
+
+// warnSkipped warns once about each kind of object the manifests hold and
+// sluice does not read (an application's Deployment beside its Service), so
+// that an operator knows it was seen and left alone; a kind that goes and
+// comes back is warned about again.
+func (s *ManifestSource) warnSkipped(kinds map[string]SkippedKind) {
+	names := make([]string, 0, len(kinds))
+	for k := range kinds {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if !s.skippedKinds[k] {
+			s.logger().Warn("manifests: objects of a kind sluice does not read are skipped", "kind", k, "count", kinds[k].Count, "first", kinds[k].First)
+		}
+	}
+	s.skippedKinds = make(map[string]bool, len(kinds))
+	for k := range kinds {
+		s.skippedKinds[k] = true
+	}
 }
 
 // Reload reads the manifests again. A bad update is rejected and the last
