@@ -205,6 +205,7 @@ func TestREADMEQuickStartAsWritten(t *testing.T) {
 	if err := addLocalAddr("10.244.77.7"); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.244.77.7/32", "dev", "lo").Run() })
 	httpBackend(t, "10.244.77.7:8080", "quick-backend")
 	_, err = c.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "quick-1", Labels: map[string]string{discoveryv1.LabelServiceName: "quick"}},
