@@ -27,6 +27,9 @@ type EjectionPolicy struct {
 	// it is skipped. It is called on the data path, under the picker's
 	// lock: it must not block.
 	OnEject func(ep netip.AddrPort, skipped time.Duration)
+	// OnReturn, when set, hears of an ejected endpoint that took a
+	// connection again (a probe succeeded). The same rules as OnEject.
+	OnReturn func(ep netip.AddrPort)
 }
 
 // DefaultEjectionPolicy ejects after 2 consecutive failures for 5s, up to 1m.
@@ -172,7 +175,12 @@ func (p *Picker) Connected(client netip.Addr, ep netip.AddrPort) {
 		t.Pin(client, ep)
 	}
 	p.mu.Lock()
-	delete(p.health, ep)
+	if h := p.health[ep]; h != nil {
+		if h.backoff > 0 && p.ejection.OnReturn != nil {
+			p.ejection.OnReturn(ep)
+		}
+		delete(p.health, ep)
+	}
 	p.mu.Unlock()
 }
 

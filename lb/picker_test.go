@@ -307,3 +307,26 @@ func TestOnEjectHearsEjections(t *testing.T) {
 		t.Fatalf("ejections heard: %v", got)
 	}
 }
+
+// OnReturn hears of an ejected endpoint that connects again, once; a
+// connect that only clears failures short of an ejection is no return.
+func TestOnReturnHearsReturns(t *testing.T) {
+	var got []string
+	p := NewPicker(nil, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: time.Minute,
+		OnReturn: func(ep netip.AddrPort) { got = append(got, ep.String()) }})
+	ep := netip.MustParseAddrPort("10.0.0.1:80")
+	p.SetEndpoints([]netip.AddrPort{ep})
+	client := netip.MustParseAddr("192.0.2.1")
+	p.Failed(client, ep)
+	p.Connected(client, ep)
+	if len(got) != 0 {
+		t.Fatalf("a failure short of ejection, then a connect: %v", got)
+	}
+	p.Failed(client, ep)
+	p.Failed(client, ep)
+	p.Connected(client, ep)
+	p.Connected(client, ep)
+	if len(got) != 1 || got[0] != "10.0.0.1:80" || p.Ejected(ep) {
+		t.Fatalf("returns heard: %v (ejected %v)", got, p.Ejected(ep))
+	}
+}

@@ -97,17 +97,23 @@ type Server struct {
 	ejectDropped int
 }
 
+// ejection is an endpoint ejected (skipped for a while) or returned (a
+// probe connected), queued for the log.
 type ejection struct {
-	port    lb.ServicePortName
-	ep      netip.AddrPort
-	skipped time.Duration
+	port     lb.ServicePortName
+	ep       netip.AddrPort
+	skipped  time.Duration
+	returned bool
 }
 
 // ejectionPolicy is s.Ejection, with ejections of name's endpoints logged.
 func (s *Server) ejectionPolicy(name lb.ServicePortName) lb.EjectionPolicy {
 	p := s.Ejection
 	if s.Log != nil {
-		p.OnEject = func(ep netip.AddrPort, skipped time.Duration) { s.noteEjection(ejection{name, ep, skipped}) }
+		p.OnEject = func(ep netip.AddrPort, skipped time.Duration) {
+			s.noteEjection(ejection{port: name, ep: ep, skipped: skipped})
+		}
+		p.OnReturn = func(ep netip.AddrPort) { s.noteEjection(ejection{port: name, ep: ep, returned: true}) }
 	}
 	return p
 }
@@ -137,6 +143,11 @@ func (s *Server) logEjections(ch <-chan ejection, done chan<- struct{}) {
 		dropped := s.ejectDropped
 		s.ejectDropped = 0
 		s.ejectMu.Unlock()
+		if ev.returned {
+			s.log().Info("endpoint returned: a connect to it succeeded after its ejection", "service", ev.port.String(), "protocol", ev.port.Protocol,
+				"endpoint", ev.ep.String(), "moreNotLogged", dropped)
+			continue
+		}
 		s.log().Warn("endpoint ejected: connects to it failed; skipped for a while", "service", ev.port.String(), "protocol", ev.port.Protocol,
 			"endpoint", ev.ep.String(), "for", ev.skipped, "moreNotLogged", dropped)
 	}

@@ -461,6 +461,15 @@ func TestServerLogsEjections(t *testing.T) {
 		t.Fatalf("log: %q", out)
 	}
 	s.ejectionPolicy(name).OnEject(netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second) // after Close: dropped, no panic
+
+	// A return (a probe that connected) is logged too.
+	logs.Reset()
+	s2 := &Server{Log: slog.New(slog.NewTextHandler(&logs, nil)), Ejection: lb.DefaultEjectionPolicy()}
+	s2.ejectionPolicy(name).OnReturn(netip.MustParseAddrPort("10.244.0.9:8080"))
+	s2.Close()
+	if out := logs.String(); !strings.Contains(out, "endpoint returned") || !strings.Contains(out, "endpoint=10.244.0.9:8080") {
+		t.Fatalf("log: %q", out)
+	}
 }
 
 type lockedWriter struct {
