@@ -46,7 +46,7 @@ func Build(objs *Objects) (*lb.Snapshot, error) { return BuildFor(objs, "") }
 // marked local, which internalTrafficPolicy and externalTrafficPolicy Local
 // select. An empty nodeName marks none local.
 func BuildFor(objs *Objects, nodeName string) (*lb.Snapshot, error) {
-	return buildFull(objs, nodeName)
+	return buildFull(objs, nodeName, nil)
 }
 
 // BuildMemo lets a reload reuse what the last one built: a Service whose
@@ -56,6 +56,9 @@ func BuildFor(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 // the snapshot comparison and the data plane skip it by pointer. A reload
 // of 10k services after a one-endpoint edit then builds one Service.
 type BuildMemo struct {
+	// Reserved are the host ports sluice itself holds, which no NodePort
+	// may take.
+	Reserved []HostPort
 	nodeName string
 	prev     map[svcKey]memoService
 }
@@ -81,14 +84,14 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	for _, sl := range objs.EndpointSlices {
 		k := svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}
 		if k.name == "" || !known[k] {
-			return buildFull(objs, nodeName) // an error: reported there
+			return buildFull(objs, nodeName, m.Reserved) // an error: reported there
 		}
 		sources[k] = append(sources[k], sl)
 	}
 	for _, ep := range objs.Endpoints {
 		k := svcKey{ep.Namespace, ep.Name}
 		if !known[k] {
-			return buildFull(objs, nodeName)
+			return buildFull(objs, nodeName, m.Reserved)
 		}
 		sources[k] = append(sources[k], ep)
 	}
@@ -116,7 +119,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 			}
 		}
 		if len(e.errors) > 0 {
-			return buildFull(objs, nodeName)
+			return buildFull(objs, nodeName, m.Reserved)
 		}
 		for _, sp := range svcPorts {
 			sp.Endpoints = mergeEndpoints(collected[sp.Name])
@@ -125,46 +128,74 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 		next[k] = memoService{svc: svc, sources: sources[k], ports: svcPorts}
 	}
 	snap := lb.NewSnapshot(ports)
-	if err := checkNodePorts(snap, objs); err != nil {
+	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
 		return nil, err
 	}
 	m.prev = next
 	return snap, nil
 }
 
-// checkNodePorts refuses two Services claiming one NodePort and protocol
-// (the API server's allocator forbids it; from manifests it used to pass
-// and fail later at bind). The later Service by name is the culprit.
-func checkNodePorts(snap *lb.Snapshot, objs *Objects) error {
+// HostPort is a port of this host that sluice itself listens on (its
+// health and metrics servers, its proxy port range), which no Service's
+// NodePort may take.
+type HostPort struct {
+	Proto       lb.Protocol // "" for every protocol
+	First, Last uint16      // one port, or a range
+	Owner       string      // the flag that holds it, e.g. "--healthz-bind-address 0.0.0.0:10256"
+}
+
+// checkNodePorts refuses two Services claiming one NodePort and protocol,
+// a health-check node port (TCP) that is another Service's NodePort or
+// health-check node port, and a NodePort on a port sluice itself holds
+// (reserved): the API server's allocator forbids the first two, and from
+// manifests they used to pass and fail later at bind. The later Service by
+// name is the culprit; the error names both owners.
+func checkNodePorts(snap *lb.Snapshot, objs *Objects, reserved []HostPort) error {
 	type np struct {
 		proto lb.Protocol
 		port  uint16
 	}
-	owner := map[np]lb.ServicePortName{}
+	type holder struct {
+		svc   lb.ServicePortName
+		field string
+	}
+	owner := map[np]holder{}
 	var errs []error
-	for _, sp := range snap.Sorted() {
-		if sp.NodePort == 0 {
-			continue
+	claim := func(sp *lb.ServicePort, k np, field string) {
+		id := "Service " + sp.Name.Namespace + "/" + sp.Name.Name
+		for _, r := range reserved {
+			if (r.Proto == "" || r.Proto == k.proto) && k.port >= r.First && k.port <= r.Last {
+				e := &objErr{origin: objs.Origin(id), id: id}
+				e.add(field, "%d/%s is sluice's own (%s)", k.port, k.proto, r.Owner)
+				errs = append(errs, e.errors...)
+				return
+			}
 		}
-		k := np{sp.Name.Protocol, sp.NodePort}
 		first, taken := owner[k]
 		if !taken {
-			owner[k] = sp.Name
-			continue
+			owner[k] = holder{sp.Name, field}
+			return
 		}
-		if first.Namespace == sp.Name.Namespace && first.Name == sp.Name.Name {
-			continue // the same Service's ports: refused by its own validation
+		if first.svc.Namespace == sp.Name.Namespace && first.svc.Name == sp.Name.Name {
+			return // the same Service's ports (or its health check port, shared by its ports): refused by its own validation
 		}
-		id := "Service " + sp.Name.Namespace + "/" + sp.Name.Name
 		e := &objErr{origin: objs.Origin(id), id: id}
-		e.add("spec.ports["+sp.Name.Port+"].nodePort", "%d/%s is already Service %s/%s's", sp.NodePort, sp.Name.Protocol, first.Namespace, first.Name)
+		e.add(field, "%d/%s is already Service %s/%s's (%s)", k.port, k.proto, first.svc.Namespace, first.svc.Name, first.field)
 		errs = append(errs, e.errors...)
+	}
+	for _, sp := range snap.Sorted() {
+		if sp.NodePort != 0 {
+			claim(sp, np{sp.Name.Protocol, sp.NodePort}, "spec.ports["+sp.Name.Port+"].nodePort")
+		}
+		if sp.HealthCheckNodePort != 0 {
+			claim(sp, np{lb.TCP, sp.HealthCheckNodePort}, "spec.healthCheckNodePort")
+		}
 	}
 	return errors.Join(errs...)
 }
 
 // buildFull builds every Service from scratch and reports every problem.
-func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
+func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapshot, error) {
 	all := map[lb.ServicePortName]*lb.ServicePort{}
 	var errs []error
 	known := map[svcKey]bool{}
@@ -205,7 +236,7 @@ func buildFull(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 		sp.Endpoints = mergeEndpoints(eps)
 	}
 	snap := lb.NewSnapshot(all)
-	if err := checkNodePorts(snap, objs); err != nil {
+	if err := checkNodePorts(snap, objs, reserved); err != nil {
 		return nil, err
 	}
 	return snap, nil

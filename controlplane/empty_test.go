@@ -283,3 +283,36 @@ func TestOtherKindsAreLeftAlone(t *testing.T) {
 		t.Fatalf("a misspelt kind: %v", err)
 	}
 }
+
+// A health-check node port that is another Service's NodePort, and a
+// NodePort on a port sluice itself listens on (its health server, its
+// proxy port range), are refused at validation naming both owners; a
+// Service's health-check port shared by its own ports is fine.
+func TestHostPortClashesAreRefused(t *testing.T) {
+	svc := func(name string, nodePort int, extra string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: x}\nspec:\n  type: LoadBalancer\n%s  ports: [{name: p, port: 80, nodePort: %d}, {name: q, port: 81, nodePort: %d}]\n---\n", name, extra, nodePort, nodePort+1)
+	}
+	reserved := []HostPort{
+		{Proto: lb.TCP, First: 10256, Last: 10256, Owner: "--healthz-bind-address 0.0.0.0:10256"},
+		{First: 31000, Last: 31099, Owner: "--proxy-port-range 31000-31099"},
+	}
+	for _, tc := range []struct {
+		name, manifests, want string
+	}{
+		{"health check port on a NodePort", svc("a", 30100, "") + svc("b", 30200, "  externalTrafficPolicy: Local\n  healthCheckNodePort: 30101\n"),
+			"Service x/b: spec.healthCheckNodePort: 30101/TCP is already Service x/a's (spec.ports[q].nodePort)"},
+		{"NodePort on the health server", svc("a", 10255, ""), "Service x/a: spec.ports[q].nodePort: 10256/TCP is sluice's own (--healthz-bind-address 0.0.0.0:10256)"},
+		{"NodePort in the proxy port range", svc("a", 31050, ""), "Service x/a: spec.ports[p].nodePort: 31050/TCP is sluice's own (--proxy-port-range 31000-31099)"},
+		{"own health check port", svc("a", 30100, "  externalTrafficPolicy: Local\n  healthCheckNodePort: 30300\n"), ""},
+	} {
+		objs, err := ParseManifest("m.yaml", []byte(tc.manifests))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := BuildMemo{Reserved: reserved}
+		_, err = m.Build(objs, "")
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Fatalf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -82,6 +82,10 @@ type ManifestSource struct {
 	After func(time.Duration) <-chan time.Time
 	// Now is the clock of the update times; default time.Now.
 	Now func() time.Time
+	// Reserved are the host ports sluice itself holds (its health and
+	// metrics servers, its proxy port range): a manifest NodePort on one
+	// is refused at validation, naming both owners.
+	Reserved []HostPort
 	// MaxBytes bounds what one load reads; a load over it is refused.
 	// Default DefaultMaxManifestBytes; negative: no limit.
 	MaxBytes int64
@@ -143,6 +147,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	if len(objs.Services) == 0 && s.lastServices > 0 && !objs.ExplicitlyEmpty() {
 		return nil, 0, fmt.Errorf("manifests %s: %w (%d served now)", s.Path, ErrWouldRemoveEveryService, s.lastServices)
 	}
+	s.memo.Reserved = s.Reserved
 	snap, err := s.memo.Build(objs, s.NodeName)
 	if err != nil {
 		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))

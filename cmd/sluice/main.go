@@ -410,7 +410,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	if cfg.Manifests != "" {
 		sink.source = "manifests"
 		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
-			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg)}
+			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode)}
 		if err := src.Load(); err != nil {
 			drain()
 			return manifestsRejected{path: cfg.Manifests, err: err}
@@ -525,6 +525,26 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	stopAll()
 	log.Info("stopped")
 	return nil
+}
+
+// ownHostPorts are the host ports this sluice listens on itself, which a
+// manifest NodePort must not take: the health and metrics servers' (TCP),
+// and in userspace mode a set --proxy-port-range (every protocol).
+func ownHostPorts(cfg *config.Config, mode string) []controlplane.HostPort {
+	var out []controlplane.HostPort
+	for _, a := range []struct{ flag, addr string }{
+		{"--healthz-bind-address", cfg.HealthzAddress()}, {"--metrics-bind-address", cfg.MetricsAddress()}} {
+		if ap, err := netip.ParseAddrPort(a.addr); err == nil && ap.Port() != 0 {
+			out = append(out, controlplane.HostPort{Proto: lb.TCP, First: ap.Port(), Last: ap.Port(), Owner: a.flag + " " + a.addr})
+		}
+	}
+	if mode == config.ModeUserspace {
+		if r, err := config.ParsePortRange(cfg.KubeProxy.PortRange); err == nil && r.Size > 0 {
+			out = append(out, controlplane.HostPort{First: uint16(r.Base), Last: uint16(r.Base + r.Size - 1),
+				Owner: "--proxy-port-range " + cfg.KubeProxy.PortRange})
+		}
+	}
+	return out
 }
 
 // nodeName is kube-proxy's: --hostname-override, else the host name,
