@@ -11,5 +11,5 @@ import (
 // accepted and ignored, as kube-proxy does (and reported with the flags
 // the mode does not use).
 func serveAsWindowsService(context.Context, func(context.Context) int) (int, error) {
-	return 1, errors.New("Windows only")
+	return 1, errors.New("--windows-service works only on Windows")
 }
