@@ -127,3 +127,25 @@ func TestSkippedKindsWarnedOncePerKind(t *testing.T) {
 		t.Fatalf("a kind that came back:\n%s", strings.Join(w, "\n"))
 	}
 }
+
+// A cache hit is confirmed on the document's text: an entry under the same
+// hash for other text (a collision) is a miss, not a wrong object.
+func TestDocCacheConfirmsHitsOnTheText(t *testing.T) {
+	var c DocCache
+	c.begin()
+	c.end()
+	c.begin()
+	a, b := []byte("kind: Service\nmetadata: {name: a}\n"), []byte("kind: Service\nmetadata: {name: b}\n")
+	_, key, hit := c.lookup(a)
+	if hit {
+		t.Fatal("hit in an empty cache")
+	}
+	c.prev = map[uint64]cachedDoc{key: {id: "Service default/b", raw: b}} // b's decoding under a's hash
+	if _, _, hit := c.lookup(a); hit {
+		t.Fatal("a collision was taken for a hit")
+	}
+	c.prev[key] = cachedDoc{id: "Service default/a", raw: a}
+	if d, _, hit := c.lookup(a); !hit || d.id != "Service default/a" {
+		t.Fatalf("a real hit missed: %v %v", d, hit)
+	}
+}

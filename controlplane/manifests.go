@@ -7,10 +7,10 @@ package controlplane
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"os"
 	"path/filepath"
@@ -45,6 +45,8 @@ type Objects struct {
 	// skippedKinds names each kind skipped ("apps/v1 Deployment") with
 	// where it was first found and how many.
 	skippedKinds map[string]SkippedKind
+	// decoded counts the bytes decoded (not handed back by a DocCache).
+	decoded int64
 }
 
 // SkippedKind is a kind of object the manifests hold and sluice does not
@@ -177,8 +179,9 @@ const DefaultMaxManifestBytes = 64 << 20
 // ErrManifestsTooLarge is why a load over the size limit is refused.
 var ErrManifestsTooLarge = errors.New("manifests larger than --manifest-max-bytes")
 
-// loadManifests also returns how many bytes it read. maxBytes (0: no
-// limit) is checked against the files' sizes before any is read.
+// loadManifests also returns how many bytes it decoded (documents the
+// cache did not hold). maxBytes (0: no limit) is checked against the
+// files' sizes before any is read.
 func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int64, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -244,9 +247,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 	}
 	cache.end()
 	if len(errs) > 0 {
-		return nil, read, errors.Join(errs...)
+		return nil, objs.decoded, errors.Join(errs...)
 	}
-	return objs, read, nil
+	return objs, objs.decoded, nil
 }
 
 // MaxReportedErrors is how many of a load's errors are reported (logged,
@@ -316,17 +319,26 @@ type typeMeta struct {
 // a reload of thousands of services slow. Only documents that decoded
 // cleanly into one object are kept; it holds what the last load saw.
 type DocCache struct {
-	prev, next map[[32]byte]cachedDoc
+	// Documents are keyed by a fast hash of their text (maphash, ~10x
+	// SHA-256's speed), and a hit is confirmed by comparing the text
+	// itself, so a collision only costs a decode.
+	seed       maphash.Seed
+	seeded     bool
+	prev, next map[uint64]cachedDoc
 }
 
 type cachedDoc struct {
 	id  string
-	obj any // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+	obj any    // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+	raw []byte // the document's text, to confirm a hit
 }
 
 func (c *DocCache) begin() {
 	if c != nil {
-		c.next = map[[32]byte]cachedDoc{}
+		if !c.seeded {
+			c.seed, c.seeded = maphash.MakeSeed(), true
+		}
+		c.next = make(map[uint64]cachedDoc, len(c.prev))
 	}
 }
 
@@ -334,6 +346,17 @@ func (c *DocCache) end() {
 	if c != nil {
 		c.prev, c.next = c.next, nil
 	}
+}
+
+// lookup returns the cached decoding of raw, if any, keeping it for the
+// next load; key is raw's hash, to store a new decoding under.
+func (c *DocCache) lookup(raw []byte) (cachedDoc, uint64, bool) {
+	key := maphash.Bytes(c.seed, raw)
+	if d, ok := c.prev[key]; ok && bytes.Equal(d.raw, raw) {
+		c.next[key] = d
+		return d, key, true
+	}
+	return cachedDoc{}, key, false
 }
 
 func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
@@ -354,12 +377,12 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
 			break
 		}
-		key := sha256.Sum256(raw)
-		if c, ok := cache.prev[key]; ok {
-			cache.next[key] = c
+		c, key, hit := cache.lookup(raw)
+		if hit {
 			errs = append(errs, o.add(where, c)...)
 			continue
 		}
+		o.decoded += int64(len(raw))
 		js, err := yaml.YAMLToJSON(raw)
 		if err != nil {
 			// Lines counted in the file, not the document (an editor's
@@ -371,9 +394,10 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
 			continue
 		}
-		derrs, c := o.decodeObject(where, js)
-		if c != nil {
-			cache.next[key] = *c
+		derrs, dc := o.decodeObject(where, js)
+		if dc != nil {
+			dc.raw = raw
+			cache.next[key] = *dc
 		}
 		errs = append(errs, derrs...)
 	}
@@ -459,6 +483,7 @@ func lineEnds(doc []byte) []byte {
 
 // decodeStream decodes YAML or a JSON stream without the cache.
 func (o *Objects) decodeStream(file string, data []byte) []error {
+	o.decoded += int64(len(data))
 	var errs []error
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for doc := 1; ; doc++ {

@@ -173,13 +173,47 @@ func (s *Snapshot) Sorted() []*ServicePort {
 
 // SortPorts orders ports by name (then protocol) in place and returns them.
 func SortPorts(out []*ServicePort) []*ServicePort {
-	slices.SortFunc(out, func(a, b *ServicePort) int {
-		if c := strings.Compare(a.Name.String(), b.Name.String()); c != 0 {
-			return c
-		}
-		return strings.Compare(string(a.Name.Protocol), string(b.Name.Protocol))
-	})
+	slices.SortFunc(out, func(a, b *ServicePort) int { return a.Name.Compare(b.Name) })
 	return out
+}
+
+// Compare orders names as their String forms compare, then by protocol,
+// without building the strings (a sort of 10k ports built some 280k).
+func (n ServicePortName) Compare(o ServicePortName) int {
+	a, b := n.parts(), o.parts()
+	i, j := 0, 0 // part indexes
+	x, y := 0, 0 // byte offsets in the current parts
+	for {
+		for i < len(a) && x == len(a[i]) {
+			i, x = i+1, 0
+		}
+		for j < len(b) && y == len(b[j]) {
+			j, y = j+1, 0
+		}
+		switch {
+		case i == len(a) && j == len(b):
+			return strings.Compare(string(n.Protocol), string(o.Protocol))
+		case i == len(a):
+			return -1
+		case j == len(b):
+			return 1
+		}
+		if c, d := a[i][x], b[j][y]; c != d {
+			if c < d {
+				return -1
+			}
+			return 1
+		}
+		x, y = x+1, y+1
+	}
+}
+
+// parts are the pieces String joins.
+func (n ServicePortName) parts() [5]string {
+	if n.Port == "" {
+		return [5]string{n.Namespace, "/", n.Name}
+	}
+	return [5]string{n.Namespace, "/", n.Name, ":", n.Port}
 }
 
 // Validate checks the invariants every consumer relies on.

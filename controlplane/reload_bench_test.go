@@ -1,0 +1,96 @@
+package controlplane
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// manifest10k is n Services with one EndpointSlice of 10 endpoints each;
+// edit gives Service i's first endpoint the address 10.(v).x.y instead.
+func manifestService(i, v int) string {
+	var eps strings.Builder
+	for e := 0; e < 10; e++ {
+		a := v
+		if e > 0 {
+			a = 200
+		}
+		fmt.Fprintf(&eps, "- addresses: [10.%d.%d.%d]\n  conditions: {ready: true}\n", a, i/250, (i%250)*1+e%4)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: s%d, namespace: bench}
+spec:
+  clusterIP: 10.96.%d.%d
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s%d-1, namespace: bench, labels: {kubernetes.io/service-name: s%d}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+%s---
+`, i, i/250, i%250, i, i, eps.String())
+}
+
+type editSink struct{ published, unchanged int }
+
+func (c *editSink) Publish(*lb.Snapshot) { c.published++ }
+func (c *editSink) Reject(err error)     { panic(err) }
+func (c *editSink) Queued()              {}
+func (c *editSink) Unchanged()           { c.unchanged++ }
+
+// BenchmarkManifestEditAt10k is a one-Service edit (one endpoint's address)
+// in 10,000 Services, reloaded: in one file, and in a directory of a file
+// per Service (issue 16's target: p99 at most 20 ms).
+func BenchmarkManifestEditAt10k(b *testing.B) {
+	const n = 10000
+	for _, layout := range []string{"one file", "file per service"} {
+		b.Run(layout, func(b *testing.B) {
+			dir := b.TempDir()
+			write := func(edit, v int) {
+				if layout == "one file" {
+					var all strings.Builder
+					for i := 0; i < n; i++ {
+						w := 100
+						if i == edit {
+							w = v
+						}
+						all.WriteString(manifestService(i, w))
+					}
+					os.WriteFile(filepath.Join(dir, "all.yaml"), []byte(all.String()), 0o644)
+					return
+				}
+				if edit < 0 {
+					for i := 0; i < n; i++ {
+						os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%05d.yaml", i)), []byte(manifestService(i, 100)), 0o644)
+					}
+					return
+				}
+				os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%05d.yaml", edit)), []byte(manifestService(edit, v)), 0o644)
+			}
+			write(-1, 0)
+			sink := &editSink{}
+			src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1}
+			if err := src.Load(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				write(i%n, 101+i%2)
+				b.StartTimer()
+				src.Reload()
+			}
+			b.StopTimer()
+			if sink.published != b.N+1 {
+				b.Fatalf("published %d of %d", sink.published, b.N+1)
+			}
+		})
+	}
+}
