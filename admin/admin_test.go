@@ -140,11 +140,18 @@ func TestHealthzUnhealthyWhileAListenerIsUnserved(t *testing.T) {
 // kube-proxy's names and buckets.
 func TestFamilySyncHistograms(t *testing.T) {
 	m := NewMetrics()
+	// The families' histograms exist, empty, before any sync.
+	m.SetFamilies("IPv4", "IPv6")
+	rec := httptest.NewRecorder()
+	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 0`) {
+		t.Error("the partial sync histogram appears only after a partial sync")
+	}
 	m.FamilySynced("IPv4", true, 1500*time.Millisecond)
 	m.FamilySynced("IPv4", false, 200*time.Millisecond)
 	m.FamilySynced("IPv6", false, 100*time.Millisecond)
 	m.Synced(time.Second, time.Now(), false) // the families' syncs were counted above
-	rec := httptest.NewRecorder()
+	rec = httptest.NewRecorder()
 	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
 	for _, want := range []string{

@@ -161,7 +161,18 @@ func (m *Metrics) Synced(took time.Duration, at time.Time, wholeSync bool) {
 // "IPv6"): a queued change is stamped for each, as kube-proxy's
 // per-family proxiers stamp it. A plane that applies a state whole needs
 // none (its family label is "").
-func (m *Metrics) SetFamilies(families ...string) { m.families = families }
+//
+// The full and partial sync histograms of those families are created
+// empty: kube-proxy's appear only after the first sync of each kind, so a
+// dashboard (or a comparison with kube-proxy) saw the partial one come and
+// go with the timing of the first change.
+func (m *Metrics) SetFamilies(families ...string) {
+	m.families = families
+	for _, f := range families {
+		m.fullSyncs.WithLabelValues(f)
+		m.partialSyncs.WithLabelValues(f)
+	}
+}
 
 // Queued records that a change is waiting.
 func (m *Metrics) Queued(at time.Time) {
