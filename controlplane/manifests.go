@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -47,6 +48,8 @@ type Objects struct {
 	skippedKinds map[string]SkippedKind
 	// decoded counts the bytes decoded (not handed back by a DocCache).
 	decoded int64
+	// rec, while a file is decoded, records what its documents give.
+	rec *fileState
 }
 
 // SkippedKind is a kind of object the manifests hold and sluice does not
@@ -54,6 +57,20 @@ type Objects struct {
 type SkippedKind struct {
 	First string
 	Count int
+}
+
+// skip counts an object of a kind sluice does not read.
+func (o *Objects) skip(gv, where string) {
+	o.skipped++
+	if o.skippedKinds == nil {
+		o.skippedKinds = map[string]SkippedKind{}
+	}
+	k := o.skippedKinds[gv]
+	if k.Count == 0 {
+		k.First = where
+	}
+	k.Count++
+	o.skippedKinds[gv] = k
 }
 
 // SkippedKinds names each kind the read skipped.
@@ -212,14 +229,14 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		}
 		sort.Strings(files)
 	}
-	if maxBytes > 0 {
-		var total int64
-		for _, f := range files {
-			if fi, err := os.Stat(f); err == nil {
-				total += fi.Size()
-				if total > maxBytes {
-					return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
-				}
+	stats := make([]os.FileInfo, len(files))
+	var total int64
+	for i, f := range files {
+		if fi, err := os.Stat(f); err == nil {
+			stats[i] = fi
+			total += fi.Size()
+			if maxBytes > 0 && total > maxBytes {
+				return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
 			}
 		}
 	}
@@ -227,7 +244,20 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 	cache.begin()
 	var errs []error
 	var read int64
-	for _, f := range files {
+	for i, f := range files {
+		if cache != nil && stats[i] != nil {
+			if id, ok := identify(stats[i]); ok {
+				if st := cache.files[f]; st != nil && st.unchanged(id) {
+					errs = append(errs, objs.replay(st, cache)...)
+					cache.nextFiles[f] = st
+					continue
+				}
+			}
+		}
+		readAt := cache.clock()
+		if cache != nil {
+			cache.reads++
+		}
 		data, err := readStable(f)
 		if err != nil {
 			errs = append(errs, &ManifestError{File: f, Err: err})
@@ -239,17 +269,46 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			return nil, read, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}
 		}
 		before, lists, skipped := objs.count(), objs.emptyLists, objs.skipped
+		if cache != nil {
+			objs.rec = &fileState{readAt: readAt}
+		}
 		ferrs := objs.decode(f, data, cache)
 		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped {
 			ferrs = append(ferrs, &ManifestError{File: f, Err: ErrEmptyFile})
 		}
 		errs = append(errs, ferrs...)
+		// Remember the file when all it gave is recorded (a List's items
+		// are not) and its identity is known.
+		if rec := objs.rec; rec != nil && len(ferrs) == 0 && objs.count()-before == len(rec.docs) {
+			if fi, err := os.Stat(f); err == nil && int64(len(data)) == fi.Size() {
+				if id, ok := identify(fi); ok {
+					rec.id, rec.emptyLists = id, objs.emptyLists-lists
+					cache.nextFiles[f] = rec
+				}
+			}
+		}
+		objs.rec = nil
 	}
 	cache.end()
 	if len(errs) > 0 {
 		return nil, objs.decoded, errors.Join(errs...)
 	}
 	return objs, objs.decoded, nil
+}
+
+// replay adds what an unchanged file gave when it was read, keeping its
+// documents in the document cache.
+func (o *Objects) replay(st *fileState, cache *DocCache) []error {
+	var errs []error
+	for _, d := range st.docs {
+		errs = append(errs, o.add(d.where, d.c)...)
+		cache.next[d.key] = d.c
+	}
+	for _, sk := range st.skipped {
+		o.skip(sk.gv, sk.where)
+	}
+	o.emptyLists += st.emptyLists
+	return errs
 }
 
 // MaxReportedErrors is how many of a load's errors are reported (logged,
@@ -325,7 +384,46 @@ type DocCache struct {
 	seed       maphash.Seed
 	seeded     bool
 	prev, next map[uint64]cachedDoc
+	// files remembers, per file read whole and cleanly, its identity and
+	// what its documents gave, so that a file whose identity has not
+	// changed is not read again (a directory of 10k files was 60k
+	// syscalls per reload).
+	files, nextFiles map[string]*fileState
+	// now is the clock of the reads (time.Now when nil).
+	now func() time.Time
+	// reads counts the files read, for tests.
+	reads int
 }
+
+// fileState is what a file held when last read: its identity, when it was
+// read, and the objects and skipped kinds its documents gave.
+type fileState struct {
+	id         fileID
+	readAt     time.Time
+	docs       []fileDoc
+	skipped    []skippedDoc
+	emptyLists int
+}
+
+type fileDoc struct {
+	where string
+	key   uint64
+	c     cachedDoc
+}
+
+type skippedDoc struct{ gv, where string }
+
+// unchanged reports whether the file, as stat says it is now, is what
+// was read: the same identity, and last changed well before it was read
+// (a change within the clock's granularity of the read might not show in
+// its times: git's "racy" case).
+func (f *fileState) unchanged(id fileID) bool {
+	return id == f.id && id.changed.Before(f.readAt.Add(-racyWindow))
+}
+
+// racyWindow is how long before a read a file must have last changed for
+// its times to be trusted.
+const racyWindow = time.Second
 
 type cachedDoc struct {
 	id  string
@@ -339,13 +437,22 @@ func (c *DocCache) begin() {
 			c.seed, c.seeded = maphash.MakeSeed(), true
 		}
 		c.next = make(map[uint64]cachedDoc, len(c.prev))
+		c.nextFiles = make(map[string]*fileState, len(c.files))
 	}
 }
 
 func (c *DocCache) end() {
 	if c != nil {
 		c.prev, c.next = c.next, nil
+		c.files, c.nextFiles = c.nextFiles, nil
 	}
+}
+
+func (c *DocCache) clock() time.Time {
+	if c == nil || c.now == nil {
+		return time.Now()
+	}
+	return c.now()
 }
 
 // lookup returns the cached decoding of raw, if any, keeping it for the
@@ -380,6 +487,9 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		c, key, hit := cache.lookup(raw)
 		if hit {
 			errs = append(errs, o.add(where, c)...)
+			if o.rec != nil {
+				o.rec.docs = append(o.rec.docs, fileDoc{where, key, c})
+			}
 			continue
 		}
 		o.decoded += int64(len(raw))
@@ -398,6 +508,9 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if dc != nil {
 			dc.raw = raw
 			cache.next[key] = *dc
+			if o.rec != nil {
+				o.rec.docs = append(o.rec.docs, fileDoc{where, key, *dc})
+			}
 		}
 		errs = append(errs, derrs...)
 	}
@@ -569,16 +682,10 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
-			o.skipped++
-			if o.skippedKinds == nil {
-				o.skippedKinds = map[string]SkippedKind{}
+			o.skip(gv, where)
+			if o.rec != nil {
+				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, where})
 			}
-			k := o.skippedKinds[gv]
-			if k.Count == 0 {
-				k.First = where
-			}
-			k.Count++
-			o.skippedKinds[gv] = k
 			return nil, nil
 		}
 		if tm.Kind == "" {

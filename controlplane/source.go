@@ -134,6 +134,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	case limit < 0:
 		limit = 0
 	}
+	s.cache.now = s.Now
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
