@@ -256,3 +256,27 @@ func TestWriteKeepsTheMetricsOfARunThatStoppedShortAndSaysWhy(t *testing.T) {
 		t.Errorf("results.csv must carry the note: %v\n%s", err, csv)
 	}
 }
+
+// The kube-sync report gives each proxy's memory and the growth per
+// Service between sizes, from the rounds' medians.
+func TestKubeSyncReportsMemoryPerService(t *testing.T) {
+	res := []KubeSyncResult{
+		{Proxy: "sluice", Mode: "nftables", Services: 1000, RSSMB: 50, PeakRSSMB: 60},
+		{Proxy: "sluice", Mode: "nftables", Services: 10000, RSSMB: 68, PeakRSSMB: 90},
+		{Proxy: "kube-proxy", Mode: "nftables", Services: 1000, RSSMB: 60},
+		{Proxy: "kube-proxy", Mode: "nftables", Services: 10000, RSSMB: 105},
+	}
+	md, err := WriteKubeSyncResults(t.TempDir(), res, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| nftables | 10000 | sluice | 0.00 | 0.00 | 0.000 | 68.0 | 90.0 | 1 |",
+		"| nftables | sluice | 1000 | 10000 | 2.05 |",     // 18 MiB over 9000 Services
+		"| nftables | kube-proxy | 1000 | 10000 | 5.12 |", // 45 MiB over 9000
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -50,7 +50,33 @@ type KubeSyncResult struct {
 	ReadyS   float64 `json:"readyS"`
 	FullS    float64 `json:"fullS"`    // sum over families of the first full syncs
 	PartialS float64 `json:"partialS"` // the IPv4 partial sync one update caused
-	Failed   string  `json:"failed,omitempty"`
+	// RSSMB and PeakRSSMB are the proxy's resident memory after the
+	// partial sync (VmRSS) and its high-water mark (VmHWM), in MiB.
+	RSSMB     float64 `json:"rssMB"`
+	PeakRSSMB float64 `json:"peakRssMB"`
+	Failed    string  `json:"failed,omitempty"`
+}
+
+// procMemMB reads VmRSS and VmHWM of pid, in MiB.
+func procMemMB(pid int) (rss, peak float64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "VmHWM:":
+			peak = kb / 1024
+		}
+	}
+	return rss, peak
 }
 
 // KubeSyncConfig says what to run.
@@ -415,6 +441,7 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 		return r
 	}
 	r.PartialS = after.partialSum - first.partialSum
+	r.RSSMB, r.PeakRSSMB = procMemMB(cmd.Process.Pid)
 	return r
 }
 
@@ -433,7 +460,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		n     int
 		proxy string
 	}
-	type vals struct{ ready, full, partial []float64 }
+	type vals struct{ ready, full, partial, rss, peak []float64 }
 	med := func(v []float64) float64 {
 		if len(v) == 0 {
 			return 0
@@ -460,11 +487,13 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		by[k].ready = append(by[k].ready, r.ReadyS)
 		by[k].full = append(by[k].full, r.FullS)
 		by[k].partial = append(by[k].partial, r.PartialS)
+		by[k].rss = append(by[k].rss, r.RSSMB)
+		by[k].peak = append(by[k].peak, r.PeakRSSMB)
 	}
 	var b strings.Builder
 	b.WriteString("# Kernel-mode syncs beside upstream kube-proxy\n\n")
 	b.WriteString("The same kube-apiserver holding N services x 10 endpoints, the same flags and node, in a private network namespace; each proxy's own sync histograms (full syncs summed over the IPv4 and IPv6 families; the partial sync is IPv4's, the family the update changes). `ready` runs from the process start to the first full sync of both families (the initial API list included). Medians of the rounds; the proxies alternate which runs first.\n\n")
-	b.WriteString("| mode | services | proxy | ready s | first full sync s | one-Service partial sync s | rounds |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| mode | services | proxy | ready s | first full sync s | one-Service partial sync s | RSS MiB | peak RSS MiB | rounds |\n|---|---|---|---|---|---|---|---|---|\n")
 	var keys []key
 	for k := range by {
 		keys = append(keys, k)
@@ -480,7 +509,21 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 	})
 	for _, k := range keys {
 		v := by[k]
-		fmt.Fprintf(&b, "| %s | %d | %s | %.2f | %.2f | %.3f | %d |\n", k.mode, k.n, k.proxy, med(v.ready), med(v.full), med(v.partial), len(v.full))
+		fmt.Fprintf(&b, "| %s | %d | %s | %.2f | %.2f | %.3f | %.1f | %.1f | %d |\n", k.mode, k.n, k.proxy, med(v.ready), med(v.full), med(v.partial), med(v.rss), med(v.peak), len(v.full))
+	}
+	// Memory per Service (one port, 10 endpoints): the growth of the
+	// median RSS between consecutive sizes, which leaves the empty
+	// process's share out (issue 16's budget: at most 2 KiB per port).
+	b.WriteString("\nRSS per Service between sizes (KiB; one port and 10 endpoints each):\n\n| mode | proxy | from | to | KiB per Service |\n|---|---|---|---|---|\n")
+	for i, k := range keys {
+		for _, k2 := range keys[i+1:] {
+			if k2.mode != k.mode || k2.proxy != k.proxy || k2.n <= k.n {
+				continue
+			}
+			per := (med(by[k2].rss) - med(by[k].rss)) * 1024 / float64(k2.n-k.n)
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %.2f |\n", k.mode, k.proxy, k.n, k2.n, per)
+			break
+		}
 	}
 	b.WriteString("\nsluice / kube-proxy (below 1 is faster):\n\n| mode | services | first full sync | partial sync |\n|---|---|---|---|\n")
 	for _, k := range keys {
