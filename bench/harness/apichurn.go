@@ -180,9 +180,12 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
 		return err
 	}
+	// Resident memory once the whole list is served, before the churn.
+	rss, peak := procMemMB(proc.PID())
 	m, err := flips(ctx, bed.n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		m["services"] = float64(bed.n)
+		m["rss_mb"], m["peak_rss_mb"] = rss, peak
 		m["api_load_s"] = bed.loadTime.Seconds()
 		// sluice's own share of each update (event arrival to applied) and
 		// kube-proxy's network programming SLI (write to applied), from
