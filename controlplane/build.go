@@ -87,7 +87,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	for _, svc := range objs.Services {
 		known[svcKey{svc.Namespace, svc.Name}] = true
 	}
-	sources := map[svcKey][]any{}
+	sources := make(map[svcKey][]any, len(objs.Services))
 	for _, sl := range objs.EndpointSlices {
 		k := svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}
 		if k.name == "" || !known[k] {

@@ -241,6 +241,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		}
 	}
 	objs := &Objects{origin: map[string]string{}}
+	if cache != nil {
+		objs.origin = make(map[string]string, cache.objects)
+	}
 	cache.begin()
 	var errs []error
 	var read int64
@@ -290,6 +293,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		objs.rec = nil
 	}
 	cache.end()
+	if cache != nil {
+		cache.objects = objs.count()
+	}
 	if len(errs) > 0 {
 		return nil, objs.decoded, errors.Join(errs...)
 	}
@@ -393,6 +399,24 @@ type DocCache struct {
 	now func() time.Time
 	// reads counts the files read, for tests.
 	reads int
+	// objects is how many objects the last load held, to size the next
+	// load's maps; wheres keeps each file's "file#N" names.
+	objects            int
+	wheres, nextWheres map[string][]string
+}
+
+// where names the doc-th document of file ("file#N"), reusing the names
+// of the last load (a reload of a 20k-document file built 20k strings).
+func (c *DocCache) where(file string, doc int) string {
+	ws := c.nextWheres[file]
+	if ws == nil {
+		ws = c.wheres[file]
+	}
+	for len(ws) < doc {
+		ws = append(ws, fmt.Sprintf("%s#%d", file, len(ws)+1))
+	}
+	c.nextWheres[file] = ws
+	return ws[doc-1]
 }
 
 // fileState is what a file held when last read: its identity, when it was
@@ -438,6 +462,7 @@ func (c *DocCache) begin() {
 		}
 		c.next = make(map[uint64]cachedDoc, len(c.prev))
 		c.nextFiles = make(map[string]*fileState, len(c.files))
+		c.nextWheres = make(map[string][]string, len(c.wheres))
 	}
 }
 
@@ -445,6 +470,7 @@ func (c *DocCache) end() {
 	if c != nil {
 		c.prev, c.next = c.next, nil
 		c.files, c.nextFiles = c.nextFiles, nil
+		c.wheres, c.nextWheres = c.nextWheres, nil
 	}
 }
 
@@ -479,7 +505,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if err == io.EOF {
 			break
 		}
-		where := fmt.Sprintf("%s#%d", file, doc)
+		where := cache.where(file, doc)
 		if err != nil {
 			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
 			break

@@ -231,8 +231,18 @@ func TestREADMEQuickStartAsWritten(t *testing.T) {
 			t.Fatalf("NodePort %d never served the Service", np)
 		}
 	}
-	if code, _ := status(t, "http://127.0.0.1:10256/healthz"); code != 200 {
-		t.Fatalf("healthz %d", code)
+	// Healthy once the state is applied (kube-proxy's /healthz on its
+	// default address); the listener can serve a moment before the
+	// health server hears of the sync.
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		code, body := status(t, "http://127.0.0.1:10256/healthz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthz %d: %s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond) // polling an HTTP status: there is no event to wait on
 	}
 	node.stop(t)
 }
