@@ -154,7 +154,8 @@ func (s *Source) Run(ctx context.Context) error {
 	s.built = map[serviceKey][]*lb.ServicePort{}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }),
+		informers.WithTransform(trimForProxy))
 	svcInf := factory.Core().V1().Services().Informer()
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
 	if err := sliceInf.AddIndexers(cache.Indexers{byServiceIndex: sliceServiceIndex}); err != nil {
@@ -275,6 +276,30 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		s.publishDelta(set, del, times)
 	}
+}
+
+// trimForProxy drops from the objects the informers cache what sluice
+// never reads: managedFields (server-side apply's bookkeeping, often the
+// largest part of an object) and annotations (kubectl's
+// last-applied-configuration holds a whole copy of the object), but for an
+// EndpointSlice's last-change-trigger-time, which the network programming
+// SLI reads. Memory per Service was 31.6 KiB at 10k, over kube-proxy's
+// 27.5 (bench/latest-memory), which keeps all of it.
+func trimForProxy(o any) (any, error) {
+	switch obj := o.(type) {
+	case *corev1.Service:
+		obj.ManagedFields, obj.Annotations = nil, nil
+	case *discoveryv1.EndpointSlice:
+		obj.ManagedFields = nil
+		if t, ok := obj.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+			if len(obj.Annotations) > 1 {
+				obj.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: t}
+			}
+		} else {
+			obj.Annotations = nil
+		}
+	}
+	return o, nil
 }
 
 func sliceServiceIndex(o any) ([]string, error) {

@@ -13,6 +13,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/lb"
@@ -535,5 +536,33 @@ func TestSnapshotsCarryTheirDelta(t *testing.T) {
 			t.Fatalf("change %d: says %v changed, %v did", i, said, differ)
 		}
 		prev = next
+	}
+}
+
+// The informers keep only what sluice reads: no managedFields and no
+// annotations, but for an EndpointSlice's last-change-trigger-time (the
+// SLI); labels stay (the service-name label joins slices to Services).
+func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
+	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
+		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+	if _, err := trimForProxy(svc); err != nil || svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
+		t.Fatalf("service: %v %+v", err, svc.ObjectMeta)
+	}
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf,
+		Labels:      map[string]string{discoveryv1.LabelServiceName: "web"},
+		Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-23T00:00:00Z", "other": "x"}}}
+	trimForProxy(sl)
+	if sl.ManagedFields != nil || len(sl.Annotations) != 1 || sl.Annotations[corev1.EndpointsLastChangeTriggerTime] == "" || sl.Labels[discoveryv1.LabelServiceName] != "web" {
+		t.Fatalf("slice: %+v", sl.ObjectMeta)
+	}
+	bare := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"other": "x"}}}
+	trimForProxy(bare)
+	if bare.Annotations != nil {
+		t.Fatalf("annotations kept: %v", bare.Annotations)
+	}
+	if _, err := trimForProxy(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
+		t.Fatal(err) // other objects pass untouched
 	}
 }
