@@ -253,6 +253,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 				if st := cache.files[f]; st != nil && st.unchanged(id) {
 					errs = append(errs, objs.replay(st, cache)...)
 					cache.nextFiles[f] = st
+					if ss, ok := cache.slots[f]; ok {
+						cache.nextSlots[f] = ss
+					}
 					continue
 				}
 			}
@@ -401,22 +404,32 @@ type DocCache struct {
 	reads int
 	// objects is how many objects the last load held, to size the next
 	// load's maps; wheres keeps each file's "file#N" names.
-	objects            int
-	wheres, nextWheres map[string][]string
+	objects          int
+	slots, nextSlots map[string][]docSlot
 }
 
-// where names the doc-th document of file ("file#N"), reusing the names
-// of the last load (a reload of a 20k-document file built 20k strings).
-func (c *DocCache) where(file string, doc int) string {
-	ws := c.nextWheres[file]
-	if ws == nil {
-		ws = c.wheres[file]
+// docSlot is the doc-th document of a file as the last load saw it: its
+// name ("file#N", built once, not per load: a reload of a 20k-document
+// file built 20k strings) and, when it decoded into one object, its
+// decoding, which a document with the same text at the same place takes
+// without hashing or a map look-up.
+type docSlot struct {
+	where string
+	key   uint64
+	c     cachedDoc // c.raw is nil when the place held no cacheable document
+}
+
+// slot is the doc-th document's slot of file for this load.
+func (c *DocCache) slot(file string, doc int) *docSlot {
+	ss, ok := c.nextSlots[file]
+	if !ok {
+		ss = c.slots[file]
 	}
-	for len(ws) < doc {
-		ws = append(ws, fmt.Sprintf("%s#%d", file, len(ws)+1))
+	for len(ss) < doc {
+		ss = append(ss, docSlot{where: fmt.Sprintf("%s#%d", file, len(ss)+1)})
 	}
-	c.nextWheres[file] = ws
-	return ws[doc-1]
+	c.nextSlots[file] = ss
+	return &ss[doc-1]
 }
 
 // fileState is what a file held when last read: its identity, when it was
@@ -462,7 +475,7 @@ func (c *DocCache) begin() {
 		}
 		c.next = make(map[uint64]cachedDoc, len(c.prev))
 		c.nextFiles = make(map[string]*fileState, len(c.files))
-		c.nextWheres = make(map[string][]string, len(c.wheres))
+		c.nextSlots = make(map[string][]docSlot, len(c.slots))
 	}
 }
 
@@ -470,7 +483,7 @@ func (c *DocCache) end() {
 	if c != nil {
 		c.prev, c.next = c.next, nil
 		c.files, c.nextFiles = c.nextFiles, nil
-		c.wheres, c.nextWheres = c.nextWheres, nil
+		c.slots, c.nextSlots = c.nextSlots, nil
 	}
 }
 
@@ -505,19 +518,33 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if err == io.EOF {
 			break
 		}
-		where := cache.where(file, doc)
+		slot := cache.slot(file, doc)
+		where := slot.where
 		if err != nil {
+			slot.c = cachedDoc{}
 			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
 			break
 		}
-		c, key, hit := cache.lookup(raw)
+		var c cachedDoc
+		var key uint64
+		var hit bool
+		if slot.c.raw != nil && bytes.Equal(slot.c.raw, raw) {
+			// The same text at the same place: sequential compares, no
+			// hashing (most of a 10k-Service file's reload was look-ups).
+			c, key, hit = slot.c, slot.key, true
+			cache.next[key] = c
+		} else {
+			c, key, hit = cache.lookup(raw)
+		}
 		if hit {
+			slot.key, slot.c = key, c
 			errs = append(errs, o.add(where, c)...)
 			if o.rec != nil {
 				o.rec.docs = append(o.rec.docs, fileDoc{where, key, c})
 			}
 			continue
 		}
+		slot.c = cachedDoc{}
 		o.decoded += int64(len(raw))
 		js, err := yaml.YAMLToJSON(raw)
 		if err != nil {
@@ -534,6 +561,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if dc != nil {
 			dc.raw = raw
 			cache.next[key] = *dc
+			slot.key, slot.c = key, *dc
 			if o.rec != nil {
 				o.rec.docs = append(o.rec.docs, fileDoc{where, key, *dc})
 			}
