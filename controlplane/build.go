@@ -68,6 +68,151 @@ type BuildMemo struct {
 	prev     map[svcKey]memoService
 	last     *lb.Snapshot // what prev built
 	seq      uint64       // the last snapshot ID given
+	// What the last build read, for builds that change a few objects in
+	// place: the objects in load order, the Services known and each one's
+	// slices and Endpoints.
+	lastServices []*corev1.Service
+	lastSlices   []*discoveryv1.EndpointSlice
+	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+	lastEndpoints []*corev1.Endpoints
+	known         map[svcKey]bool
+	sources       map[svcKey][]any
+	inPlace       int // builds buildInPlace did, for tests
+}
+
+// inPlaceLimit is how many changed objects a build takes in place; more,
+// and it builds the maps again.
+const inPlaceLimit = 64
+
+// buildInPlace is Build when the load holds the same objects as the last
+// build, in the same order, with a few of them replaced by new versions
+// under the same names (and, for slices, the same Service): only the
+// Services those touch are rebuilt, and the last build's maps are updated
+// rather than made again (at 10k Services they were most of a reload). ok
+// is false when the load is not such a change, or a rebuilt Service has a
+// problem: Build then does it the long way, which reports it.
+func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err error) {
+	if m.last == nil || m.known == nil || len(objs.Services) != len(m.lastServices) ||
+		len(objs.EndpointSlices) != len(m.lastSlices) || len(objs.Endpoints) != len(m.lastEndpoints) {
+		return nil, false, nil
+	}
+	changed := map[svcKey][]any{} // the Service's new sources list, once made
+	svcs := map[svcKey]*corev1.Service{}
+	n := 0
+	for i, svc := range objs.Services {
+		if old := m.lastServices[i]; svc != old {
+			if svc.Namespace != old.Namespace || svc.Name != old.Name {
+				return nil, false, nil
+			}
+			k := svcKey{svc.Namespace, svc.Name}
+			svcs[k] = svc
+			if _, seen := changed[k]; !seen {
+				changed[k] = m.sources[k]
+			}
+			if n++; n > inPlaceLimit {
+				return nil, false, nil
+			}
+		}
+	}
+	replace := func(k svcKey, old, new any) bool {
+		list := changed[k]
+		if _, seen := changed[k]; !seen {
+			list = m.sources[k]
+		}
+		i := slices.Index(list, old)
+		if i < 0 {
+			return false
+		}
+		list = slices.Clone(list)
+		list[i] = new
+		changed[k] = list
+		return true
+	}
+	for i, sl := range objs.EndpointSlices {
+		if old := m.lastSlices[i]; sl != old {
+			if sl.Namespace != old.Namespace || sl.Name != old.Name || sl.Labels[ServiceNameLabel] != old.Labels[ServiceNameLabel] {
+				return nil, false, nil
+			}
+			if !replace(svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}, old, sl) {
+				return nil, false, nil
+			}
+			if n++; n > inPlaceLimit {
+				return nil, false, nil
+			}
+		}
+	}
+	for i, ep := range objs.Endpoints {
+		if old := m.lastEndpoints[i]; ep != old {
+			if ep.Namespace != old.Namespace || ep.Name != old.Name || !replace(svcKey{ep.Namespace, ep.Name}, old, ep) {
+				return nil, false, nil
+			}
+			if n++; n > inPlaceLimit {
+				return nil, false, nil
+			}
+		}
+	}
+	if len(changed) == 0 {
+		return m.last, true, nil
+	}
+	set := map[lb.ServicePortName]*lb.ServicePort{}
+	var del []lb.ServicePortName
+	built := make(map[svcKey]memoService, len(changed))
+	for k, sources := range changed {
+		p, had := m.prev[k]
+		if !had {
+			return nil, false, nil
+		}
+		svc := p.svc
+		if s := svcs[k]; s != nil {
+			svc = s
+		}
+		e := &objErr{}
+		svcPorts := buildService(svc, e)
+		collected := map[lb.ServicePortName][]lb.Endpoint{}
+		for _, src := range sources {
+			switch o := src.(type) {
+			case *discoveryv1.EndpointSlice:
+				sliceEndpoints(o, m.known, m.nodeName, e, collected)
+			//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+			case *corev1.Endpoints:
+				legacyEndpoints(o, m.known, m.nodeName, e, collected)
+			}
+		}
+		if len(e.errors) > 0 {
+			return nil, false, nil
+		}
+		for _, sp := range p.ports {
+			del = append(del, sp.Name)
+		}
+		for _, sp := range svcPorts {
+			sp.Endpoints = mergeEndpoints(collected[sp.Name])
+			set[sp.Name] = sp
+		}
+		built[k] = memoService{svc: svc, sources: sources, ports: svcPorts}
+	}
+	names := make([]lb.ServicePortName, 0, len(set)+len(del))
+	for name := range set {
+		names = append(names, name)
+	}
+	for _, name := range del {
+		if _, ok := set[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	snap = &lb.Snapshot{Ports: m.last.Ports.With(set, del), Base: m.last.ID, Changed: names}
+	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
+		return nil, true, err
+	}
+	for k, ms := range built {
+		m.prev[k] = ms
+		m.sources[k] = ms.sources
+	}
+	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
+	m.seq++
+	snap.ID = m.seq
+	m.last = snap
+	m.inPlace++
+	return snap, true, nil
 }
 
 type memoService struct {
@@ -81,7 +226,10 @@ type memoService struct {
 // order, and the memo is left as it was.
 func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 	if m.nodeName != nodeName {
-		m.nodeName, m.prev, m.last = nodeName, nil, nil
+		m.nodeName, m.prev, m.last, m.known = nodeName, nil, nil, nil
+	}
+	if snap, ok, err := m.buildInPlace(objs); ok {
+		return snap, err
 	}
 	known := make(map[svcKey]bool, len(objs.Services))
 	for _, svc := range objs.Services {
@@ -161,6 +309,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	} else {
 		if len(set) == 0 && len(del) == 0 {
 			m.prev = next
+			m.remember(objs, known, sources)
 			return m.last, nil // nothing changed: the same snapshot
 		}
 		changed := make([]lb.ServicePortName, 0, len(set)+len(del))
@@ -180,7 +329,14 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	m.seq++
 	snap.ID = m.seq
 	m.prev, m.last = next, snap
+	m.remember(objs, known, sources)
 	return snap, nil
+}
+
+// remember keeps what a build read, for buildInPlace.
+func (m *BuildMemo) remember(objs *Objects, known map[svcKey]bool, sources map[svcKey][]any) {
+	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
+	m.known, m.sources = known, sources
 }
 
 // HostPort is a port of this host that sluice itself listens on (its

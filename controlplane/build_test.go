@@ -532,3 +532,57 @@ func TestBuildMemoDeltaDropsARenamedPort(t *testing.T) {
 		t.Fatalf("changed %v", second.Changed)
 	}
 }
+
+// Edits that replace a few objects under the same names are built in
+// place, again and again on the same Service, each equal to a fresh
+// build; an edit that adds a Service goes the long way.
+func TestBuildMemoInPlaceEdits(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "m.yaml")
+	render := func(ep1, ep2 string, extra bool) string {
+		out := ""
+		for _, x := range []struct{ name, ip, ep string }{{"a", "10.96.0.1", ep1}, {"b", "10.96.0.2", ep2}} {
+			out += fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: x}\nspec:\n  clusterIP: %s\n  ports: [{name: p, port: 80}]\n---\n", x.name, x.ip)
+			out += fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-1, namespace: x, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [%s]}]\n---\n", x.name, x.name, x.ep)
+		}
+		if extra {
+			out += "apiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: x}\nspec:\n  clusterIP: 10.96.0.3\n  ports: [{name: p, port: 80}]\n"
+		}
+		return out
+	}
+	var cache DocCache
+	var memo BuildMemo
+	step := func(text string) *lb.Snapshot {
+		t.Helper()
+		os.WriteFile(file, []byte(text), 0o644)
+		objs, err := loadCached(dir, &cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := memo.Build(objs, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, _ := LoadManifests(dir)
+		want, _ := Build(fresh)
+		if !reflect.DeepEqual(got.Ports, want.Ports) {
+			t.Fatalf("differs from a fresh build:\n%v\n%v", got.Ports, want.Ports)
+		}
+		return got
+	}
+	step(render("10.0.0.1", "10.0.0.2", false))
+	step(render("10.0.0.5", "10.0.0.2", false))
+	step(render("10.0.0.6", "10.0.0.2", false))
+	step(render("10.0.0.6", "10.0.0.7", false))
+	if memo.inPlace != 3 {
+		t.Fatalf("%d of 3 endpoint edits built in place", memo.inPlace)
+	}
+	step(render("10.0.0.6", "10.0.0.7", true))
+	if memo.inPlace != 3 {
+		t.Fatal("a new Service was built in place")
+	}
+	step(render("10.0.0.8", "10.0.0.7", true))
+	if memo.inPlace != 4 {
+		t.Fatalf("after the long way, an edit was not built in place (%d)", memo.inPlace)
+	}
+}
