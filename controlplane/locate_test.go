@@ -149,3 +149,24 @@ func TestDocCacheConfirmsHitsOnTheText(t *testing.T) {
 		t.Fatalf("a real hit missed: %v %v", d, hit)
 	}
 }
+
+// The cache keeps a copy of each document's text, not a slice of the
+// file's buffer: a slice would keep the whole buffer (8 MB for a
+// 10k-Service file, a new one per edit) alive for one document.
+func TestDocCacheDoesNotPinTheFileBuffer(t *testing.T) {
+	data := []byte("apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80}]\n")
+	var c DocCache
+	c.begin()
+	objs := &Objects{origin: map[string]string{}}
+	if errs := objs.decode("f.yaml", data, &c); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if len(c.next) != 1 {
+		t.Fatalf("%d cached documents", len(c.next))
+	}
+	for _, d := range c.next {
+		if len(d.raw) == 0 || &d.raw[0] == &data[0] {
+			t.Fatal("the cached text is the file's buffer")
+		}
+	}
+}

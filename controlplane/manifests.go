@@ -559,7 +559,10 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		}
 		derrs, dc := o.decodeObject(where, js)
 		if dc != nil {
-			dc.raw = raw
+			// A copy: raw is a slice of the file's buffer, which the cache
+			// would otherwise keep alive whole for one document (a 10k-Service
+			// file is 8 MB, and each edit read a new one).
+			dc.raw = bytes.Clone(raw)
 			cache.next[key] = *dc
 			slot.key, slot.c = key, *dc
 			if o.rec != nil {
