@@ -190,16 +190,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		}
 		built[k] = memoService{svc: svc, sources: sources, ports: svcPorts}
 	}
-	names := make([]lb.ServicePortName, 0, len(set)+len(del))
-	for name := range set {
-		names = append(names, name)
-	}
-	for _, name := range del {
-		if _, ok := set[name]; !ok {
-			names = append(names, name)
-		}
-	}
-	snap = &lb.Snapshot{Ports: m.last.Ports.With(set, del), Base: m.last.ID, Changed: names}
+	snap = m.last.With(set, del)
 	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
 		return nil, true, err
 	}
@@ -312,16 +303,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 			m.remember(objs, known, sources)
 			return m.last, nil // nothing changed: the same snapshot
 		}
-		changed := make([]lb.ServicePortName, 0, len(set)+len(del))
-		for name := range set {
-			changed = append(changed, name)
-		}
-		for _, name := range del {
-			if _, ok := set[name]; !ok {
-				changed = append(changed, name)
-			}
-		}
-		snap = &lb.Snapshot{Ports: m.last.Ports.With(set, del), Base: m.last.ID, Changed: changed}
+		snap = m.last.With(set, del)
 	}
 	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
 		return nil, err

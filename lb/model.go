@@ -151,6 +151,23 @@ func NewSnapshot(m map[ServicePortName]*ServicePort) *Snapshot {
 	return &Snapshot{Ports: NewPortMap(m)}
 }
 
+// With returns the snapshot that is s with the ports in set added or
+// replaced and those in del removed (a name in both is replaced), saying
+// so: Base is s's ID and Changed names every port set or removed. The
+// caller gives it its ID. Unchanged ports are shared with s.
+func (s *Snapshot) With(set map[ServicePortName]*ServicePort, del []ServicePortName) *Snapshot {
+	changed := make([]ServicePortName, 0, len(set)+len(del))
+	for name := range set {
+		changed = append(changed, name)
+	}
+	for _, name := range del {
+		if _, ok := set[name]; !ok {
+			changed = append(changed, name)
+		}
+	}
+	return &Snapshot{Ports: s.Ports.With(set, del), Base: s.ID, Changed: changed}
+}
+
 // DeltaSince returns the names of the ports that differ between the
 // snapshot whose ID is id and s (added, replaced or removed), and true,
 // when s says it is that snapshot with those changes; false when it does

@@ -27,3 +27,24 @@ func TestServicePortNameCompareMatchesStrings(t *testing.T) {
 		}
 	}
 }
+
+// With names every port it sets or removes, once, and bases the result on
+// the snapshot it came from.
+func TestSnapshotWithNamesTheChange(t *testing.T) {
+	a := ServicePortName{Namespace: "x", Name: "a", Protocol: TCP}
+	b := ServicePortName{Namespace: "x", Name: "b", Protocol: TCP}
+	c := ServicePortName{Namespace: "x", Name: "c", Protocol: TCP}
+	base := NewSnapshot(map[ServicePortName]*ServicePort{a: {Name: a}, b: {Name: b}})
+	base.ID = 7
+	next := base.With(map[ServicePortName]*ServicePort{a: {Name: a}, c: {Name: c}}, []ServicePortName{a, b})
+	names := map[ServicePortName]int{}
+	for _, n := range next.Changed {
+		names[n]++
+	}
+	if next.Base != 7 || next.ID != 0 || len(names) != 3 || names[a] != 1 || names[b] != 1 || names[c] != 1 {
+		t.Fatalf("base %d id %d changed %v", next.Base, next.ID, next.Changed)
+	}
+	if next.Ports.Get(b) != nil || next.Ports.Get(c) == nil || next.Ports.Get(a) == base.Ports.Get(a) || base.Ports.Get(b) == nil {
+		t.Fatal("ports wrong, or the base changed")
+	}
+}

@@ -566,16 +566,8 @@ func (s *Source) publishDelta(set map[lb.ServicePortName]*lb.ServicePort, del []
 		s.Sink.Unchanged()
 		return
 	}
-	changed := make([]lb.ServicePortName, 0, len(set)+len(del))
-	for name := range set {
-		changed = append(changed, name)
-	}
-	for _, name := range del {
-		if _, ok := set[name]; !ok {
-			changed = append(changed, name)
-		}
-	}
-	snap := &lb.Snapshot{Ports: s.last.Ports.With(set, del), ID: s.nextID(), Base: s.last.ID, Changed: changed}
+	snap := s.last.With(set, del)
+	snap.ID = s.nextID()
 	s.last = snap
 	controlplane.PublishTo(s.Sink, snap, times)
 }
