@@ -264,7 +264,16 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		if cache != nil {
 			cache.reads++
 		}
-		data, err := readStable(f)
+		var buf []byte
+		if cache != nil {
+			buf = cache.buf
+		}
+		data, err := readStable(f, buf)
+		if cache != nil && data != nil {
+			// Nothing a load keeps points into data (documents are copied
+			// into the cache): the next read may overwrite it.
+			cache.buf = data[:0]
+		}
 		if err != nil {
 			errs = append(errs, &ManifestError{File: f, Err: err})
 			continue
@@ -340,13 +349,13 @@ func BoundErrors(err error, max int) error {
 // readStable reads a file whose size and modification time are the same
 // before and after the read, so a read never mixes two versions of an
 // edit made in place; it tries three times.
-func readStable(f string) ([]byte, error) {
+func readStable(f string, buf []byte) ([]byte, error) {
 	for try := 0; try < 3; try++ {
 		before, err := os.Stat(f)
 		if err != nil {
 			return nil, err
 		}
-		data, err := os.ReadFile(f)
+		data, err := readInto(f, buf[:0], before.Size())
 		if err != nil {
 			return nil, err
 		}
@@ -359,6 +368,33 @@ func readStable(f string) ([]byte, error) {
 		}
 	}
 	return nil, ErrChangedWhileRead
+}
+
+// readInto reads the file into buf (reused between reads: a 10k-Service
+// file is 8 MB, and a new buffer per reload was most of what a reload
+// allocated), growing it as needed; size is what stat said.
+func readInto(path string, buf []byte, size int64) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	if int64(cap(buf)) < size+1 {
+		buf = make([]byte, 0, size+512) // room to see it end (or grow) past what stat said
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := fh.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 func (o *Objects) count() int { return len(o.Services) + len(o.EndpointSlices) + len(o.Endpoints) }
@@ -406,6 +442,7 @@ type DocCache struct {
 	// load's maps; wheres keeps each file's "file#N" names.
 	objects          int
 	slots, nextSlots map[string][]docSlot
+	buf              []byte // the read buffer, reused
 }
 
 // docSlot is the doc-th document of a file as the last load saw it: its
