@@ -69,13 +69,12 @@ type BuildMemo struct {
 	last     *lb.Snapshot // what prev built
 	seq      uint64       // the last snapshot ID given
 	// What the last build read, for builds that change a few objects in
-	// place: the objects in load order, the Services known and each one's
-	// slices and Endpoints.
+	// place: the objects in load order and each Service's slices and
+	// Endpoints.
 	lastServices []*corev1.Service
 	lastSlices   []*discoveryv1.EndpointSlice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	lastEndpoints []*corev1.Endpoints
-	known         map[svcKey]bool
 	sources       map[svcKey][]any
 	inPlace       int // builds buildInPlace did, for tests
 }
@@ -92,7 +91,7 @@ const inPlaceLimit = 64
 // is false when the load is not such a change, or a rebuilt Service has a
 // problem: Build then does it the long way, which reports it.
 func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err error) {
-	if m.last == nil || m.known == nil || len(objs.Services) != len(m.lastServices) ||
+	if m.last == nil || m.sources == nil || len(objs.Services) != len(m.lastServices) ||
 		len(objs.EndpointSlices) != len(m.lastSlices) || len(objs.Endpoints) != len(m.lastEndpoints) {
 		return nil, false, nil
 	}
@@ -115,8 +114,8 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		}
 	}
 	replace := func(k svcKey, old, new any) bool {
-		list := changed[k]
-		if _, seen := changed[k]; !seen {
+		list, seen := changed[k]
+		if !seen {
 			list = m.sources[k]
 		}
 		i := slices.Index(list, old)
@@ -166,29 +165,17 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		if s := svcs[k]; s != nil {
 			svc = s
 		}
-		e := &objErr{}
-		svcPorts := buildService(svc, e)
-		collected := map[lb.ServicePortName][]lb.Endpoint{}
-		for _, src := range sources {
-			switch o := src.(type) {
-			case *discoveryv1.EndpointSlice:
-				sliceEndpoints(o, m.known, m.nodeName, e, collected)
-			//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
-			case *corev1.Endpoints:
-				legacyEndpoints(o, m.known, m.nodeName, e, collected)
-			}
-		}
-		if len(e.errors) > 0 {
+		ms, ok := buildMemoService(svc, sources, m.nodeName)
+		if !ok {
 			return nil, false, nil
 		}
 		for _, sp := range p.ports {
 			del = append(del, sp.Name)
 		}
-		for _, sp := range svcPorts {
-			sp.Endpoints = mergeEndpoints(collected[sp.Name])
+		for _, sp := range ms.ports {
 			set[sp.Name] = sp
 		}
-		built[k] = memoService{svc: svc, sources: sources, ports: svcPorts}
+		built[k] = ms
 	}
 	snap = m.last.With(set, del)
 	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
@@ -217,7 +204,7 @@ type memoService struct {
 // order, and the memo is left as it was.
 func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 	if m.nodeName != nodeName {
-		m.nodeName, m.prev, m.last, m.known = nodeName, nil, nil, nil
+		m.nodeName, m.prev, m.last, m.sources = nodeName, nil, nil, nil
 	}
 	if snap, ok, err := m.buildInPlace(objs); ok {
 		return snap, err
@@ -258,26 +245,14 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 				del = append(del, sp.Name) // rebuilt: its old ports go, its new ones come in set
 			}
 		}
-		e := &objErr{}
-		svcPorts := buildService(svc, e)
-		collected := map[lb.ServicePortName][]lb.Endpoint{}
-		for _, src := range sources[k] {
-			switch o := src.(type) {
-			case *discoveryv1.EndpointSlice:
-				sliceEndpoints(o, known, nodeName, e, collected)
-			//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
-			case *corev1.Endpoints:
-				legacyEndpoints(o, known, nodeName, e, collected)
-			}
-		}
-		if len(e.errors) > 0 {
+		ms, ok := buildMemoService(svc, sources[k], nodeName)
+		if !ok {
 			return buildFull(objs, nodeName, m.Reserved)
 		}
-		for _, sp := range svcPorts {
-			sp.Endpoints = mergeEndpoints(collected[sp.Name])
+		for _, sp := range ms.ports {
 			set[sp.Name] = sp
 		}
-		next[k] = memoService{svc: svc, sources: sources[k], ports: svcPorts}
+		next[k] = ms
 	}
 	if len(m.prev) > len(next)-len(set) { // some Service went (an upper bound test; the loop checks)
 		for k, p := range m.prev {
@@ -300,7 +275,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	} else {
 		if len(set) == 0 && len(del) == 0 {
 			m.prev = next
-			m.remember(objs, known, sources)
+			m.remember(objs, sources)
 			return m.last, nil // nothing changed: the same snapshot
 		}
 		snap = m.last.With(set, del)
@@ -311,14 +286,40 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	m.seq++
 	snap.ID = m.seq
 	m.prev, m.last = next, snap
-	m.remember(objs, known, sources)
+	m.remember(objs, sources)
 	return snap, nil
 }
 
 // remember keeps what a build read, for buildInPlace.
-func (m *BuildMemo) remember(objs *Objects, known map[svcKey]bool, sources map[svcKey][]any) {
+func (m *BuildMemo) remember(objs *Objects, sources map[svcKey][]any) {
 	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
-	m.known, m.sources = known, sources
+	m.sources = sources
+}
+
+// buildMemoService builds one Service from its slices and Endpoints (all
+// already matched to it), for either build path; ok is false on any
+// problem, which the full build then reports.
+func buildMemoService(svc *corev1.Service, sources []any, nodeName string) (ms memoService, ok bool) {
+	e := &objErr{}
+	ports := buildService(svc, e)
+	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
+	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	for _, src := range sources {
+		switch o := src.(type) {
+		case *discoveryv1.EndpointSlice:
+			sliceEndpoints(o, known, nodeName, e, collected)
+		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+		case *corev1.Endpoints:
+			legacyEndpoints(o, known, nodeName, e, collected)
+		}
+	}
+	if len(e.errors) > 0 {
+		return memoService{}, false
+	}
+	for _, sp := range ports {
+		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+	}
+	return memoService{svc: svc, sources: sources, ports: ports}, true
 }
 
 // HostPort is a port of this host that sluice itself listens on (its

@@ -268,7 +268,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		if cache != nil {
 			buf = cache.buf
 		}
-		data, err := readStable(f, buf)
+		data, fi, err := readStable(f, buf)
 		if cache != nil && data != nil {
 			// Nothing a load keeps points into data (documents are copied
 			// into the cache): the next read may overwrite it.
@@ -295,11 +295,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		// Remember the file when all it gave is recorded (a List's items
 		// are not) and its identity is known.
 		if rec := objs.rec; rec != nil && len(ferrs) == 0 && objs.count()-before == len(rec.docs) {
-			if fi, err := os.Stat(f); err == nil && int64(len(data)) == fi.Size() {
-				if id, ok := identify(fi); ok {
-					rec.id, rec.emptyLists = id, objs.emptyLists-lists
-					cache.nextFiles[f] = rec
-				}
+			if id, ok := identify(fi); ok { // fi: the stat readStable took after reading
+				rec.id, rec.emptyLists = id, objs.emptyLists-lists
+				cache.nextFiles[f] = rec
 			}
 		}
 		objs.rec = nil
@@ -349,25 +347,25 @@ func BoundErrors(err error, max int) error {
 // readStable reads a file whose size and modification time are the same
 // before and after the read, so a read never mixes two versions of an
 // edit made in place; it tries three times.
-func readStable(f string, buf []byte) ([]byte, error) {
+func readStable(f string, buf []byte) ([]byte, os.FileInfo, error) {
 	for try := 0; try < 3; try++ {
 		before, err := os.Stat(f)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		data, err := readInto(f, buf[:0], before.Size())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		after, err := os.Stat(f)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if after.Size() == before.Size() && after.ModTime().Equal(before.ModTime()) && int64(len(data)) == after.Size() {
-			return data, nil
+			return data, after, nil
 		}
 	}
-	return nil, ErrChangedWhileRead
+	return nil, nil, ErrChangedWhileRead
 }
 
 // readInto reads the file into buf (reused between reads: a 10k-Service
@@ -439,7 +437,7 @@ type DocCache struct {
 	// reads counts the files read, for tests.
 	reads int
 	// objects is how many objects the last load held, to size the next
-	// load's maps; wheres keeps each file's "file#N" names.
+	// load's maps; slots keeps each file's documents by place.
 	objects          int
 	slots, nextSlots map[string][]docSlot
 	buf              []byte // the read buffer, reused
@@ -474,15 +472,9 @@ func (c *DocCache) slot(file string, doc int) *docSlot {
 type fileState struct {
 	id         fileID
 	readAt     time.Time
-	docs       []fileDoc
+	docs       []docSlot
 	skipped    []skippedDoc
 	emptyLists int
-}
-
-type fileDoc struct {
-	where string
-	key   uint64
-	c     cachedDoc
 }
 
 type skippedDoc struct{ gv, where string }
@@ -577,7 +569,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			slot.key, slot.c = key, c
 			errs = append(errs, o.add(where, c)...)
 			if o.rec != nil {
-				o.rec.docs = append(o.rec.docs, fileDoc{where, key, c})
+				o.rec.docs = append(o.rec.docs, docSlot{where, key, c})
 			}
 			continue
 		}
@@ -603,7 +595,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			cache.next[key] = *dc
 			slot.key, slot.c = key, *dc
 			if o.rec != nil {
-				o.rec.docs = append(o.rec.docs, fileDoc{where, key, *dc})
+				o.rec.docs = append(o.rec.docs, docSlot{where, key, *dc})
 			}
 		}
 		errs = append(errs, derrs...)
