@@ -6,8 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/sluice-proxy/sluice/lb"
 )
 
 // Metrics is sluice's Prometheus registry. It is private to the process
@@ -42,18 +40,11 @@ type Metrics struct {
 	noLocal         *prometheus.GaugeVec
 	sctpSkipped     prometheus.Gauge
 
-	connections *prometheus.CounterVec
-	active      *prometheus.GaugeVec
-	bytes       *prometheus.CounterVec
-	retries     *prometheus.CounterVec
-	failures    *prometheus.CounterVec
-	refused     *prometheus.CounterVec
-	latency     *prometheus.HistogramVec
+	ports *portMetrics // every service port's data-path metrics
 }
 
 // NewMetrics registers every metric on a fresh registry.
 func NewMetrics() *Metrics {
-	svc := []string{"service", "protocol"}
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		// Per IP family, as kube-proxy v1.34's, for the kernel modes that
@@ -125,24 +116,10 @@ func NewMetrics() *Metrics {
 			Help: "Partial iptables-restore runs that failed (the next sync is full), per IP family."}, []string{"ip_family"}),
 		listenerErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "listener_errors_total",
 			Help: "Listeners that could not be opened (e.g. port in use)."}),
-		connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connections_total",
-			Help: "TCP connections accepted and UDP flows created, per service port."}, svc),
-		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "active_connections",
-			Help: "Open TCP connections and UDP flows, per service port."}, svc),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "bytes_total",
-			Help: "Bytes forwarded, per service port and direction (up: client to endpoint, down: endpoint to client), counted when a connection ends."}, append(svc, "direction")),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connect_retries_total",
-			Help: "Connections that needed more than one connect attempt."}, svc),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "connect_failures_total",
-			Help: "Failed connect attempts (refused, timed out, unreachable)."}, svc),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "refused_total",
-			Help: "Clients refused because no endpoint could be reached."}, svc),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Name: "connect_latency_seconds",
-			Help:    "Time from accepting a connection to reaching an endpoint, retries included.",
-			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, svc),
+		ports: newPortMetrics(),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.connections, m.active, m.bytes, m.retries, m.failures, m.refused, m.latency,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.ports,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -327,66 +304,4 @@ func (c readCounter) Collect(ch chan<- prometheus.Metric) {
 // SCTPSkipped sets how many SCTP service ports are not served.
 func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 
-// PortCounters returns the data-path counters of one service port. Its
-// methods match listeners.Counters; the label lookups happen once, here.
-func (m *Metrics) PortCounters(name lb.ServicePortName) *PortCounters {
-	l := []string{name.String(), string(name.Protocol)}
-	return &PortCounters{
-		m:           m,
-		labels:      l,
-		connections: m.connections.WithLabelValues(l...),
-		active:      m.active.WithLabelValues(l...),
-		up:          m.bytes.WithLabelValues(append(l, "up")...),
-		down:        m.bytes.WithLabelValues(append(l, "down")...),
-		retries:     m.retries.WithLabelValues(l...),
-		failures:    m.failures.WithLabelValues(l...),
-		refused:     m.refused.WithLabelValues(l...),
-		latency:     m.latency.WithLabelValues(l...),
-	}
-}
-
-// PortCounters are one service port's data-path metrics.
-type PortCounters struct {
-	m                                                 *Metrics
-	labels                                            []string
-	connections, up, down, retries, failures, refused prometheus.Counter
-	active                                            prometheus.Gauge
-	latency                                           prometheus.Observer
-}
-
-// Opened counts a connection or flow.
-func (c *PortCounters) Opened() { c.connections.Inc(); c.active.Inc() }
-
-// Connected records connect latency and whether retries were needed.
-func (c *PortCounters) Connected(latency time.Duration, tries int) {
-	c.latency.Observe(latency.Seconds())
-	if tries > 1 {
-		c.retries.Inc()
-	}
-}
-
-// ConnectFailed counts one failed attempt.
-func (c *PortCounters) ConnectFailed() { c.failures.Inc() }
-
-// Refused counts a refused client.
-func (c *PortCounters) Refused() { c.refused.Inc() }
-
-// Closed adds a finished connection's bytes.
-func (c *PortCounters) Closed(up, down uint64) {
-	c.active.Dec()
-	c.up.Add(float64(up))
-	c.down.Add(float64(down))
-}
-
 func codeLabel(code int) string { return strconv.Itoa(code) }
-
-// Forget deletes the port's series, once the service port is gone, so that
-// churn does not grow the metrics without bound.
-func (c *PortCounters) Forget() {
-	m, l := c.m, c.labels
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.connections, m.active, m.retries, m.failures, m.refused, m.latency} {
-		v.DeleteLabelValues(l...)
-	}
-	m.bytes.DeleteLabelValues(append(l, "up")...)
-	m.bytes.DeleteLabelValues(append(l, "down")...)
-}
