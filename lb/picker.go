@@ -45,8 +45,41 @@ type health struct {
 
 type endpointSet struct {
 	addrs []netip.AddrPort
-	index map[netip.AddrPort]int
+	index map[netip.AddrPort]int // only above indexFrom endpoints
 }
+
+// indexFrom is the endpoint count from which a set keeps a map from
+// address to position; below it a scan of the addresses is as fast and
+// holds no map (a 10-endpoint map was 1.5 KiB per service port, 15 MB of
+// the live heap at 10k Services).
+const indexFrom = 32
+
+func newEndpointSet(addrs []netip.AddrPort) *endpointSet {
+	s := &endpointSet{addrs: append([]netip.AddrPort(nil), addrs...)}
+	if len(s.addrs) >= indexFrom {
+		s.index = make(map[netip.AddrPort]int, len(s.addrs))
+		for i, a := range s.addrs {
+			s.index[a] = i
+		}
+	}
+	return s
+}
+
+// find returns a's position in the set.
+func (s *endpointSet) find(a netip.AddrPort) (int, bool) {
+	if s.index != nil {
+		i, ok := s.index[a]
+		return i, ok
+	}
+	for i, b := range s.addrs {
+		if a == b {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func (s *endpointSet) has(a netip.AddrPort) bool { _, ok := s.find(a); return ok }
 
 // Picker chooses endpoints for one service port: round robin over the usable
 // endpoints, ClientIP affinity when enabled, and passive ejection of endpoints
@@ -79,17 +112,14 @@ func NewPicker(clock affinity.Clock, ejection EjectionPolicy) *Picker {
 // remain are kept; the round-robin position is kept too, so an update that
 // changes nothing changes no decision.
 func (p *Picker) SetEndpoints(addrs []netip.AddrPort) {
-	s := &endpointSet{addrs: append([]netip.AddrPort(nil), addrs...), index: make(map[netip.AddrPort]int, len(addrs))}
-	for i, a := range s.addrs {
-		s.index[a] = i
-	}
+	s := newEndpointSet(addrs)
 	p.set.Store(s)
 	if t := p.affinity.Load(); t != nil {
-		t.Retain(func(a netip.AddrPort) bool { _, ok := s.index[a]; return ok })
+		t.Retain(s.has)
 	}
 	p.mu.Lock()
 	for a := range p.health {
-		if _, ok := s.index[a]; !ok {
+		if !s.has(a) {
 			delete(p.health, a)
 		}
 	}
@@ -136,7 +166,7 @@ func (p *Picker) Order(client netip.Addr) ([]netip.AddrPort, error) {
 	pinned := -1
 	if t := p.affinity.Load(); t != nil {
 		if ep, ok := t.Lookup(client); ok {
-			if i, ok := s.index[ep]; ok {
+			if i, ok := s.find(ep); ok {
 				pinned = i
 				out = append(out, ep)
 			}
@@ -195,7 +225,7 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 	now := p.clock.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.set.Load().index[ep]; !ok {
+	if !p.set.Load().has(ep) {
 		return false
 	}
 	h := p.health[ep]
@@ -247,7 +277,4 @@ func (p *Picker) ExpirePins() {
 }
 
 // Has reports whether ep is among the current endpoints.
-func (p *Picker) Has(ep netip.AddrPort) bool {
-	_, ok := p.set.Load().index[ep]
-	return ok
-}
+func (p *Picker) Has(ep netip.AddrPort) bool { return p.set.Load().has(ep) }

@@ -330,3 +330,26 @@ func TestOnReturnHearsReturns(t *testing.T) {
 		t.Fatalf("returns heard: %v (ejected %v)", got, p.Ejected(ep))
 	}
 }
+
+// A set finds each of its endpoints at its position and no other address,
+// by scan below indexFrom endpoints and by map from there.
+func TestEndpointSetFindsByScanAndByIndex(t *testing.T) {
+	for n := 0; n <= 2*indexFrom; n++ {
+		var addrs []netip.AddrPort
+		for i := 0; i < n; i++ {
+			addrs = append(addrs, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080))
+		}
+		s := newEndpointSet(addrs)
+		if (s.index != nil) != (n >= indexFrom) {
+			t.Fatalf("%d endpoints: index kept %v", n, s.index != nil)
+		}
+		for i, a := range addrs {
+			if j, ok := s.find(a); !ok || j != i {
+				t.Fatalf("%d endpoints: %s found at %d, %v; want %d", n, a, j, ok, i)
+			}
+		}
+		if s.has(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 8081)) || s.has(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, 0}), 8080)) {
+			t.Fatalf("%d endpoints: found an address not in the set", n)
+		}
+	}
+}
