@@ -582,6 +582,9 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 			if inherited {
 				break // serve on what was handed over (a predecessor without reuseport)
 			}
+			for _, fd := range fds { // the loops' sockets bound before this one
+				unix.Close(fd)
+			}
 			return nil, err
 		}
 		if len(fds) == 0 {

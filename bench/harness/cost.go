@@ -339,3 +339,34 @@ func costUDPRR(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return n, nil
 	})
 }
+
+// costUDPFlows: each unit is a new flow, a fresh client socket (tuple)
+// sending one 64 B datagram and reading the reply; 4 clients at once, as
+// many flows as the udp-flows workload opens. The flows' expiry comes
+// after the count (every system here ends a flow after 1 s idle), so this
+// is the cost of setting one up and relaying its first exchange.
+func costUDPFlows(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	addr := in.Addr("udp").String()
+	const clients = 4
+	per := sz.UDPClients / clients
+	return countWork(in, func() (int, error) {
+		return inParallel(clients, func(int) (int, error) {
+			msg, buf := make([]byte, 64), make([]byte, 2048)
+			done := 0
+			for i := 0; i < per && ctx.Err() == nil; i++ {
+				c, err := net.Dial("udp", addr)
+				if err != nil {
+					return done, err
+				}
+				c.Write(msg)
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				_, err = c.Read(buf)
+				c.Close()
+				if err == nil { // a lost reply is not a unit
+					done++
+				}
+			}
+			return done, nil
+		})
+	})
+}
