@@ -2,16 +2,19 @@ package kube
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
@@ -564,5 +567,38 @@ func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
 	}
 	if _, err := trimForProxy(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
 		t.Fatal(err) // other objects pass untouched
+	}
+}
+
+// A big initial list's garbage is handed back to the system once, after
+// the first build; a small one's is left to the scavenger.
+func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
+	for _, n := range []int{bigList - 1, bigList} {
+		var objs []runtime.Object
+		for i := 0; i < n; i++ {
+			objs = append(objs, service(fmt.Sprintf("s%d", i)))
+		}
+		client := fake.NewClientset(objs...)
+		var released atomic.Int32
+		s := newSink()
+		s.queued = make(chan struct{}, 2*n+10) // an event per object, unread here
+		run(t, &Source{Client: client, Sink: s, ReleaseMemory: func() { released.Add(1) }})
+		if snap := s.next(t); snap.Ports.Len() != n {
+			t.Fatalf("first snapshot has %d ports, want %d", snap.Ports.Len(), n)
+		}
+		// The release comes after the first publish and before any
+		// later one, on the same goroutine: after a second snapshot it
+		// has happened, or never will.
+		if _, err := client.CoreV1().Services("default").Create(context.Background(), service("later"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s.next(t)
+		want := int32(0)
+		if n >= bigList {
+			want = 1
+		}
+		if got := released.Load(); got != want {
+			t.Fatalf("%d Services: memory released %d times, want %d", n, got, want)
+		}
 	}
 }
