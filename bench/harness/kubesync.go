@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -353,6 +354,13 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 	if proxy == "sluice" {
 		args = append(args, "--mode-fallback=false", "--handover-socket="+filepath.Join(dir, "h.sock"))
 	}
+	// SLUICE_BENCH_HEAP_PROFILE=DIR saves each proxy's heap profile after
+	// its partial sync (both proxies serve pprof with --profiling), to see
+	// where the resident memory the results report goes.
+	heapDir := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
+	if heapDir != "" {
+		args = append(args, "--profiling")
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = cfg.env()
 	logf, _ := os.Create(filepath.Join(dir, "log"))
@@ -442,7 +450,34 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 	}
 	r.PartialS = after.partialSum - first.partialSum
 	r.RSSMB, r.PeakRSSMB = procMemMB(cmd.Process.Pid)
+	if heapDir != "" {
+		out := filepath.Join(heapDir, fmt.Sprintf("%s-%s-%d-%d.pprof", proxy, mode, n, update))
+		if err := saveHeapProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", mp), out); err != nil {
+			cfg.Logf("heap profile of %s: %v", proxy, err)
+		}
+	}
 	return r
+}
+
+// saveHeapProfile writes the pprof heap profile served at url to path.
+func saveHeapProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // WriteKubeSyncResults writes results.json and results.md (medians by

@@ -82,13 +82,13 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 		}
 		o.ExistingNATChains = chains
 		prev = nil
-	} else {
-		for c := range p.chains {
-			o.ExistingNATChains = append(o.ExistingNATChains, c)
-		}
 	}
-	r := renderPartial(snap, o, prev, &p.cache)
-	data, bodies, chains := r.data, r.bodies, r.chains
+	known := p.chains // a partial sync deletes those no longer used
+	if full {
+		known = nil
+	}
+	r := renderPartial(snap, o, prev, &p.cache, known)
+	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
 	st.FilterRules, st.NATRules = RuleCounts(data)
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
@@ -109,10 +109,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if full {
 		p.lastFull = now
 	}
-	p.chains = make(map[string]bool, len(chains))
-	for _, c := range chains {
-		p.chains[c] = true
-	}
+	p.chains = r.active
 	return st, nil
 }
 

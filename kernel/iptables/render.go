@@ -181,8 +181,12 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
-	r := renderPartial(snap, o, applied, nil)
-	return r.data, r.bodies, r.chains
+	r := renderPartial(snap, o, applied, nil, nil)
+	chains := make([]string, 0, len(r.active))
+	for c := range r.active {
+		chains = append(chains, c)
+	}
+	return r.data, r.bodies, chains
 }
 
 // rendered is one render's output: the restore input, the fingerprints
@@ -190,9 +194,10 @@ func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies
 // chains it left out because they are unchanged (kube-proxy's
 // skippedNatRules, for sync_proxy_rules_iptables_total).
 type rendered struct {
-	data       []byte
-	bodies     Bodies
-	chains     []string
+	data   []byte
+	bodies Bodies
+	// active are the per-service chains that exist once it is applied.
+	active     map[string]bool
 	skippedNAT int
 }
 
@@ -235,7 +240,12 @@ type portCache struct {
 	hits  int // ports taken from the cache, ever (for tests)
 }
 
-func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache) rendered {
+// renderPartial is RenderPartial with the proxier's port cache and, for a
+// partial sync, the per-service chains the last one left (known): those
+// not active any more are deleted, as o.ExistingNATChains' are on a full
+// sync. A map, not a list: at 10k services a partial sync listed 110k
+// chain names to find the few stale ones.
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool) rendered {
 	mark := o.Mark()
 	skipped := 0
 	total := 0
@@ -244,7 +254,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	o.largeCluster = total > LargeClusterEndpoints
 	var filterRules, natRules, natChains, bodyRules writer
-	active := map[string]bool{}
+	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains)))
 	bodies := make(Bodies, snap.Ports.Len())
 	var portChains []string
 	chain := func(name string) {
@@ -254,7 +264,12 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		}
 	}
 	var body writer
-	bodyRules.b.Grow(snap.Ports.Len() * 4096)
+	if applied == nil {
+		// A full sync writes every port's chains; a partial one only the
+		// changed ports' (reserving for all of them cost 40 MB per
+		// partial sync at 10k, the most of what one allocated).
+		bodyRules.b.Grow(snap.Ports.Len() * 4096)
+	}
 	natRules.b.Grow(snap.Ports.Len() * 256)
 	natChains.b.Grow(snap.Ports.Len() * 512)
 	var cached map[*lb.ServicePort]portRender
@@ -356,17 +371,22 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
 	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
-	out.b.WriteString(filterRules.b.String())
+	out.b.Write(filterRules.b.Bytes())
 	out.line("COMMIT")
 
 	out.line("*nat")
 	for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
 		out.line(":" + c + " - [0:0]")
 	}
-	out.b.WriteString(natChains.b.String())
+	out.b.Write(natChains.b.Bytes())
 	var stale []string
 	for _, c := range o.ExistingNATChains {
 		if IsServiceChain(c) && !active[c] {
+			stale = append(stale, c)
+		}
+	}
+	for c := range known {
+		if !active[c] {
 			stale = append(stale, c)
 		}
 	}
@@ -382,17 +402,13 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	out.line(masq...)
 	out.line("-A", ChainMarkMasq, "-j", "MARK", "--or-mark", mark)
-	out.b.WriteString(natRules.b.String())
-	out.b.WriteString(bodyRules.b.String())
+	out.b.Write(natRules.b.Bytes())
+	out.b.Write(bodyRules.b.Bytes())
 	for _, c := range stale {
 		out.line("-X", c)
 	}
 	out.line("COMMIT")
-	chains := make([]string, 0, len(active))
-	for c := range active {
-		chains = append(chains, c)
-	}
-	return rendered{data: out.b.Bytes(), bodies: bodies, chains: chains, skippedNAT: skipped}
+	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped}
 }
 
 // renderPort writes a service port's rules in the top-level chains to
