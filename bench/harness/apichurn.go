@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -153,9 +154,16 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	}
 	lo := netip.MustParseAddr("127.0.0.1")
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", freeLoopbackPort())
-	proc, err := StartProc("sluice-api-churn", -1, sl.bin, "--kubeconfig", bed.cluster.Kubeconfig, "--bind-address", lo.String(), "--userspace-capture=none",
-		"--healthz-bind-address=", "--metrics-bind-address="+strings.TrimSuffix(strings.TrimPrefix(metrics, "http://"), "/metrics"),
-		"--iptables-min-sync-period=0", "--kube-api-qps=2000", "--kube-api-burst=2000")
+	args := []string{"--kubeconfig", bed.cluster.Kubeconfig, "--bind-address", lo.String(), "--userspace-capture=none",
+		"--healthz-bind-address=", "--metrics-bind-address=" + strings.TrimSuffix(strings.TrimPrefix(metrics, "http://"), "/metrics"),
+		"--iptables-min-sync-period=0", "--kube-api-qps=2000", "--kube-api-burst=2000"}
+	// SLUICE_BENCH_HEAP_PROFILE=DIR saves sluice's heap profile once the
+	// whole list is served, beside the resident memory reported.
+	heapDir := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
+	if heapDir != "" {
+		args = append(args, "--profiling")
+	}
+	proc, err := StartProc("sluice-api-churn", -1, append([]string{sl.bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +190,12 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	}
 	// Resident memory once the whole list is served, before the churn.
 	rss, peak := procMemMB(proc.PID())
+	if heapDir != "" {
+		out := filepath.Join(heapDir, fmt.Sprintf("%s-churn-api-%d-%d.pprof", in.System.Name(), bed.n, time.Now().UnixNano()))
+		if err := saveHeapProfile(strings.TrimSuffix(metrics, "/metrics")+"/debug/pprof/heap?gc=1", out); err != nil {
+			return nil, fmt.Errorf("heap profile: %w", err)
+		}
+	}
 	m, err := flips(ctx, bed.n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		m["services"] = float64(bed.n)
