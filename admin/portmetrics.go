@@ -26,10 +26,6 @@ type portMetrics struct {
 	ports map[lb.ServicePortName]*PortCounters
 }
 
-// latencyBuckets are the connect latency histogram's bounds: 50 us to
-// about 6.5 s.
-var latencyBuckets = prometheus.ExponentialBuckets(0.00005, 2, 18)
-
 func newPortMetrics() *portMetrics {
 	svc := []string{"service", "protocol"}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
@@ -44,7 +40,7 @@ func newPortMetrics() *portMetrics {
 		failures: desc("connect_failures_total", "Failed connect attempts (refused, timed out, unreachable).", svc...),
 		refused:  desc("refused_total", "Clients refused because no endpoint could be reached.", svc...),
 		latency:  desc("connect_latency_seconds", "Time from accepting a connection to reaching an endpoint, retries included.", svc...),
-		buckets:  latencyBuckets,
+		buckets:  prometheus.ExponentialBuckets(0.00005, 2, 18), // 50 us to about 6.5 s
 		ports:    map[lb.ServicePortName]*PortCounters{},
 	}
 }
