@@ -731,46 +731,27 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName strin
 
 // mergeEndpoints drops duplicate addresses (the first wins unless a later one
 // is not terminating, as kube-proxy does) and sorts by "ip:port" string.
-//
 // The result is sized to the endpoints, not grown by appends: it is kept for
 // as long as the Service is unchanged (10 endpoints took a 16-entry array,
-// 13.5 MB of the live heap at 10k Services). Small sets find duplicates by
-// a scan rather than a map.
+// 13.5 MB of the live heap at 10k Services).
 func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
-	var seen map[netip.AddrPort]int
-	if len(eps) > 32 {
-		seen = make(map[netip.AddrPort]int, len(eps))
+	if len(eps) == 0 {
+		return nil
 	}
-	find := func(out []lb.Endpoint, a netip.AddrPort) (int, bool) {
-		if seen != nil {
-			i, ok := seen[a]
-			return i, ok
-		}
-		for i := range out {
-			if out[i].Addr == a {
-				return i, true
-			}
-		}
-		return 0, false
-	}
+	seen := make(map[netip.AddrPort]int, len(eps))
 	out := make([]lb.Endpoint, 0, len(eps))
 	for _, ep := range eps {
-		if i, dup := find(out, ep.Addr); dup {
+		if i, dup := seen[ep.Addr]; dup {
 			if out[i].Terminating && !ep.Terminating {
 				out[i] = ep
 			}
 			continue
 		}
-		if seen != nil {
-			seen[ep.Addr] = len(out)
-		}
+		seen[ep.Addr] = len(out)
 		out = append(out, ep)
 	}
-	if len(out) == 0 {
-		return nil
-	}
 	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
-	return slices.Clip(out)
+	return slices.Clip(out) // spare room after duplicates is not for appends to share
 }
 
 // BuildService builds one Service's ports for the node named nodeName, with
