@@ -84,6 +84,10 @@ type Server struct {
 
 	mu    sync.Mutex
 	ports map[lb.ServicePortName]*servedPort
+	// sctpPorts counts the SCTP entries of ports, kept by setPort and
+	// dropPort: the SCTPSkipped count without a walk of every port per
+	// update (issue 16).
+	sctpPorts int
 	// The ID and node addresses of the snapshot applied last (for deltas).
 	appliedID        uint64
 	appliedNodeAddrs []netip.Addr
@@ -215,7 +219,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	delta = delta && slices.Equal(nodeAddrs, s.appliedNodeAddrs)
 	remove := func(name lb.ServicePortName, p *servedPort) {
 		s.closePort(p)
-		delete(s.ports, name)
+		s.dropPort(name)
 		if f, ok := p.target.Counters.(interface{ Forget() }); ok {
 			f.Forget() // its metric series go with it
 		}
@@ -272,7 +276,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
 			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))}}
 			np.ext = np.target
-			s.ports[sp.Name] = np
+			s.setPort(np)
 			continue
 		}
 		var picker, extPicker *lb.Picker
@@ -300,21 +304,33 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		}
 		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
-		s.ports[sp.Name] = np
+		s.setPort(np)
 		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
 	}
 	if s.SCTPSkipped != nil {
 		n := 0
 		if s.SCTP == nil {
-			for name := range s.ports {
-				if name.Protocol == lb.SCTP {
-					n++
-				}
-			}
+			n = s.sctpPorts
 		}
 		s.SCTPSkipped(n)
 	}
 	return errors.Join(errs...)
+}
+
+// setPort puts p in ports under its name; s.mu held.
+func (s *Server) setPort(p *servedPort) {
+	if s.ports[p.sp.Name] == nil && p.sp.Name.Protocol == lb.SCTP {
+		s.sctpPorts++
+	}
+	s.ports[p.sp.Name] = p
+}
+
+// dropPort takes name out of ports; s.mu held.
+func (s *Server) dropPort(name lb.ServicePortName) {
+	if _, ok := s.ports[name]; ok && name.Protocol == lb.SCTP {
+		s.sctpPorts--
+	}
+	delete(s.ports, name)
 }
 
 // setEndpoints hands the port's usable endpoints and affinity to its
@@ -561,7 +577,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	for name, p := range s.ports {
 		s.closePort(p)
-		delete(s.ports, name)
+		s.dropPort(name)
 	}
 	s.mu.Unlock()
 	s.ejectMu.Lock()

@@ -549,3 +549,51 @@ func TestServerDeltasConvergeWithFullApplies(t *testing.T) {
 		}
 	}
 }
+
+// TestServerCountsSkippedSCTPPorts: without an SCTP listener, the count
+// handed to SCTPSkipped is the number of SCTP ports in the snapshot after
+// every apply, whether it came as a delta or whole, and whatever the
+// SCTP ports did (added, changed, dropped, their frontend moved).
+func TestServerCountsSkippedSCTPPorts(t *testing.T) {
+	var got []int
+	srv := &Server{Engine: NewGoroutine(Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+		SCTPSkipped: func(n int) { got = append(got, n) }}
+	defer srv.Close()
+	rng := rand.New(rand.NewPCG(16, 2))
+	name := func(i int) lb.ServicePortName {
+		proto := lb.SCTP
+		if i%3 == 0 {
+			proto = lb.TCP
+		}
+		return lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: proto}
+	}
+	snap := lb.NewSnapshot(nil)
+	snap.ID = 1
+	for step := range 200 {
+		set := map[lb.ServicePortName]*lb.ServicePort{}
+		var del []lb.ServicePortName
+		i := rng.IntN(12)
+		if rng.IntN(3) == 0 {
+			del = append(del, name(i))
+		} else {
+			// A new ClusterIP now and then: the frontend changes.
+			sp := &lb.ServicePort{Name: name(i), Port: 80, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i), byte(rng.IntN(2))})}}
+			set[sp.Name] = sp
+		}
+		next := &lb.Snapshot{Ports: snap.Ports.With(set, del), ID: snap.ID + 1, Base: snap.ID, Changed: []lb.ServicePortName{name(i)}}
+		if rng.IntN(8) == 0 {
+			next.Base, next.Changed = 0, nil
+		}
+		srv.Apply(next) // errors: none expected for ClusterIP-only ports on proxy ports
+		want := 0
+		for n := range next.Ports.All() {
+			if n.Protocol == lb.SCTP {
+				want++
+			}
+		}
+		if len(got) != step+1 || got[step] != want {
+			t.Fatalf("step %d: SCTPSkipped calls %v, want the last to be %d", step, got, want)
+		}
+		snap = next
+	}
+}

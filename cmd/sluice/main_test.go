@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -235,5 +237,70 @@ func TestModeOrigin(t *testing.T) {
 		if got := modeOrigin(cfg); got != tc.want {
 			t.Errorf("%v: %q, want %q", args, got, tc.want)
 		}
+	}
+}
+
+// TestHealthCheckPortsFollowDeltas walks random deltas (health check node
+// ports added, moved, dropped; local endpoints changed; ports removed),
+// with now and then a snapshot that is not a delta of the last one, and
+// checks after each that the tracked list is the one a walk of every port
+// gives.
+func TestHealthCheckPortsFollowDeltas(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1))
+	name := func(i int) lb.ServicePortName {
+		// Two ports per Service: they share its health check node port.
+		return lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", i/2), Port: fmt.Sprintf("p%d", i%2), Protocol: lb.TCP}
+	}
+	port := func(i int) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: name(i), Port: 80}
+		if rng.IntN(3) > 0 {
+			sp.HealthCheckNodePort = uint16(30000 + i/2)
+		}
+		for j := range rng.IntN(4) {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), byte(j)}), 80),
+				Local: rng.IntN(2) == 0, Ready: rng.IntN(4) > 0})
+		}
+		return sp
+	}
+	whole := func(snap *lb.Snapshot) []admin.HealthCheckService {
+		var all []*lb.ServicePort
+		for _, sp := range snap.Ports.All() {
+			all = append(all, sp)
+		}
+		return healthCheckServices(slices.Values(all))
+	}
+	var h healthCheckPorts
+	snap := lb.NewSnapshot(nil)
+	snap.ID = 1
+	deltas := 0
+	for step := range 500 {
+		set := map[lb.ServicePortName]*lb.ServicePort{}
+		var del, changed []lb.ServicePortName
+		for range rng.IntN(4) + 1 {
+			i := rng.IntN(40)
+			if rng.IntN(4) == 0 {
+				delete(set, name(i))
+				del = append(del, name(i))
+			} else {
+				sp := port(i)
+				set[sp.Name] = sp
+				del = slices.DeleteFunc(del, func(n lb.ServicePortName) bool { return n == sp.Name })
+			}
+			changed = append(changed, name(i))
+		}
+		next := &lb.Snapshot{Ports: snap.Ports.With(set, del), ID: snap.ID + 1, Base: snap.ID, Changed: changed}
+		if rng.IntN(10) == 0 {
+			next.Base, next.Changed = 0, nil // not a delta: the whole map is walked
+		} else {
+			deltas++
+		}
+		got := h.update(next)
+		if want := whole(next); !slices.Equal(got, want) {
+			t.Fatalf("step %d: tracked %v, a walk of every port gives %v", step, got, want)
+		}
+		snap = next
+	}
+	if deltas < 400 {
+		t.Fatalf("only %d of 500 steps were deltas", deltas)
 	}
 }

@@ -35,11 +35,18 @@ func BenchmarkPublishOneChangeAt10k(b *testing.B) {
 	metrics := admin.NewMetrics()
 	log := slog.New(slog.DiscardHandler)
 	health := admin.NewHealth(time.Minute, nil)
+	local := &localAddrs{}
+	// Wired as run wires them: node addresses, the SCTP count (no SCTP
+	// listener, as on a kernel without SCTP) and the health check ports.
 	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
-		Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }}
+		Counters:      func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
+		NodePortAddrs: func() []netip.Addr { return selectNodePortAddrs(nil, local.list()) },
+		SCTPSkipped:   metrics.SCTPSkipped, SCTPWhy: "benchmark"}
 	defer srv.Close()
+	svcHealth := &admin.ServiceHealth{Addrs: func() []netip.Addr { return selectNodePortAddrs(nil, local.list()) }}
+	defer svcHealth.Close()
 	a := &applier{plane: userspacePlane{Server: srv, capture: noCapture{}, metrics: metrics, health: health, log: log},
-		local: &localAddrs{}, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+		local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth}
 	snap := lb.NewSnapshot(all)
 	snap.ID = 1
 	a.Publish(snap)
