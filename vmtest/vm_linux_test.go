@@ -48,7 +48,7 @@ func TestVMSuite(t *testing.T) {
 	run(t, root, static, "go", "test", "-c", "-tags", "vmguest", "-o", filepath.Join(work, "guest.test"), "./vmtest/guest")
 	img, err := Build(Spec{Root: root, Work: work,
 		Files:  map[string]string{"sluice": filepath.Join(work, "sluice"), "guest.test": filepath.Join(work, "guest.test")},
-		Script: "SLUICE_BIN=/sluice /guest.test -test.v -test.timeout=120s"})
+		Script: "SLUICE_BIN=/sluice /guest.test -test.v -test.timeout=8m"})
 	require(t, err)
 	start := time.Now()
 	log, err := Boot(img, work, 1024, 10*time.Minute)
