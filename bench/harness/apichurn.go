@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -38,6 +39,7 @@ type apiBed struct {
 	load     uint16
 	marker   uint16
 	loadTime time.Duration
+	probeUID types.UID // the probe Service's, its slice's owner
 }
 
 const apiChurnNamespace = "default"
@@ -108,26 +110,42 @@ func (b *apiBed) service(ctx context.Context, name string, nodePort uint16, eps 
 		svc.Spec.Type = corev1.ServiceTypeNodePort
 		svc.Spec.Ports[0].NodePort = int32(nodePort)
 	}
-	if _, err := b.client.CoreV1().Services(apiChurnNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	created, err := b.client.CoreV1().Services(apiChurnNamespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
 		return fmt.Errorf("create Service %s: %w", name, err)
 	}
-	_, err := b.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Create(ctx, slice(name, eps...), metav1.CreateOptions{})
+	if name == "probe" {
+		b.probeUID = created.UID
+	}
+	_, err = b.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Create(ctx, slice(name, created.UID, eps...), metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create EndpointSlice %s: %w", name, err)
 	}
 	return nil
 }
 
-func slice(name string, eps ...netip.AddrPort) *discoveryv1.EndpointSlice {
+// slice is the Service's EndpointSlice as Kubernetes' EndpointSlice
+// controller writes one (labels, owner, conditions, node, zone, the pod
+// each endpoint is), so that what a proxy keeps of it is measured on
+// what a cluster holds.
+func slice(name string, owner types.UID, eps ...netip.AddrPort) *discoveryv1.EndpointSlice {
 	port := int32(eps[0].Port())
 	pname, proto := "p", corev1.ProtocolTCP
+	yes, no, node, zone := true, false, "node-a", "zone-a"
 	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: apiChurnNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: apiChurnNamespace,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name, UID: owner,
+				Controller: &yes, BlockOwnerDeletion: &yes}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
 	}
-	for _, e := range eps {
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.Addr().String()}})
+	for i, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.Addr().String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no},
+			NodeName:   &node, Zone: &zone,
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: apiChurnNamespace, Name: fmt.Sprintf("%s-7d4b9c8f6d-%05d", name, i),
+				UID: types.UID(fmt.Sprintf("6f1c2a3b-4d5e-4f60-8a7b-%012d", i))}})
 	}
 	return sl
 }
@@ -149,7 +167,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, err
 	}
 	// Back to the first endpoint, where every round starts.
-	if _, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", httpBackends[0]), metav1.UpdateOptions{}); err != nil {
+	if _, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, slice("probe", bed.probeUID, httpBackends[0]), metav1.UpdateOptions{}); err != nil {
 		return nil, err
 	}
 	lo := netip.MustParseAddr("127.0.0.1")
@@ -183,7 +201,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	write := func(ep netip.AddrPort) error {
 		// Stamped as the EndpointSlice controller stamps a pod change, so
 		// sluice's kube-proxy SLI measures from this write.
-		sl := slice("probe", ep)
+		sl := slice("probe", bed.probeUID, ep)
 		sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
 		_, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
 		return err
