@@ -254,6 +254,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	syncEvery, minSync := cfg.SyncPeriods()
 	health := admin.NewHealth(2*syncEvery, nil) // kube-proxy's healthz timeout
 	local := &localAddrs{}
+	if w, err := newAddrWatch(); err == nil {
+		local.watch = w
+		defer w.Close()
+	} else {
+		log.Info("local addresses are listed before every apply", "why", err)
+	}
 
 	// Hitless restart: take the listening sockets of a sluice running with
 	// the same command line before binding anything; it retires once this
@@ -800,22 +806,42 @@ func unjoin(err error) []error {
 
 // localAddrs is the set of this host's addresses, refreshed before each
 // apply, so external and load-balancer IPs that are local get listeners.
+// With a watch, a refresh lists the addresses only when the watch says
+// they changed.
 type localAddrs struct {
-	mu  sync.Mutex
-	set map[netip.Addr]bool
+	// watch says whether the addresses may have changed since it was
+	// last asked; nil: always list them.
+	watch interface{ Changed() bool }
+	// dump lists the addresses; default net.InterfaceAddrs.
+	dump func() ([]net.Addr, error)
+
+	mu     sync.Mutex
+	set    map[netip.Addr]bool
+	listed bool // the last refresh listed the addresses (not failed)
 }
 
 func (l *localAddrs) refresh() {
+	if l.watch != nil && !l.watch.Changed() {
+		l.mu.Lock()
+		listed := l.listed
+		l.mu.Unlock()
+		if listed {
+			return
+		}
+	}
+	dump := l.dump
+	if dump == nil {
+		dump = net.InterfaceAddrs
+	}
 	set := map[netip.Addr]bool{}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil {
-				set[p.Addr().Unmap()] = true
-			}
+	addrs, err := dump()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			set[p.Addr().Unmap()] = true
 		}
 	}
 	l.mu.Lock()
-	l.set = set
+	l.set, l.listed = set, err == nil
 	l.mu.Unlock()
 }
 

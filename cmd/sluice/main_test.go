@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -303,4 +304,40 @@ func TestHealthCheckPortsFollowDeltas(t *testing.T) {
 	if deltas < 400 {
 		t.Fatalf("only %d of 500 steps were deltas", deltas)
 	}
+}
+
+type fakeAddrWatch struct{ changed bool }
+
+func (f *fakeAddrWatch) Changed() bool { c := f.changed; f.changed = false; return c }
+
+// With a watch, the local addresses are listed on the first refresh,
+// after the watch says they changed, and after a listing failed; not
+// otherwise.
+func TestLocalAddrsListOnlyAfterAChange(t *testing.T) {
+	w := &fakeAddrWatch{}
+	dumps := 0
+	var fail error
+	l := &localAddrs{watch: w, dump: func() ([]net.Addr, error) {
+		dumps++
+		return []net.Addr{&net.IPNet{IP: net.IPv4(192, 0, 2, byte(dumps)), Mask: net.CIDRMask(32, 32)}}, fail
+	}}
+	step := func(changed bool, want int) {
+		t.Helper()
+		w.changed = changed
+		l.refresh()
+		if dumps != want {
+			t.Fatalf("%d listings, want %d", dumps, want)
+		}
+	}
+	step(false, 1) // the first refresh lists
+	step(false, 1)
+	step(true, 2)
+	if !l.has(netip.MustParseAddr("192.0.2.2")) {
+		t.Fatalf("addresses %v, want the second listing's", l.list())
+	}
+	fail = errors.New("netlink: no buffer space")
+	step(true, 3)
+	fail = nil
+	step(false, 4) // the last listing failed: list again
+	step(false, 4)
 }

@@ -36,7 +36,11 @@ func BenchmarkPublishOneChangeAt10k(b *testing.B) {
 	log := slog.New(slog.DiscardHandler)
 	health := admin.NewHealth(time.Minute, nil)
 	local := &localAddrs{}
-	// Wired as run wires them: node addresses, the SCTP count (no SCTP
+	if w, err := newAddrWatch(); err == nil {
+		local.watch = w
+		defer w.Close()
+	}
+	// Wired as run wires them: node addresses (with the address watch), the SCTP count (no SCTP
 	// listener, as on a kernel without SCTP) and the health check ports.
 	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
 		Counters:      func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
