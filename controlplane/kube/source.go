@@ -303,11 +303,11 @@ func (s *Source) Run(ctx context.Context) error {
 // sluice reads of them. A Service loses managedFields (server-side apply's
 // bookkeeping, often the largest part of an object) and annotations
 // (kubectl's last-applied-configuration holds a whole copy of it). An
-// EndpointSlice is rebuilt with its name, namespace, UID, resourceVersion,
+// EndpointSlice keeps its name, namespace, UID, resourceVersion,
 // service-name label, last-change-trigger-time annotation (the network
 // programming SLI reads it), address type, ports, and per endpoint its
-// addresses, conditions and node name; node names and conditions are
-// shared between endpoints. The rest (owner references, other labels,
+// addresses, conditions and node name, in place; node names and
+// conditions are shared between endpoints. The rest (owner references, other labels,
 // target references, hostnames, zones, topology hints, which sluice does
 // not read) goes: kube-proxy keeps all of it (issue 16: memory per
 // service port).
@@ -333,38 +333,42 @@ func (c *objectCompactor) transform(o any) (any, error) {
 }
 
 func (c *objectCompactor) slice(sl *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	out := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: sl.Name, Namespace: sl.Namespace, UID: sl.UID, ResourceVersion: sl.ResourceVersion,
-			DeletionTimestamp: sl.DeletionTimestamp},
-		AddressType: sl.AddressType,
-		Ports:       sl.Ports,
+	// In place: a re-packed copy kept the same but raised the peak of the
+	// initial list by its own size (7 MB at 10k Services) and, placed
+	// among the decoded originals, freed no resident memory.
+	m := &sl.ObjectMeta
+	m.ManagedFields, m.OwnerReferences, m.Finalizers, m.GenerateName = nil, nil, nil, ""
+	m.CreationTimestamp, m.Generation = metav1.Time{}, 0
+	for k := range m.Labels {
+		if k != discoveryv1.LabelServiceName {
+			delete(m.Labels, k)
+		}
 	}
-	if name, ok := sl.Labels[discoveryv1.LabelServiceName]; ok {
-		out.Labels = map[string]string{discoveryv1.LabelServiceName: name}
+	for k := range m.Annotations {
+		if k != corev1.EndpointsLastChangeTriggerTime {
+			delete(m.Annotations, k)
+		}
 	}
-	if t, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		out.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: t}
-	}
-	if len(sl.Endpoints) > 0 {
-		out.Endpoints = make([]discoveryv1.Endpoint, len(sl.Endpoints))
+	if len(m.Annotations) == 0 {
+		m.Annotations = nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, ep := range sl.Endpoints {
-		e := &out.Endpoints[i]
-		e.Addresses = ep.Addresses
-		e.Conditions = discoveryv1.EndpointConditions{Ready: c.flag(ep.Conditions.Ready), Serving: c.flag(ep.Conditions.Serving),
-			Terminating: c.flag(ep.Conditions.Terminating)}
-		if ep.NodeName != nil {
-			n := c.nodes[*ep.NodeName]
+	for i := range sl.Endpoints {
+		e := &sl.Endpoints[i]
+		e.Hostname, e.TargetRef, e.Zone, e.Hints, e.DeprecatedTopology = nil, nil, nil, nil, nil
+		e.Conditions = discoveryv1.EndpointConditions{Ready: c.flag(e.Conditions.Ready), Serving: c.flag(e.Conditions.Serving),
+			Terminating: c.flag(e.Conditions.Terminating)}
+		if e.NodeName != nil {
+			n := c.nodes[*e.NodeName]
 			if n == nil {
-				n = ep.NodeName
+				n = e.NodeName
 				c.nodes[*n] = n
 			}
 			e.NodeName = n
 		}
 	}
-	return out
+	return sl
 }
 
 // flag is b as one of the compactor's two shared values (nil stays nil:
