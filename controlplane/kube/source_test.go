@@ -3,9 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -544,101 +542,30 @@ func TestSnapshotsCarryTheirDelta(t *testing.T) {
 	}
 }
 
-// The informers keep only what sluice reads. A Service loses its
-// managedFields and annotations (labels stay). An EndpointSlice is
-// re-packed: random slices, with every field the EndpointSlice controller
-// writes and some it does not, build the same service ports (endpoints,
-// conditions, locality, errors) before and after, keep their
-// last-change-trigger-time and service-name label, and lose the rest;
-// endpoints of one node share its name.
-func TestObjectCompactorKeepsWhatSluiceReads(t *testing.T) {
-	c := newObjectCompactor()
+// The informers keep only what sluice reads: no managedFields and no
+// annotations, but for an EndpointSlice's last-change-trigger-time (the
+// SLI); labels stay (the service-name label joins slices to Services).
+func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
 	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
 		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
-		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}
-	if _, err := c.transform(svc); err != nil || svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+	if _, err := trimForProxy(svc); err != nil || svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
 		t.Fatalf("service: %v %+v", err, svc.ObjectMeta)
 	}
-	rng := rand.New(rand.NewPCG(16, 3))
-	flag := func() *bool {
-		switch rng.IntN(3) {
-		case 0:
-			return nil
-		case 1:
-			return ptr(true)
-		}
-		return ptr(false)
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf,
+		Labels:      map[string]string{discoveryv1.LabelServiceName: "web"},
+		Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-23T00:00:00Z", "other": "x"}}}
+	trimForProxy(sl)
+	if sl.ManagedFields != nil || len(sl.Annotations) != 1 || sl.Annotations[corev1.EndpointsLastChangeTriggerTime] == "" || sl.Labels[discoveryv1.LabelServiceName] != "web" {
+		t.Fatalf("slice: %+v", sl.ObjectMeta)
 	}
-	nodes := []string{"node-a", "node-b", "node-c"}
-	var nodeNames []*string
-	for round := range 300 {
-		sl := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("web-%d", round), Namespace: "ns", UID: "u-1", ResourceVersion: fmt.Sprint(round),
-				GenerateName: "web-", ManagedFields: mf,
-				Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", "app": "web"},
-				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "u-0", Controller: ptr(true)}}},
-			AddressType: []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6}[rng.IntN(2)],
-			Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)},
-				{Name: ptr("dns"), Port: ptr(int32(5353)), Protocol: ptr(corev1.ProtocolUDP)}},
-		}
-		if rng.IntN(2) == 0 {
-			sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-23T00:00:00Z", "other": "x"}
-		}
-		for j := range rng.IntN(6) {
-			addr := fmt.Sprintf("10.244.%d.%d", round%200, j)
-			if sl.AddressType == discoveryv1.AddressTypeIPv6 && rng.IntN(8) > 0 {
-				addr = fmt.Sprintf("fd00::%d:%d", round, j)
-			}
-			ep := discoveryv1.Endpoint{Addresses: []string{addr}, Hostname: ptr(fmt.Sprintf("h%d", j)), Zone: ptr("zone-a"),
-				Conditions: discoveryv1.EndpointConditions{Ready: flag(), Serving: flag(), Terminating: flag()},
-				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: fmt.Sprintf("web-%d", j), UID: "u-pod"},
-				Hints:      &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}}
-			if rng.IntN(4) > 0 {
-				ep.NodeName = ptr(nodes[rng.IntN(len(nodes))])
-			}
-			sl.Endpoints = append(sl.Endpoints, ep)
-		}
-		want, wantErrs := controlplane.BuildService(svc, []*discoveryv1.EndpointSlice{sl}, "node-b")
-		o, err := c.transform(sl.DeepCopy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		small := o.(*discoveryv1.EndpointSlice)
-		got, gotErrs := controlplane.BuildService(svc, []*discoveryv1.EndpointSlice{small}, "node-b")
-		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
-			t.Fatalf("round %d: compacted slice builds\n%v %v\nthe original\n%v %v", round, got, gotErrs, want, wantErrs)
-		}
-		if small.Name != sl.Name || small.Namespace != sl.Namespace || small.UID != sl.UID || small.ResourceVersion != sl.ResourceVersion {
-			t.Fatalf("round %d: identity lost: %+v", round, small.ObjectMeta)
-		}
-		if len(small.Labels) != 1 || small.Labels[discoveryv1.LabelServiceName] != "web" {
-			t.Fatalf("round %d: labels %v", round, small.Labels)
-		}
-		if _, had := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; had != (len(small.Annotations) == 1) || len(small.Annotations) > 1 {
-			t.Fatalf("round %d: annotations %v from %v", round, small.Annotations, sl.Annotations)
-		}
-		if small.ManagedFields != nil || small.OwnerReferences != nil || small.GenerateName != "" {
-			t.Fatalf("round %d: metadata kept: %+v", round, small.ObjectMeta)
-		}
-		for _, ep := range small.Endpoints {
-			if ep.TargetRef != nil || ep.Hostname != nil || ep.Zone != nil || ep.Hints != nil {
-				t.Fatalf("round %d: endpoint kept what sluice does not read: %+v", round, ep)
-			}
-			if ep.NodeName != nil {
-				nodeNames = append(nodeNames, ep.NodeName)
-			}
-		}
+	bare := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"other": "x"}}}
+	trimForProxy(bare)
+	if bare.Annotations != nil {
+		t.Fatalf("annotations kept: %v", bare.Annotations)
 	}
-	distinct := map[*string]bool{}
-	for _, n := range nodeNames {
-		distinct[n] = true
-	}
-	if len(nodeNames) < 100 || len(distinct) != len(nodes) {
-		t.Fatalf("%d node names in %d strings, want %d", len(nodeNames), len(distinct), len(nodes))
-	}
-	if _, err := c.transform(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
+	if _, err := trimForProxy(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
 		t.Fatal(err) // other objects pass untouched
 	}
 }
