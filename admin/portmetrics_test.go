@@ -215,3 +215,32 @@ func (r *runtimeMem) read() {
 	runtime.ReadMemStats(&ms)
 	r.bytes = ms.TotalAlloc
 }
+
+// BenchmarkScrapeAt10k is one scrape of /metrics's content at 10k service
+// ports: the registry's gather and the text encoding, as promhttp does
+// them. go test -bench ScrapeAt10k ./admin
+func BenchmarkScrapeAt10k(b *testing.B) {
+	m := NewMetrics()
+	for i := range 10000 {
+		pc := m.PortCounters(lb.ServicePortName{Namespace: "bench", Name: "s" + strconv.Itoa(i), Port: "http", Protocol: lb.TCP})
+		pc.Opened()
+		pc.Connected(time.Millisecond, 1)
+		pc.Closed(100, 200)
+	}
+	var out bytes.Buffer
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		mfs, err := m.Registry.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out.Reset()
+		for _, mf := range mfs {
+			if _, err := expfmt.MetricFamilyToText(&out, mf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(out.Len())/1e6, "MB-text")
+}
