@@ -173,7 +173,9 @@ func TestPartialSyncsConverge(t *testing.T) {
 	partial := 0
 	for round := 0; round < 8; round++ {
 		fake := knftables.NewFake(knftables.IPv4Family, Table)
-		p := &Proxier{NFT: fake, Options: opts()}
+		// Its first sync goes in batches (FreshBatch), the fresh ones'
+		// in one transaction.
+		p := &Proxier{NFT: fake, Options: opts(), FreshBatch: 1 + round%3}
 		for step, s := range states(rng, 12) {
 			st, err := p.SyncStats(ctx, s)
 			if err != nil {
@@ -183,7 +185,7 @@ func TestPartialSyncsConverge(t *testing.T) {
 				partial++
 			}
 			fresh := knftables.NewFake(knftables.IPv4Family, Table)
-			if err := (&Proxier{NFT: fresh, Options: opts()}).Sync(ctx, s); err != nil {
+			if err := (&Proxier{NFT: fresh, Options: opts(), FreshBatch: -1}).Sync(ctx, s); err != nil {
 				t.Fatal(err)
 			}
 			if got, want := normalized(fake.Dump()), normalized(fresh.Dump()); got != want {

@@ -195,24 +195,60 @@ func clusterIPs(snap *lb.Snapshot, o Options) map[string]bool {
 // sets are declared but never flushed (their dynamic entries are the
 // pins).
 func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
+	return render(snap, o, tx, phaseWhole)
+}
+
+// phase is which part of the table render writes: all of it (one
+// transaction), or the two parts of a fresh table's first sync (see
+// Proxier.fresh), which is written in several.
+type phase int
+
+const (
+	phaseWhole    phase = iota
+	phaseUnhooked       // all but the base chains and the ports' bundles
+	phaseHooks          // the base chains and their rules alone
+)
+
+// hookedChains are the base chains: what the kernel runs packets
+// through, and what makes the rest of the table live.
+var hookedChains = map[string]bool{chainFilterPreroutingPre: true, chainFilterOutputPre: true, chainFilterForward: true, chainFilterInput: true,
+	chainFilterOutput: true, chainNATPrerouting: true, chainNATOutput: true, chainNATPostrouting: true}
+
+func (o Options) withDefaults() Options {
 	if o.MasqueradeBit == 0 {
 		o.MasqueradeBit = 14
 	}
+	return o
+}
+
+func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase) Desired {
+	o = o.withDefaults()
 	d := Desired{Chains: map[string]bool{}, Sets: map[string]bool{}}
 	ip := o.ip()
 	mark := o.mark()
+	// Which chains' declarations and rules this phase writes.
+	writes := func(chain string) bool {
+		return ph == phaseWhole || hookedChains[chain] == (ph == phaseHooks)
+	}
+	rest := ph != phaseHooks // the sets, maps and their elements
 
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")})
 	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority) {
-		tx.Add(&knftables.Chain{Name: name, Type: knftables.PtrTo(typ), Hook: knftables.PtrTo(hook), Priority: knftables.PtrTo(prio)})
-		tx.Flush(&knftables.Chain{Name: name})
+		if writes(name) {
+			tx.Add(&knftables.Chain{Name: name, Type: knftables.PtrTo(typ), Hook: knftables.PtrTo(hook), Priority: knftables.PtrTo(prio)})
+			tx.Flush(&knftables.Chain{Name: name})
+		}
 	}
 	chain := func(name string) {
-		tx.Add(&knftables.Chain{Name: name})
-		tx.Flush(&knftables.Chain{Name: name})
+		if writes(name) {
+			tx.Add(&knftables.Chain{Name: name})
+			tx.Flush(&knftables.Chain{Name: name})
+		}
 	}
 	rule := func(chain string, parts ...string) {
-		tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat(toAny(parts)...)})
+		if writes(chain) {
+			tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat(toAny(parts)...)})
+		}
 	}
 	// kube-proxy v1.34's hooks: the firewall (source ranges) before DNAT,
 	// where the destination is still the service's; the endpoint and
@@ -228,8 +264,10 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	for _, c := range []string{chainServices, chainMasquerading, chainMarkForMasq, chainServiceEPCheck, chainNodePortEPCheck, chainFirewallCheck, chainClusterIPsCheck} {
 		chain(c)
 	}
-	tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
-	tx.Flush(&knftables.Chain{Name: chainReject})
+	if writes(chainReject) {
+		tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
+		tx.Flush(&knftables.Chain{Name: chainReject})
+	}
 	rule(chainFilterPreroutingPre, "ct state new jump", chainFirewallCheck)
 	rule(chainFilterOutputPre, "ct state new jump", chainFirewallCheck)
 	rule(chainFilterForward, "ct state new jump", chainServiceEPCheck)
@@ -248,18 +286,20 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule(chainReject, "reject")
 
 	// Sets and maps, emptied and refilled below.
-	tx.Add(&knftables.Set{Name: setClusterIPs, Type: o.addrType(), Comment: knftables.PtrTo("Active ClusterIPs")})
-	tx.Flush(&knftables.Set{Name: setClusterIPs})
-	tuple := o.addrType() + " . inet_proto . inet_service : verdict"
-	for _, m := range []struct{ name, typ, comment string }{
-		{mapServiceIPs, tuple, "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
-		{mapServiceNodePorts, "inet_proto . inet_service : verdict", "NodePort traffic"},
-		{mapNoEndpointServices, tuple, "vmap to drop or reject packets to services with no endpoints"},
-		{mapNoEndpointNodePorts, "inet_proto . inet_service : verdict", "vmap to drop or reject packets to service nodeports with no endpoints"},
-		{mapFirewallIPs, tuple, "destinations that are subject to LoadBalancerSourceRanges"},
-	} {
-		tx.Add(&knftables.Map{Name: m.name, Type: m.typ, Comment: knftables.PtrTo(m.comment)})
-		tx.Flush(&knftables.Map{Name: m.name})
+	if rest {
+		tx.Add(&knftables.Set{Name: setClusterIPs, Type: o.addrType(), Comment: knftables.PtrTo("Active ClusterIPs")})
+		tx.Flush(&knftables.Set{Name: setClusterIPs})
+		tuple := o.addrType() + " . inet_proto . inet_service : verdict"
+		for _, m := range []struct{ name, typ, comment string }{
+			{mapServiceIPs, tuple, "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
+			{mapServiceNodePorts, "inet_proto . inet_service : verdict", "NodePort traffic"},
+			{mapNoEndpointServices, tuple, "vmap to drop or reject packets to services with no endpoints"},
+			{mapNoEndpointNodePorts, "inet_proto . inet_service : verdict", "vmap to drop or reject packets to service nodeports with no endpoints"},
+			{mapFirewallIPs, tuple, "destinations that are subject to LoadBalancerSourceRanges"},
+		} {
+			tx.Add(&knftables.Map{Name: m.name, Type: m.typ, Comment: knftables.PtrTo(m.comment)})
+			tx.Flush(&knftables.Map{Name: m.name})
+		}
 	}
 	matchAll := o.NodePortAddresses == nil
 	// nodePortMatch selects NodePort traffic in services; the endpoint
@@ -274,11 +314,13 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 		nodePortCheckMatch = []string{ip, "daddr !=", loopback}
 		nodePortMatch = append([]string{"fib daddr type local"}, nodePortCheckMatch...)
 	} else {
-		tx.Add(&knftables.Set{Name: setNodePortIPs, Type: o.addrType(), Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
-		tx.Flush(&knftables.Set{Name: setNodePortIPs})
-		for _, a := range o.NodePortAddresses {
-			if o.family(a) && !a.IsLoopback() {
-				tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+		if rest {
+			tx.Add(&knftables.Set{Name: setNodePortIPs, Type: o.addrType(), Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
+			tx.Flush(&knftables.Set{Name: setNodePortIPs})
+			for _, a := range o.NodePortAddresses {
+				if o.family(a) && !a.IsLoopback() {
+					tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+				}
 			}
 		}
 		nodePortMatch = []string{ip, "daddr @" + setNodePortIPs}
@@ -289,39 +331,52 @@ func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
 	rule(chainServiceEPCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapNoEndpointServices)
 	rule(chainNodePortEPCheck, slices.Concat(nodePortCheckMatch, []string{"meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})...)
 	rule(chainFirewallCheck, ip, "daddr . meta l4proto . th dport vmap @"+mapFirewallIPs)
-	tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr @"+setClusterIPs, "reject"), Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
-	var cidrs []string
-	for _, c := range o.ServiceCIDRs {
-		if o.family(c.Addr()) {
-			cidrs = append(cidrs, c.String())
+	if writes(chainClusterIPsCheck) {
+		tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr @"+setClusterIPs, "reject"), Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
+		var cidrs []string
+		for _, c := range o.ServiceCIDRs {
+			if o.family(c.Addr()) {
+				cidrs = append(cidrs, c.String())
+			}
+		}
+		if len(cidrs) > 0 {
+			tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr", "{", strings.Join(cidrs, ", "), "}", "drop"),
+				Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
 		}
 	}
-	if len(cidrs) > 0 {
-		tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: knftables.Concat(ip, "daddr", "{", strings.Join(cidrs, ", "), "}", "drop"),
-			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
-	}
 
+	d.Ports = map[lb.ServicePortName]*portBundle{}
+	if !rest {
+		return d
+	}
 	d.ClusterIPs = clusterIPs(snap, o)
 	for a := range d.ClusterIPs {
 		tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
 	}
-	d.Ports = map[lb.ServicePortName]*portBundle{}
+	if ph != phaseWhole {
+		return d // the ports' bundles: the caller's, in batches
+	}
 	for _, sp := range snap.Sorted() {
 		b := renderPort(sp, o)
 		if b == nil {
 			continue
 		}
-		d.Ports[sp.Name] = b
 		b.writeObjects(tx)
 		b.addElements(tx, nil)
-		for _, c := range b.chains {
-			d.Chains[c] = true
-		}
-		for _, st := range b.sets {
-			d.Sets[st.Name] = true
-		}
+		d.take(sp.Name, b)
 	}
 	return d
+}
+
+// take records b, port name's bundle, as written.
+func (d *Desired) take(name lb.ServicePortName, b *portBundle) {
+	d.Ports[name] = b
+	for _, c := range b.chains {
+		d.Chains[c] = true
+	}
+	for _, st := range b.sets {
+		d.Sets[st.Name] = true
+	}
 }
 
 // portBundle is everything one service port puts in the table: its
@@ -338,12 +393,20 @@ type portBundle struct {
 // writeObjects declares the port's sets and chains, and (re)writes the
 // chains' rules.
 func (b *portBundle) writeObjects(tx *knftables.Transaction) {
+	b.write(tx, true)
+}
+
+// write is writeObjects; flush false leaves out the flushes, for chains
+// the table does not hold yet.
+func (b *portBundle) write(tx *knftables.Transaction, flush bool) {
 	for _, st := range b.sets {
 		tx.Add(st)
 	}
 	for _, c := range b.chains {
 		tx.Add(&knftables.Chain{Name: c})
-		tx.Flush(&knftables.Chain{Name: c})
+		if flush {
+			tx.Flush(&knftables.Chain{Name: c})
+		}
 	}
 	for _, r := range b.rules {
 		tx.Add(r)
