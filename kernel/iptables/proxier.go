@@ -27,6 +27,13 @@ type Proxier struct {
 	// as kube-proxy's.
 	FullSyncPeriod time.Duration
 	Now            func() time.Time // default time.Now
+	// FreshBatch is how many service ports' own chains a full sync onto a
+	// nat table that holds none (a node's first sync, one after --cleanup)
+	// writes per restore before the restore of the top-level chains that
+	// points at them (see prewrite). 0: DefaultFreshBatch when the Runner
+	// says its backend is nft (Backend), else one restore; negative: one
+	// restore, always.
+	FreshBatch int
 
 	applied  Bodies // nil: the next sync is full
 	cache    portCache
@@ -87,17 +94,25 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if full {
 		known = nil
 	}
+	if full {
+		if err := p.ensureHooks(o); err != nil {
+			p.applied = nil
+			return SyncStats{Full: true}, err
+		}
+		if batch := p.freshBatch(); batch > 0 && !slices.ContainsFunc(o.ExistingNATChains, IsServiceChain) {
+			pre, err := p.prewrite(snap, o, batch)
+			if err != nil {
+				p.applied = nil
+				return SyncStats{Full: true}, err
+			}
+			prev = pre
+		}
+	}
 	r := renderPartial(snap, o, prev, &p.cache, known)
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
 	st.FilterRules, st.NATRules = RuleCounts(data)
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
-	if full {
-		if err := p.ensureHooks(o); err != nil {
-			p.applied = nil
-			return st, err
-		}
-	}
 	if err := p.Runner.Restore(data); err != nil {
 		p.applied = nil
 		return st, fmt.Errorf("apply rules: %w", err)
@@ -111,6 +126,52 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	}
 	p.chains = r.active
 	return st, nil
+}
+
+// DefaultFreshBatch is FreshBatch's default on the nft backend.
+const DefaultFreshBatch = 100
+
+// Backend is what a Runner may say of its backend.
+type Backend interface {
+	// Legacy reports whether it drives the legacy (x_tables) backend.
+	Legacy() bool
+}
+
+func (p *Proxier) freshBatch() int {
+	if p.FreshBatch != 0 {
+		return p.FreshBatch
+	}
+	if b, ok := p.Runner.(Backend); ok && !b.Legacy() {
+		return DefaultFreshBatch
+	}
+	return 0
+}
+
+// prewrite writes, onto a nat table that holds no per-service chain, every
+// port's own chains in restores of batch ports each (FreshBatches), and
+// returns their fingerprints, so that the sync's own restore leaves them
+// out and writes the top-level chains (KUBE-SERVICES, KUBE-NODEPORTS, ...)
+// that point at them. Nothing points at a port's chains until that
+// restore commits, so traffic sees the tables change in one step, as with
+// one restore. It is for speed on the nft backend, where iptables-nft-restore's
+// time grows with the square of the rules in one restore: at 2,000
+// services x 10 endpoints, 50 s as one restore and under 5 s in restores
+// of 125 services here (issue 18). On legacy each restore reads and writes
+// the whole table, so one restore is best there, and a table that holds
+// per-service chains is rewritten in one restore as kube-proxy does: its
+// chains may be live. A failed batch leaves chains nothing points at; the
+// next sync lists them and rewrites them in one restore.
+func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, error) {
+	restores, bodies := FreshBatches(snap, o, batch)
+	if len(restores) < 2 {
+		return nil, nil // one restore either way
+	}
+	for i, data := range restores {
+		if err := p.Runner.Restore(data); err != nil {
+			return nil, fmt.Errorf("apply rules (first sync onto an empty nat table, service chains, restore %d of %d): %w", i+1, len(restores), err)
+		}
+	}
+	return bodies, nil
 }
 
 // ensureHooks makes the chains the built-in ones jump to, the jumps and

@@ -248,11 +248,7 @@ type portCache struct {
 func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool) rendered {
 	mark := o.Mark()
 	skipped := 0
-	total := 0
-	for _, sp := range snap.Ports.All() {
-		total += len(sp.Endpoints)
-	}
-	o.largeCluster = total > LargeClusterEndpoints
+	o = o.forSnapshot(snap)
 	var filterRules, natRules, natChains, bodyRules writer
 	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains)))
 	bodies := make(Bodies, snap.Ports.Len())
@@ -302,16 +298,8 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		body.b.Reset()
 		f0, n0 := filterRules.b.Len(), natRules.b.Len()
 		renderPort(sp, o, mark, &filterRules, &natRules, &body, chain)
-		var sum uint64
+		sum := bodySum(portChains, body.b.Bytes())
 		nBody := rulesIn(body.b.Bytes())
-		if len(portChains) > 0 {
-			h := fnv.New64a()
-			for _, c := range portChains {
-				h.Write([]byte(c))
-			}
-			h.Write(body.b.Bytes())
-			sum = h.Sum64()
-		}
 		if cache != nil {
 			cache.ports[sp] = portRender{filter: bytes.Clone(filterRules.b.Bytes()[f0:]), nat: bytes.Clone(natRules.b.Bytes()[n0:]),
 				chains: slices.Clone(portChains), sum: sum, bodyRules: nBody}
@@ -409,6 +397,92 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	out.line("COMMIT")
 	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped}
+}
+
+// forSnapshot is o with what depends on the whole snapshot set: large
+// cluster mode, as kube-proxy's (more than LargeClusterEndpoints
+// endpoints in all).
+func (o Options) forSnapshot(snap *lb.Snapshot) Options {
+	total := 0
+	for _, sp := range snap.Ports.All() {
+		total += len(sp.Endpoints)
+	}
+	o.largeCluster = total > LargeClusterEndpoints
+	return o
+}
+
+// bodySum is the fingerprint of a port's own chains and their rules (0
+// when it has none), which a partial sync compares with Bodies.
+func bodySum(chains []string, body []byte) uint64 {
+	if len(chains) == 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	for _, c := range chains {
+		h.Write([]byte(c))
+	}
+	h.Write(body)
+	return h.Sum64()
+}
+
+// FreshBatches renders, for a full sync onto a nat table that holds no
+// per-service chain, every port's own chains (KUBE-SVC-, KUBE-SVL-,
+// KUBE-EXT-, KUBE-FW-, KUBE-SEP-) as restores of at most batch ports each,
+// and their fingerprints: passed as Bodies to the sync's own render, they
+// leave those chains out of it. The first restore also writes
+// KUBE-MARK-MASQ, which the chains jump to, as the full render does.
+func FreshBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bodies) {
+	o = o.forSnapshot(snap)
+	mark := o.Mark()
+	var restores [][]byte
+	bodies := make(Bodies, snap.Ports.Len())
+	var discard, body, decls, rules writer
+	var chains []string
+	chain := func(name string) {
+		if !slices.Contains(chains, name) {
+			chains = append(chains, name)
+		}
+	}
+	n := 0
+	flush := func() {
+		if n > 0 {
+			var out bytes.Buffer
+			out.Grow(decls.b.Len() + rules.b.Len() + 256)
+			out.WriteString("*nat\n")
+			if len(restores) == 0 {
+				out.WriteString(":" + ChainMarkMasq + " - [0:0]\n")
+			}
+			out.Write(decls.b.Bytes())
+			if len(restores) == 0 {
+				out.WriteString("-A " + ChainMarkMasq + " -j MARK --or-mark " + mark + "\n")
+			}
+			out.Write(rules.b.Bytes())
+			out.WriteString("COMMIT\n")
+			restores = append(restores, out.Bytes())
+		}
+		decls.b.Reset()
+		rules.b.Reset()
+		n = 0
+	}
+	for _, sp := range snap.Sorted() {
+		chains = chains[:0]
+		body.b.Reset()
+		discard.b.Reset()
+		renderPort(sp, o, mark, &discard, &discard, &body, chain)
+		if len(chains) == 0 {
+			continue
+		}
+		for _, c := range chains {
+			decls.line(":" + c + " - [0:0]")
+		}
+		rules.b.Write(body.b.Bytes())
+		bodies[sp.Name] = bodySum(chains, body.b.Bytes())
+		if n++; n == batch {
+			flush()
+		}
+	}
+	flush()
+	return restores, bodies
 }
 
 // renderPort writes a service port's rules in the top-level chains to

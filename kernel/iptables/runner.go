@@ -104,6 +104,10 @@ func (e *Exec) HasRandomFully() bool {
 	return v[0] > 1 || v[0] == 1 && (v[1] > 6 || v[1] == 6 && v[2] >= 2)
 }
 
+// Legacy reports whether Command drives the legacy (x_tables) backend
+// (Backend).
+func (e *Exec) Legacy() bool { return e.isLegacy() }
+
 // isLegacy reports whether Command drives the legacy (x_tables) backend,
 // from its name or its --version ("iptables v1.8.9 (legacy)").
 func (e *Exec) isLegacy() bool {

@@ -4,48 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
-)
 
-// inPrivateNetns runs fn on a locked thread moved into a fresh network
-// namespace; the nft processes it starts inherit it. The thread is never
-// unlocked, so Go retires it when the goroutine ends: the root namespace
-// is never touched, and the namespace goes with the thread.
-func inPrivateNetns(t *testing.T, fn func() error) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root for a private network namespace (CI=true: not skipping)")
-		}
-		t.Skip("needs root for a private network namespace")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs nft (CI=true: not skipping)")
-		}
-		t.Skip("needs nft")
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/sluice-proxy/sluice/kernel/netnstest"
+)
 
 // tableLines is `nft -j list table ip kube-proxy` as sorted lines, one
 // per object, without handles, with elements sorted and each rule keeping
@@ -99,7 +66,8 @@ func tableLines() ([]string, error) {
 // The kernel refuses what the fake may not (a goto to a chain of another
 // transaction, an element added to a map before its chain exists).
 func TestFreshBatchesOnRealNFTables(t *testing.T) {
-	inPrivateNetns(t, func() error {
+	netnstest.Need(t, "nft")
+	netnstest.Run(t, func() error {
 		ctx := context.Background()
 		nft, err := knftables.New(knftables.IPv4Family, Table)
 		if err != nil {

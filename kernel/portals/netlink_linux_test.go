@@ -2,45 +2,18 @@ package portals
 
 import (
 	"net/netip"
-	"os"
-	"runtime"
 	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-)
 
-// inNewNetns runs fn on a locked thread moved into a fresh network
-// namespace. The thread is never unlocked, so Go retires it when the
-// goroutine ends and nothing else ever runs in that namespace; the root
-// namespace is never touched.
-func inNewNetns(t *testing.T, fn func() error) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root for a private network namespace (CI=true: not skipping)")
-		}
-		t.Skip("needs root for a private network namespace")
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/sluice-proxy/sluice/kernel/netnstest"
+)
 
 // The real netlink table: addresses are marked, listed back, pruned, and
 // an unmarked address another tool added is never listed or removed.
 func TestNetlinkBinderInPrivateNetns(t *testing.T) {
-	inNewNetns(t, func() error {
+	netnstest.Run(t, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
