@@ -59,6 +59,13 @@ type timedRunner struct {
 	spent time.Duration
 }
 
+// Legacy passes on what the real runner says of its backend, which
+// decides how the proxier writes a first sync (iptables.Backend).
+func (t *timedRunner) Legacy() bool {
+	b, ok := t.Runner.(iptables.Backend)
+	return !ok || b.Legacy()
+}
+
 func (t *timedRunner) Restore(data []byte) error {
 	start := time.Now()
 	err := t.Runner.Restore(data)

@@ -2,12 +2,14 @@ package iptables
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/kernel/netnstest"
+	"github.com/sluice-proxy/sluice/lb"
 )
 
 // savedTables is iptables-save's filter and nat tables as the rules of
@@ -46,38 +48,58 @@ func savedTables(cmd string) (string, error) {
 }
 
 // On both real backends, in a private network namespace: a first sync
-// written in batches leaves the tables one restore leaves, and partial
-// syncs go on from it. The real restore refuses what the fake may not.
-func TestFreshBatchesOnRealIPTables(t *testing.T) {
+// and a restart's full sync written in batches leave the tables one
+// restore leaves, and partial syncs go on from them. The real restore
+// refuses what the fake may not.
+func TestFullSyncBatchesOnRealIPTables(t *testing.T) {
 	for _, cmd := range []string{"iptables-nft", "iptables-legacy"} {
 		t.Run(cmd, func(t *testing.T) {
 			netnstest.Need(t, cmd, cmd+"-restore", cmd+"-save")
 			netnstest.Run(t, func() error {
-				r := &Exec{Command: cmd}
-				s := freshState(25)
-				var want string
-				for _, batch := range []int{-1, 4} {
+				// /proc/net is the process's namespace; this thread's is
+				// under /proc/thread-self.
+				r := &Exec{Command: cmd, ReadFile: func(name string) ([]byte, error) {
+					return os.ReadFile(strings.Replace(name, "/proc/net/", "/proc/thread-self/net/", 1))
+				}}
+				// The tables one restore of s leaves, from empty tables.
+				oneRestore := func(s *lb.Snapshot) (string, error) {
 					if err := Cleanup(r, opts()); err != nil {
-						return err
+						return "", err
 					}
-					p := &Proxier{Runner: r, Options: opts(), FreshBatch: batch}
-					if err := p.Sync(s); err != nil {
-						return fmt.Errorf("FreshBatch %d: %w", batch, err)
+					if err := (&Proxier{Runner: r, Options: opts(), FullSyncBatch: -1}).Sync(s); err != nil {
+						return "", fmt.Errorf("one restore: %w", err)
 					}
-					got, err := savedTables(cmd)
-					if err != nil {
-						return err
-					}
-					if batch < 0 {
-						want = got
-						continue
-					}
-					if got != want {
-						return fmt.Errorf("batched tables differ from one restore's:\n%s\nwant:\n%s", got, want)
-					}
-					if st, err := p.SyncStats(freshState(24)); err != nil || st.Full {
-						return fmt.Errorf("partial sync after the batched one: %+v %v", st, err)
-					}
+					return savedTables(cmd)
+				}
+				first, restart := freshState(25), versionState(24, 1)
+				wantFirst, err := oneRestore(first)
+				if err != nil {
+					return err
+				}
+				wantRestart, err := oneRestore(restart)
+				if err != nil {
+					return err
+				}
+				if err := Cleanup(r, opts()); err != nil {
+					return err
+				}
+				// A first sync in batches, a partial sync, then a restart's
+				// full sync in batches over the populated tables.
+				p := &Proxier{Runner: r, Options: opts(), FullSyncBatch: 4}
+				if err := p.Sync(first); err != nil {
+					return fmt.Errorf("first sync in batches: %w", err)
+				}
+				if got, err := savedTables(cmd); err != nil || got != wantFirst {
+					return fmt.Errorf("batched tables differ from one restore's (%v):\n%s\nwant:\n%s", err, got, wantFirst)
+				}
+				if st, err := p.SyncStats(freshState(24)); err != nil || st.Full {
+					return fmt.Errorf("partial sync after the batched one: %+v %v", st, err)
+				}
+				if err := (&Proxier{Runner: r, Options: opts(), FullSyncBatch: 4}).Sync(restart); err != nil {
+					return fmt.Errorf("a restart's full sync in batches: %w", err)
+				}
+				if got, err := savedTables(cmd); err != nil || got != wantRestart {
+					return fmt.Errorf("after the restart, tables differ from one restore's (%v):\n%s\nwant:\n%s", err, got, wantRestart)
 				}
 				return Cleanup(r, opts())
 			})

@@ -35,12 +35,15 @@ func (s *restoreSpy) Restore(data []byte) error {
 
 // freshState is n service ports of every shape: endpoints local and not,
 // affinity, NodePorts with externalTrafficPolicy Local, none.
-func freshState(n int) *lb.Snapshot {
+func freshState(n int) *lb.Snapshot { return versionState(n, 0) }
+
+// versionState is freshState whose even ports' endpoints move with v.
+func versionState(n, v int) *lb.Snapshot {
 	var ports []*lb.ServicePort
 	for i := range n {
 		var eps []lb.Endpoint
 		for j := range i % 4 {
-			eps = append(eps, readyEP(fmt.Sprintf("10.244.%d.%d:8080", i, j+1), j%2 == 0))
+			eps = append(eps, readyEP(fmt.Sprintf("10.244.%d.%d:8080", i, j+1+(1-i%2)*v*10), j%2 == 0))
 		}
 		sp := svcPort(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.0.%d", i+1), eps...)
 		if i%3 == 1 {
@@ -59,11 +62,11 @@ func freshState(n int) *lb.Snapshot {
 func oneRestore(t *testing.T, s *lb.Snapshot) string {
 	t.Helper()
 	spy := &restoreSpy{Fake: NewFake()}
-	if err := (&Proxier{Runner: spy, Options: opts(), FreshBatch: -1}).Sync(s); err != nil {
+	if err := (&Proxier{Runner: spy, Options: opts(), FullSyncBatch: -1}).Sync(s); err != nil {
 		t.Fatal(err)
 	}
 	if spy.restores != 1 {
-		t.Fatalf("FreshBatch -1 ran %d restores", spy.restores)
+		t.Fatalf("FullSyncBatch -1 ran %d restores", spy.restores)
 	}
 	return spy.Dump()
 }
@@ -76,7 +79,7 @@ func natPointsAtServices(f *Fake) bool {
 }
 
 // A first sync onto a nat table without per-service chains writes them in
-// restores of FreshBatch ports, and the top-level chains that point at
+// restores of FullSyncBatch ports, and the top-level chains that point at
 // them only in the last restore: traffic sees one change. The tables equal
 // one restore's, and partial syncs go on from them.
 func TestFreshNATTableIsWrittenInBatchesAndPointedAtLast(t *testing.T) {
@@ -88,7 +91,7 @@ func TestFreshNATTableIsWrittenInBatchesAndPointedAtLast(t *testing.T) {
 			pointedAt = append(pointedAt, n)
 		}
 	}
-	p := &Proxier{Runner: spy, Options: opts(), FreshBatch: 2}
+	p := &Proxier{Runner: spy, Options: opts(), FullSyncBatch: 2}
 	st, err := p.SyncStats(s)
 	if err != nil || !st.Full {
 		t.Fatalf("first sync: %+v %v", st, err)
@@ -108,7 +111,7 @@ func TestFreshNATTableIsWrittenInBatchesAndPointedAtLast(t *testing.T) {
 	if got, want := spy.Dump(), oneRestore(t, s); got != want {
 		t.Fatalf("batched tables:\n%s\nwant (one restore):\n%s", got, want)
 	}
-	if one, err := (&Proxier{Runner: NewFake(), Options: opts(), FreshBatch: -1}).SyncStats(s); err != nil || st.NATRulesTotal != one.NATRulesTotal {
+	if one, err := (&Proxier{Runner: NewFake(), Options: opts(), FullSyncBatch: -1}).SyncStats(s); err != nil || st.NATRulesTotal != one.NATRulesTotal {
 		t.Fatalf("NATRulesTotal %d; one restore's %d (%v): the rules the batches wrote are not counted", st.NATRulesTotal, one.NATRulesTotal, err)
 	}
 	for _, next := range []*lb.Snapshot{freshState(8), freshState(10)} {
@@ -122,43 +125,68 @@ func TestFreshNATTableIsWrittenInBatchesAndPointedAtLast(t *testing.T) {
 	}
 }
 
-// A nat table that holds per-service chains (a restart, a resync after a
-// failure) is rewritten in one restore: its chains may be live.
-func TestPopulatedNATTableIsRewrittenInOneRestore(t *testing.T) {
+// A nat table that holds per-service chains (a restart, the hourly resync)
+// is rewritten in batches too, each restore replacing whole services'
+// chains: after every restore each service sends a packet where the old
+// rules or the new ones would, never to a mix, and a service that goes
+// keeps its chains until the last restore. The result is one restore's.
+func TestPopulatedNATTableIsRewrittenServiceByService(t *testing.T) {
+	old, next := versionState(10, 0), versionState(9, 1) // even ports move; s9 goes
+	oldRules, nextRules := NewFake(), NewFake()
+	syncTo(t, oldRules, opts(), old)
+	syncTo(t, nextRules, opts(), next)
+	outcomes := func(f *Fake, sp *lb.ServicePort) string {
+		return fmt.Sprint(f.Trace("PREROUTING", Packet{Src: podIP, Dst: sp.ClusterIPs[0], Proto: "tcp", DPort: sp.Port, Local: isLocal}))
+	}
 	f := NewFake()
-	syncTo(t, f, opts(), freshState(9))
+	syncTo(t, f, opts(), old)
 	spy := &restoreSpy{Fake: f}
-	if err := (&Proxier{Runner: spy, Options: opts(), FreshBatch: 2}).Sync(freshState(7)); err != nil {
+	gone := ServiceChain(old.Sorted()[9].Name) // s9 has endpoints, so chains
+	if !strings.Contains(f.Dump(), ":"+gone+"\n") {
+		t.Fatalf("%s not in the old tables", gone)
+	}
+	var wentAt []int
+	spy.check = func(n int) {
+		for _, sp := range next.Sorted() {
+			if got := outcomes(f, sp); got != outcomes(oldRules, sp) && got != outcomes(nextRules, sp) {
+				t.Errorf("after restore %d, %v goes to %s: neither the old rules' %s nor the new %s", n, sp.Name, got, outcomes(oldRules, sp), outcomes(nextRules, sp))
+			}
+		}
+		if !strings.Contains(f.Dump(), ":"+gone+"\n") {
+			wentAt = append(wentAt, n)
+		}
+	}
+	restarted := &Proxier{Runner: spy, Options: opts(), FullSyncBatch: 2}
+	if err := restarted.Sync(next); err != nil {
 		t.Fatal(err)
 	}
-	if spy.restores != 1 {
-		t.Fatalf("a restart's full sync ran %d restores; want 1", spy.restores)
+	if spy.restores < 3 {
+		t.Fatalf("a restart's full sync ran %d restores; want batches", spy.restores)
 	}
-	if got, want := spy.Dump(), oneRestore(t, freshState(7)); got != want {
+	if len(wentAt) == 0 || wentAt[0] != spy.restores {
+		t.Fatalf("the gone service's chain went after restores %v of %d; want only after the last", wentAt, spy.restores)
+	}
+	if got, want := f.Dump(), oneRestore(t, next); got != want {
 		t.Fatalf("after the restart:\n%s\nwant:\n%s", got, want)
 	}
 }
 
-// A failed restore, batch or last, leaves the per-service chains unreached
-// and says so; the next sync lists them and rewrites everything in one
-// restore.
+// A failed restore, batch or last, on a first sync leaves the per-service
+// chains unreached and says so; the next sync lists them and writes
+// everything again.
 func TestFailedFreshRestoreIsRecoveredByTheNextSync(t *testing.T) {
 	s := freshState(9)
 	for failAt := 1; failAt <= 4; failAt++ {
 		spy := &restoreSpy{Fake: NewFake(), failAt: failAt}
-		p := &Proxier{Runner: spy, Options: opts(), FreshBatch: 2}
+		p := &Proxier{Runner: spy, Options: opts(), FullSyncBatch: 2}
 		if err := p.Sync(s); err == nil || !strings.Contains(err.Error(), "injected failure") {
 			t.Fatalf("restore %d failed: Sync said %v", failAt, err)
 		}
 		if natPointsAtServices(spy.Fake) {
 			t.Fatalf("restore %d failed, and the top-level chains point at service chains", failAt)
 		}
-		before := spy.restores
 		if err := p.Sync(s); err != nil {
 			t.Fatalf("the sync after restore %d failed: %v", failAt, err)
-		}
-		if failAt > 1 && spy.restores-before != 1 {
-			t.Fatalf("after restore %d failed the next sync ran %d restores; want 1", failAt, spy.restores-before)
 		}
 		if got, want := spy.Dump(), oneRestore(t, s); got != want {
 			t.Fatalf("after restore %d failed and a resync:\n%s\nwant:\n%s", failAt, got, want)
@@ -182,16 +210,16 @@ func TestFreshBatchesOnlyOnTheNFTBackend(t *testing.T) {
 		batch  int
 		want   int
 	}{
-		{backendRunner{NewFake(), false}, 0, DefaultFreshBatch},
+		{backendRunner{NewFake(), false}, 0, DefaultFullSyncBatch},
 		{backendRunner{NewFake(), true}, 0, 0},
 		{NewFake(), 0, 0},
 		{backendRunner{NewFake(), false}, -1, -1},
 		{backendRunner{NewFake(), true}, 5, 5},
-		{&Exec{Command: "iptables-nft"}, 0, DefaultFreshBatch},
+		{&Exec{Command: "iptables-nft"}, 0, DefaultFullSyncBatch},
 		{&Exec{Command: "iptables-legacy"}, 0, 0},
 	} {
-		if got := (&Proxier{Runner: c.runner, FreshBatch: c.batch}).freshBatch(); got != c.want {
-			t.Errorf("%T FreshBatch %d: batch %d; want %d", c.runner, c.batch, got, c.want)
+		if got := (&Proxier{Runner: c.runner, FullSyncBatch: c.batch}).fullSyncBatch(); got != c.want {
+			t.Errorf("%T FullSyncBatch %d: batch %d; want %d", c.runner, c.batch, got, c.want)
 		}
 	}
 }
@@ -199,7 +227,7 @@ func TestFreshBatchesOnlyOnTheNFTBackend(t *testing.T) {
 // Each batch is one nat transaction that names only chains it declares
 // or KUBE-MARK-MASQ, which the first declares.
 func TestFreshBatchesAreSelfContained(t *testing.T) {
-	restores, bodies := FreshBatches(freshState(12), opts(), 3)
+	restores, bodies := ServiceChainBatches(freshState(12), opts(), 3)
 	if len(restores) < 3 {
 		t.Fatalf("%d restores", len(restores))
 	}

@@ -27,13 +27,11 @@ type Proxier struct {
 	// as kube-proxy's.
 	FullSyncPeriod time.Duration
 	Now            func() time.Time // default time.Now
-	// FreshBatch is how many service ports' own chains a full sync onto a
-	// nat table that holds none (a node's first sync, one after --cleanup)
-	// writes per restore before the restore of the top-level chains that
-	// points at them (see prewrite). 0: DefaultFreshBatch when the Runner
-	// says its backend is nft (Backend), else one restore; negative: one
-	// restore, always.
-	FreshBatch int
+	// FullSyncBatch is how many service ports' own chains a full sync
+	// writes per restore before the restore of the top-level chains (see
+	// prewrite). 0: DefaultFullSyncBatch when the Runner says its backend is
+	// nft (Backend), else one restore; negative: one restore, always.
+	FullSyncBatch int
 
 	applied  Bodies // nil: the next sync is full
 	cache    portCache
@@ -99,7 +97,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 			p.applied = nil
 			return SyncStats{Full: true}, err
 		}
-		if batch := p.freshBatch(); batch > 0 && !slices.ContainsFunc(o.ExistingNATChains, IsServiceChain) {
+		if batch := p.fullSyncBatch(); batch > 0 {
 			pre, err := p.prewrite(snap, o, batch)
 			if err != nil {
 				p.applied = nil
@@ -128,8 +126,8 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	return st, nil
 }
 
-// DefaultFreshBatch is FreshBatch's default on the nft backend.
-const DefaultFreshBatch = 100
+// DefaultFullSyncBatch is FullSyncBatch's default on the nft backend.
+const DefaultFullSyncBatch = 100
 
 // Backend is what a Runner may say of its backend.
 type Backend interface {
@@ -137,38 +135,46 @@ type Backend interface {
 	Legacy() bool
 }
 
-func (p *Proxier) freshBatch() int {
-	if p.FreshBatch != 0 {
-		return p.FreshBatch
+func (p *Proxier) fullSyncBatch() int {
+	if p.FullSyncBatch != 0 {
+		return p.FullSyncBatch
 	}
 	if b, ok := p.Runner.(Backend); ok && !b.Legacy() {
-		return DefaultFreshBatch
+		return DefaultFullSyncBatch
 	}
 	return 0
 }
 
-// prewrite writes, onto a nat table that holds no per-service chain, every
-// port's own chains in restores of batch ports each (FreshBatches), and
-// returns their fingerprints, so that the sync's own restore leaves them
-// out and writes the top-level chains (KUBE-SERVICES, KUBE-NODEPORTS, ...)
-// that point at them. Nothing points at a port's chains until that
-// restore commits, so traffic sees the tables change in one step, as with
-// one restore. It is for speed on the nft backend, where iptables-nft-restore's
-// time grows with the square of the rules in one restore: at 2,000
-// services x 10 endpoints, 50 s as one restore and under 5 s in restores
-// of 125 services here (issue 18). On legacy each restore reads and writes
-// the whole table, so one restore is best there, and a table that holds
-// per-service chains is rewritten in one restore as kube-proxy does: its
-// chains may be live. A failed batch leaves chains nothing points at; the
-// next sync lists them and rewrites them in one restore.
+// prewrite is the first part of a full sync in batches: every service
+// port's own chains (KUBE-SVC-, KUBE-SVL-, KUBE-EXT-, KUBE-FW-, KUBE-SEP-)
+// in restores of batch ports each (ServiceChainBatches), a port's chains
+// always in one restore. It returns their fingerprints, so that the sync's
+// own restore leaves them out and writes only the top-level chains
+// (KUBE-SERVICES, KUBE-NODEPORTS, the filter chains), pointing at them, and
+// deletes the stale ones. It is for speed on the nft backend, where
+// iptables-nft-restore's time grows with the square of the rules in one
+// restore: at 2,000 services x 10 endpoints one restore took 41-54 s here,
+// these batches 3 s (issue 18); on legacy each restore reads and writes
+// the whole table, so one restore is best there.
+//
+// What traffic sees: on a table without service chains (a node's first
+// sync) nothing points at the new chains until the last restore, so the
+// change is one step, as with one restore. On a table that holds them (a
+// restart, the hourly resync) each restore replaces whole services' chains
+// in place, so for a moment some services have their new rules and others
+// their old ones, each service consistent, as between two partial syncs;
+// chains no longer wanted go only in the last restore, after nothing
+// points at them. (kube-proxy writes it all in one restore, which at 5,000
+// services on iptables-nft took over seven minutes here.) A failed batch
+// fails the sync, and the next full sync writes everything again.
 func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, error) {
-	restores, bodies := FreshBatches(snap, o, batch)
+	restores, bodies := ServiceChainBatches(snap, o, batch)
 	if len(restores) < 2 {
 		return nil, nil // one restore either way
 	}
 	for i, data := range restores {
 		if err := p.Runner.Restore(data); err != nil {
-			return nil, fmt.Errorf("apply rules (first sync onto an empty nat table, service chains, restore %d of %d): %w", i+1, len(restores), err)
+			return nil, fmt.Errorf("apply rules (full sync, service chains, restore %d of %d): %w", i+1, len(restores), err)
 		}
 	}
 	return bodies, nil

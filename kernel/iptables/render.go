@@ -425,13 +425,12 @@ func bodySum(chains []string, body []byte) uint64 {
 	return h.Sum64()
 }
 
-// FreshBatches renders, for a full sync onto a nat table that holds no
-// per-service chain, every port's own chains (KUBE-SVC-, KUBE-SVL-,
-// KUBE-EXT-, KUBE-FW-, KUBE-SEP-) as restores of at most batch ports each,
-// and their fingerprints: passed as Bodies to the sync's own render, they
-// leave those chains out of it. The first restore also writes
-// KUBE-MARK-MASQ, which the chains jump to, as the full render does.
-func FreshBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bodies) {
+// ServiceChainBatches renders every port's own chains (KUBE-SVC-,
+// KUBE-SVL-, KUBE-EXT-, KUBE-FW-, KUBE-SEP-) as nat restores of at most
+// batch ports each, and their fingerprints: passed as Bodies to the sync's
+// own render, they leave those chains out of it. The first restore also
+// writes KUBE-MARK-MASQ, which the chains jump to, as the full render does.
+func ServiceChainBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bodies) {
 	o = o.forSnapshot(snap)
 	mark := o.Mark()
 	var restores [][]byte

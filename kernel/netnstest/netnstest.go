@@ -20,7 +20,8 @@ import (
 // the processes fn starts inherit it. The thread is never unlocked, so Go
 // retires it when the goroutine ends: nothing else ever runs in that
 // namespace, which goes with the thread, and the root namespace is never
-// touched. An error from fn fails the test.
+// touched. An error from fn fails the test. /proc/net is the process's
+// namespace, not the thread's: fn reads /proc/thread-self/net instead.
 func Run(t testing.TB, fn func() error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
