@@ -173,7 +173,8 @@ func TestPopulatedNATTableIsRewrittenServiceByService(t *testing.T) {
 
 // A failed restore, batch or last, on a first sync leaves the per-service
 // chains unreached and says so; the next sync lists them and writes
-// everything again.
+// everything again in one restore, as kube-proxy's, which cannot fail the
+// way a batch did.
 func TestFailedFreshRestoreIsRecoveredByTheNextSync(t *testing.T) {
 	s := freshState(9)
 	for failAt := 1; failAt <= 4; failAt++ {
@@ -185,8 +186,12 @@ func TestFailedFreshRestoreIsRecoveredByTheNextSync(t *testing.T) {
 		if natPointsAtServices(spy.Fake) {
 			t.Fatalf("restore %d failed, and the top-level chains point at service chains", failAt)
 		}
+		before := spy.restores
 		if err := p.Sync(s); err != nil {
 			t.Fatalf("the sync after restore %d failed: %v", failAt, err)
+		}
+		if spy.restores-before != 1 {
+			t.Fatalf("after restore %d failed the next sync ran %d restores; want one, as kube-proxy's", failAt, spy.restores-before)
 		}
 		if got, want := spy.Dump(), oneRestore(t, s); got != want {
 			t.Fatalf("after restore %d failed and a resync:\n%s\nwant:\n%s", failAt, got, want)

@@ -38,6 +38,9 @@ type Proxier struct {
 	chains   map[string]bool // the per-service chains after the last sync
 	optsKey  string
 	lastFull time.Time
+	// unbatched makes the next full sync one restore: the last one in
+	// batches failed.
+	unbatched bool
 }
 
 // SyncStats says what one sync did.
@@ -97,10 +100,10 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 			p.applied = nil
 			return SyncStats{Full: true}, err
 		}
-		if batch := p.fullSyncBatch(); batch > 0 {
+		if batch := p.fullSyncBatch(); batch > 0 && !p.unbatched {
 			pre, err := p.prewrite(snap, o, batch)
 			if err != nil {
-				p.applied = nil
+				p.applied, p.unbatched = nil, true
 				return SyncStats{Full: true}, err
 			}
 			prev = pre
@@ -113,7 +116,11 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
 	if err := p.Runner.Restore(data); err != nil {
 		p.applied = nil
+		p.unbatched = full && prev != nil // it followed batches
 		return st, fmt.Errorf("apply rules: %w", err)
+	}
+	if full {
+		p.unbatched = false
 	}
 	if p.Log != nil {
 		p.Log.Debug("iptables rules applied", "ipv6", o.IPv6, "full", full, "bytes", len(data))
@@ -166,7 +173,7 @@ func (p *Proxier) fullSyncBatch() int {
 // chains no longer wanted go only in the last restore, after nothing
 // points at them. (kube-proxy writes it all in one restore, which at 5,000
 // services on iptables-nft took over seven minutes here.) A failed batch
-// fails the sync, and the next full sync writes everything again.
+// fails the sync, and the next full sync is one restore, as kube-proxy's.
 func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, error) {
 	restores, bodies := ServiceChainBatches(snap, o, batch)
 	if len(restores) < 2 {

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/sluice-proxy/sluice/kernel/netnstest"
+	"github.com/sluice-proxy/sluice/lb"
 )
 
 // tableLines is `nft -j list table ip kube-proxy` as sorted lines, one
@@ -61,11 +62,12 @@ func tableLines() ([]string, error) {
 	return lines, nil
 }
 
-// On the real kernel, through nft: a first sync written in batches makes
-// the table one transaction makes, and a partial sync goes on from it.
-// The kernel refuses what the fake may not (a goto to a chain of another
-// transaction, an element added to a map before its chain exists).
-func TestFreshBatchesOnRealNFTables(t *testing.T) {
+// On the real kernel, through nft: a first sync and a restart's full
+// sync written in batches make the table one transaction makes, and a
+// partial sync goes on from them. The kernel refuses what the fake may
+// not (a goto to a chain of another transaction, an element added to a
+// map before its chain exists, a chain flushed while bound).
+func TestFullSyncBatchesOnRealNFTables(t *testing.T) {
 	netnstest.Need(t, "nft")
 	netnstest.Run(t, func() error {
 		ctx := context.Background()
@@ -73,31 +75,43 @@ func TestFreshBatchesOnRealNFTables(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		snap := freshPorts(25)
-		var want []string
-		for _, batch := range []int{-1, 4} {
+		// The table one transaction makes of s, from an empty one.
+		oneTransaction := func(s *lb.Snapshot) ([]string, error) {
 			if err := Cleanup(ctx, nft); err != nil {
-				return err
+				return nil, err
 			}
-			p := &Proxier{NFT: nft, Options: opts(), FreshBatch: batch}
-			if err := p.Sync(ctx, snap); err != nil {
-				return fmt.Errorf("FreshBatch %d: %w", batch, err)
+			if err := (&Proxier{NFT: nft, Options: opts(), FullSyncBatch: -1}).Sync(ctx, s); err != nil {
+				return nil, fmt.Errorf("one transaction: %w", err)
 			}
-			got, err := tableLines()
-			if err != nil {
-				return err
-			}
-			if batch < 0 {
-				want = got
-				continue
-			}
-			if !slices.Equal(got, want) {
-				return fmt.Errorf("batched table differs from one transaction's:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-			}
-			next := freshPorts(24) // one port gone, its chains deleted
-			if st, err := p.SyncStats(ctx, next); err != nil || st.Full {
-				return fmt.Errorf("partial sync after the batched one: %+v %v", st, err)
-			}
+			return tableLines()
+		}
+		first, restart := freshPorts(25), movedPorts(24, 10)
+		wantFirst, err := oneTransaction(first)
+		if err != nil {
+			return err
+		}
+		wantRestart, err := oneTransaction(restart)
+		if err != nil {
+			return err
+		}
+		if err := Cleanup(ctx, nft); err != nil {
+			return err
+		}
+		p := &Proxier{NFT: nft, Options: opts(), FullSyncBatch: 4}
+		if err := p.Sync(ctx, first); err != nil {
+			return fmt.Errorf("first sync in batches: %w", err)
+		}
+		if got, err := tableLines(); err != nil || !slices.Equal(got, wantFirst) {
+			return fmt.Errorf("batched table differs from one transaction's (%v):\n%s\nwant:\n%s", err, strings.Join(got, "\n"), strings.Join(wantFirst, "\n"))
+		}
+		if st, err := p.SyncStats(ctx, freshPorts(24)); err != nil || st.Full {
+			return fmt.Errorf("partial sync after the batched one: %+v %v", st, err)
+		}
+		if err := (&Proxier{NFT: nft, Options: opts(), FullSyncBatch: 4}).Sync(ctx, restart); err != nil {
+			return fmt.Errorf("a restart's full sync in batches: %w", err)
+		}
+		if got, err := tableLines(); err != nil || !slices.Equal(got, wantRestart) {
+			return fmt.Errorf("after the restart, the table differs from one transaction's (%v):\n%s\nwant:\n%s", err, strings.Join(got, "\n"), strings.Join(wantRestart, "\n"))
 		}
 		return Cleanup(ctx, nft)
 	})

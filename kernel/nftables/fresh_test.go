@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -65,11 +66,11 @@ func oneTransaction(t *testing.T, snap *lb.Snapshot) string {
 	t.Helper()
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
 	spy := &spyNFT{Fake: fake}
-	if err := (&Proxier{NFT: spy, Options: opts(), FreshBatch: -1}).Sync(context.Background(), snap); err != nil {
+	if err := (&Proxier{NFT: spy, Options: opts(), FullSyncBatch: -1}).Sync(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
 	if spy.runs != 1 {
-		t.Fatalf("FreshBatch -1 ran %d transactions", spy.runs)
+		t.Fatalf("FullSyncBatch -1 ran %d transactions", spy.runs)
 	}
 	return normalized(fake.Dump())
 }
@@ -91,7 +92,7 @@ func TestFreshTableIsWrittenInBatchesAndHookedLast(t *testing.T) {
 			}
 		}
 	}
-	p := &Proxier{NFT: spy, Options: opts(), FreshBatch: 2}
+	p := &Proxier{NFT: spy, Options: opts(), FullSyncBatch: 2}
 	st, err := p.SyncStats(context.Background(), snap)
 	if err != nil || !st.Full {
 		t.Fatalf("first sync: %+v %v", st, err)
@@ -124,41 +125,147 @@ func TestFreshTableIsWrittenInBatchesAndHookedLast(t *testing.T) {
 	}
 }
 
-// A table that holds chains (a restart, or the hourly resync) is rewritten
-// in one transaction: its chains may be live. So is a table too small to
-// batch.
-func TestPopulatedTableIsRewrittenInOneTransaction(t *testing.T) {
-	snap := freshPorts(7)
+// serviceRules is what a port's traffic meets in fake's table: its
+// service chain's rules and those of the chains they go to, in order.
+func serviceRules(fake *knftables.Fake, name lb.ServicePortName) string {
+	var b strings.Builder
+	seen := map[string]bool{}
+	var walk func(chain string)
+	walk = func(chain string) {
+		if seen[chain] {
+			return
+		}
+		seen[chain] = true
+		c := fake.Table.Chains[chain]
+		if c == nil {
+			fmt.Fprintf(&b, "%s: missing\n", chain)
+			return
+		}
+		for _, r := range c.Rules {
+			fmt.Fprintf(&b, "%s: %s\n", chain, r.Rule)
+			for _, f := range strings.Fields(r.Rule) {
+				if strings.HasPrefix(f, endpointPrefix) {
+					walk(f)
+				}
+			}
+		}
+	}
+	walk(ServiceChain(name))
+	return b.String()
+}
+
+// movedPorts is freshPorts(n) whose ports with endpoints have moved them
+// by v.
+func movedPorts(n, v int) *lb.Snapshot {
+	var ports []*lb.ServicePort
+	for _, sp := range freshPorts(n).Sorted() {
+		c := *sp
+		c.Endpoints = nil
+		for _, e := range sp.Endpoints {
+			a := e.Addr.Addr().As4()
+			a[3] += byte(v)
+			c.Endpoints = append(c.Endpoints, ep(netip.AddrPortFrom(netip.AddrFrom4(a), e.Addr.Port()).String()))
+		}
+		ports = append(ports, &c)
+	}
+	return snapOf(ports...)
+}
+
+// A table that holds chains (a restart, the hourly resync) is rewritten in
+// batches of whole services: after every transaction each service's
+// traffic meets its old rules or its new ones, never a mix, and a service
+// that goes keeps its chains until the last. The result is one
+// transaction's. A table too small to batch is one transaction.
+func TestPopulatedTableIsRewrittenServiceByService(t *testing.T) {
+	old, next := movedPorts(8, 0), movedPorts(7, 10) // every port moves; s7 goes
+	oldT, nextT := knftables.NewFake(knftables.IPv4Family, Table), knftables.NewFake(knftables.IPv4Family, Table)
+	for _, c := range []struct {
+		f *knftables.Fake
+		s *lb.Snapshot
+	}{{oldT, old}, {nextT, next}} {
+		if err := (&Proxier{NFT: c.f, Options: opts(), FullSyncBatch: -1}).Sync(context.Background(), c.s); err != nil {
+			t.Fatal(err)
+		}
+	}
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
-	if err := (&Proxier{NFT: fake, Options: opts(), FreshBatch: -1}).Sync(context.Background(), snap); err != nil {
+	if err := (&Proxier{NFT: fake, Options: opts(), FullSyncBatch: -1}).Sync(context.Background(), old); err != nil {
 		t.Fatal(err)
 	}
+	gone := ServiceChain(old.Sorted()[7].Name)
+	var wentAt []int
 	spy := &spyNFT{Fake: fake}
-	restarted := &Proxier{NFT: spy, Options: opts(), FreshBatch: 2}
-	if err := restarted.Sync(context.Background(), freshPorts(6)); err != nil {
+	spy.check = func(run int) {
+		for _, sp := range next.Sorted() {
+			got := serviceRules(fake, sp.Name)
+			if got != serviceRules(oldT, sp.Name) && got != serviceRules(nextT, sp.Name) {
+				t.Errorf("after transaction %d %v meets:\n%swant its old rules:\n%sor its new ones:\n%s", run, sp.Name, got, serviceRules(oldT, sp.Name), serviceRules(nextT, sp.Name))
+			}
+		}
+		if fake.Table.Chains[gone] == nil {
+			wentAt = append(wentAt, run)
+		}
+	}
+	if fake.Table.Chains[gone] == nil {
+		t.Fatalf("%s not in the old table", gone)
+	}
+	restarted := &Proxier{NFT: spy, Options: opts(), FullSyncBatch: 2}
+	if err := restarted.Sync(context.Background(), next); err != nil {
 		t.Fatal(err)
 	}
-	if spy.runs != 1 {
-		t.Fatalf("a restart's full sync ran %d transactions; want 1", spy.runs)
+	if want := 4 + 1; spy.runs != want { // 7 ports in 2s, then the maps
+		t.Fatalf("a restart's full sync ran %d transactions; want %d", spy.runs, want)
 	}
-	if got, want := normalized(fake.Dump()), oneTransaction(t, freshPorts(6)); got != want {
+	if len(wentAt) == 0 || wentAt[0] != spy.runs {
+		t.Fatalf("the gone service's chain went after transactions %v of %d; want only after the last", wentAt, spy.runs)
+	}
+	if got, want := normalized(fake.Dump()), normalized(nextT.Dump()); got != want {
 		t.Fatalf("after the restart:\n%s\nwant:\n%s", got, want)
 	}
 	small := &spyNFT{Fake: knftables.NewFake(knftables.IPv4Family, Table)}
-	if err := (&Proxier{NFT: small, Options: opts(), FreshBatch: 10}).Sync(context.Background(), snap); err != nil || small.runs != 1 {
-		t.Fatalf("7 ports with a batch of 10: %d transactions, %v; want 1", small.runs, err)
+	if err := (&Proxier{NFT: small, Options: opts(), FullSyncBatch: 10}).Sync(context.Background(), old); err != nil || small.runs != 1 {
+		t.Fatalf("8 ports with a batch of 10: %d transactions, %v; want 1", small.runs, err)
 	}
 }
 
-// A batch that fails leaves no base chain in the table, so nothing it
-// wrote is live; the sync says so, and the next one lists the table and
-// rewrites it whole, in one transaction.
+// A full sync in batches that failed is followed by one in a single
+// transaction (kube-proxy's), which cannot fail the way a batch did.
+func TestFullSyncAfterAFailedBatchIsOneTransaction(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	if err := (&Proxier{NFT: fake, Options: opts(), FullSyncBatch: -1}).Sync(context.Background(), movedPorts(8, 0)); err != nil {
+		t.Fatal(err)
+	}
+	spy := &spyNFT{Fake: fake, failAt: 2}
+	p := &Proxier{NFT: spy, Options: opts(), FullSyncBatch: 2}
+	if err := p.Sync(context.Background(), movedPorts(8, 10)); err == nil {
+		t.Fatal("the failed batch was not reported")
+	}
+	before := spy.runs
+	if err := p.Sync(context.Background(), movedPorts(8, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if spy.runs-before != 1 {
+		t.Fatalf("the full sync after a failed batch ran %d transactions; want 1", spy.runs-before)
+	}
+	if got, want := normalized(fake.Dump()), oneTransaction(t, movedPorts(8, 10)); got != want {
+		t.Fatalf("after the resync:\n%s\nwant:\n%s", got, want)
+	}
+	// Then batches again.
+	before = spy.runs
+	p.FullSyncPeriod = time.Nanosecond
+	if err := p.Sync(context.Background(), movedPorts(8, 20)); err != nil || spy.runs-before < 2 {
+		t.Fatalf("the next full sync ran %d transactions (%v); want batches again", spy.runs-before, err)
+	}
+}
+
+// A batch of a first sync that fails leaves no base chain in the table, so
+// nothing it wrote is live; the sync says so, and the next one lists the
+// table and rewrites it whole, in one transaction.
 func TestFailedFreshBatchIsRecoveredByTheNextSync(t *testing.T) {
 	for failAt := 1; failAt <= 5; failAt++ {
 		snap := freshPorts(7)
 		fake := knftables.NewFake(knftables.IPv4Family, Table)
 		spy := &spyNFT{Fake: fake, failAt: failAt}
-		p := &Proxier{NFT: spy, Options: opts(), FreshBatch: 2}
+		p := &Proxier{NFT: spy, Options: opts(), FullSyncBatch: 2}
 		err := p.Sync(context.Background(), snap)
 		if err == nil || !strings.Contains(err.Error(), "injected failure") || !strings.Contains(err.Error(), "first sync onto an empty table") {
 			t.Fatalf("transaction %d failed: Sync said %v", failAt, err)
@@ -197,7 +304,7 @@ func TestFreshBatchesKeepAPortWhole(t *testing.T) {
 			}
 		}
 	}
-	if err := (&Proxier{NFT: spy, Options: opts(), FreshBatch: 3}).Sync(context.Background(), snap); err != nil {
+	if err := (&Proxier{NFT: spy, Options: opts(), FullSyncBatch: 3}).Sync(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
 	for _, sp := range snap.Sorted() {

@@ -173,9 +173,9 @@ func TestPartialSyncsConverge(t *testing.T) {
 	partial := 0
 	for round := 0; round < 8; round++ {
 		fake := knftables.NewFake(knftables.IPv4Family, Table)
-		// Its first sync goes in batches (FreshBatch), the fresh ones'
+		// Its first sync goes in batches (FullSyncBatch), the fresh ones.
 		// in one transaction.
-		p := &Proxier{NFT: fake, Options: opts(), FreshBatch: 1 + round%3}
+		p := &Proxier{NFT: fake, Options: opts(), FullSyncBatch: 1 + round%3}
 		for step, s := range states(rng, 12) {
 			st, err := p.SyncStats(ctx, s)
 			if err != nil {
@@ -185,7 +185,7 @@ func TestPartialSyncsConverge(t *testing.T) {
 				partial++
 			}
 			fresh := knftables.NewFake(knftables.IPv4Family, Table)
-			if err := (&Proxier{NFT: fresh, Options: opts(), FreshBatch: -1}).Sync(ctx, s); err != nil {
+			if err := (&Proxier{NFT: fresh, Options: opts(), FullSyncBatch: -1}).Sync(ctx, s); err != nil {
 				t.Fatal(err)
 			}
 			if got, want := normalized(fake.Dump()), normalized(fresh.Dump()); got != want {

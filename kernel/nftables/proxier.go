@@ -26,11 +26,10 @@ type Proxier struct {
 	FullSyncPeriod time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
-	// FreshBatch is how many service ports a full sync onto a table that
-	// holds no chain (a node's first sync, or one after --cleanup) writes
-	// per transaction before the one that hooks the table in (see fresh);
-	// 0: DefaultFreshBatch; negative: one transaction, always.
-	FreshBatch int
+	// FullSyncBatch is how many service ports' chains a full sync writes
+	// per transaction before its last one (see fresh and rewritePorts); 0:
+	// DefaultFullSyncBatch; negative: one transaction, always.
+	FullSyncBatch int
 
 	// What the table holds of the per-service objects after the last
 	// successful sync; nil: unknown (listed before the next sync).
@@ -45,6 +44,9 @@ type Proxier struct {
 	from     map[lb.ServicePortName]*lb.ServicePort
 	optsKey  string
 	lastFull time.Time
+	// unbatched makes the next full sync one transaction: the last one in
+	// batches failed.
+	unbatched bool
 }
 
 // SyncStats says what a sync did.
@@ -238,18 +240,26 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 		}
 		p.chains, p.sets = chains, sets
 	}
-	if batch := p.freshBatch(); len(p.chains) == 0 && len(p.sets) == 0 && batch > 0 && snap.Ports.Len() > batch {
-		return p.fresh(ctx, snap, batch)
+	var written map[lb.ServicePortName]*portBundle
+	if batch := p.fullSyncBatch(); batch > 0 && snap.Ports.Len() > batch && !p.unbatched {
+		if len(p.chains) == 0 && len(p.sets) == 0 {
+			return p.fresh(ctx, snap, batch)
+		}
+		w, err := p.rewritePorts(ctx, snap, batch)
+		if err != nil {
+			return err
+		}
+		written = w
 	}
 	tx := p.NFT.NewTransaction()
 	if p.applied != nil {
 		for _, sp := range snap.Sorted() {
-			if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 {
+			if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 && written[sp.Name] == nil {
 				replaceChangedSets(tx, old, renderPort(sp, p.Options))
 			}
 		}
 	}
-	d := Render(snap, p.Options, tx)
+	d := render(snap, p.Options, tx, phaseWhole, written)
 	var stale []string
 	for c := range p.chains {
 		if legacyBaseChains[c] || isServiceObject(c) && !d.Chains[c] {
@@ -267,10 +277,68 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
 		p.chains, p.sets, p.applied = nil, nil, nil // list again: the table is as it was
+		p.unbatched = written != nil
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
 	p.record(snap, d)
+	p.unbatched = false
 	return nil
+}
+
+// rewritePorts is the first part of a full sync in batches over a table
+// that holds chains (a restart, the hourly resync, a resync after a
+// failure): every port's chains and sets, rewritten in place in
+// transactions of batch ports each, a port's always in one. The sync's own
+// transaction then refills the maps, rewrites the static chains and deletes
+// what is no longer used, nothing of which a batch touches. Between
+// batches some services have their new chains and some their old ones,
+// each consistent, as between partial syncs; kube-proxy writes it all in one
+// transaction, in which the kernel binds every service chain's anonymous
+// vmap set by walking the whole transaction (O(N²): 60 s at 10,000
+// services here, issue 13).
+func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int) (map[lb.ServicePortName]*portBundle, error) {
+	o := p.Options.withDefaults()
+	written := map[lb.ServicePortName]*portBundle{}
+	var tx *knftables.Transaction
+	n := 0
+	run := func() error {
+		err := p.NFT.Run(ctx, tx)
+		tx, n = nil, 0
+		if err != nil {
+			p.chains, p.sets, p.applied = nil, nil, nil
+			p.unbatched = true // the next full sync is one transaction
+			return fmt.Errorf("nftables transaction (%s, full sync, service chains): %w", p.familyName(), err)
+		}
+		return nil
+	}
+	for _, sp := range snap.Sorted() {
+		b := renderPort(sp, o)
+		if b == nil {
+			continue
+		}
+		if tx == nil {
+			tx = p.NFT.NewTransaction()
+			// What the ports' rules refer to (add: no change if it is there).
+			tx.Add(&knftables.Chain{Name: chainMarkForMasq})
+			tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
+		}
+		if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 {
+			replaceChangedSets(tx, old, b)
+		}
+		b.writeObjects(tx)
+		written[sp.Name] = b
+		if n++; n == batch {
+			if err := run(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if tx != nil {
+		if err := run(); err != nil {
+			return nil, err
+		}
+	}
+	return written, nil
 }
 
 // record records d, rendered from snap, as what the table holds.
@@ -282,14 +350,14 @@ func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
 	}
 }
 
-// DefaultFreshBatch is Proxier.FreshBatch's default.
-const DefaultFreshBatch = 1000
+// DefaultFullSyncBatch is Proxier.FullSyncBatch's default.
+const DefaultFullSyncBatch = 1000
 
-func (p *Proxier) freshBatch() int {
-	if p.FreshBatch == 0 {
-		return DefaultFreshBatch
+func (p *Proxier) fullSyncBatch() int {
+	if p.FullSyncBatch == 0 {
+		return DefaultFullSyncBatch
 	}
-	return p.FreshBatch
+	return p.FullSyncBatch
 }
 
 // fresh is a full sync onto a table that holds no chain, so that nothing
@@ -308,12 +376,13 @@ func (p *Proxier) fresh(ctx context.Context, snap *lb.Snapshot, batch int) error
 	run := func(tx *knftables.Transaction, what string) error {
 		if err := p.NFT.Run(ctx, tx); err != nil {
 			p.chains, p.sets, p.applied = nil, nil, nil
+			p.unbatched = true // the next full sync is one transaction
 			return fmt.Errorf("nftables transaction (%s, first sync onto an empty table, %s): %w", p.familyName(), what, err)
 		}
 		return nil
 	}
 	tx := p.NFT.NewTransaction()
-	d := render(snap, p.Options, tx, phaseUnhooked)
+	d := render(snap, p.Options, tx, phaseUnhooked, nil)
 	o := p.Options.withDefaults()
 	n := 0
 	for _, sp := range snap.Sorted() {
@@ -337,11 +406,12 @@ func (p *Proxier) fresh(ctx context.Context, snap *lb.Snapshot, batch int) error
 		}
 	}
 	tx = p.NFT.NewTransaction()
-	render(snap, p.Options, tx, phaseHooks)
+	render(snap, p.Options, tx, phaseHooks, nil)
 	if err := run(tx, "base chains"); err != nil {
 		return err
 	}
 	p.record(snap, d)
+	p.unbatched = false
 	return nil
 }
 

@@ -195,7 +195,7 @@ func clusterIPs(snap *lb.Snapshot, o Options) map[string]bool {
 // sets are declared but never flushed (their dynamic entries are the
 // pins).
 func Render(snap *lb.Snapshot, o Options, tx *knftables.Transaction) Desired {
-	return render(snap, o, tx, phaseWhole)
+	return render(snap, o, tx, phaseWhole, nil)
 }
 
 // phase is which part of the table render writes: all of it (one
@@ -221,7 +221,10 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase) Desired {
+// render writes ph's part of snap's table into tx; with phaseWhole, the
+// ports in written (their chains and sets written by earlier transactions
+// of the same sync) get only their elements.
+func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase, written map[lb.ServicePortName]*portBundle) Desired {
 	o = o.withDefaults()
 	d := Desired{Chains: map[string]bool{}, Sets: map[string]bool{}}
 	ip := o.ip()
@@ -357,11 +360,13 @@ func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase) D
 		return d // the ports' bundles: the caller's, in batches
 	}
 	for _, sp := range snap.Sorted() {
-		b := renderPort(sp, o)
-		if b == nil {
-			continue
+		b, ok := written[sp.Name]
+		if !ok {
+			if b = renderPort(sp, o); b == nil {
+				continue
+			}
+			b.writeObjects(tx)
 		}
-		b.writeObjects(tx)
 		b.addElements(tx, nil)
 		d.take(sp.Name, b)
 	}
