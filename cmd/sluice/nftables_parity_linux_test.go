@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+	"github.com/sluice-proxy/sluice/kernel/nftables"
 )
 
 // Live parity with upstream kube-proxy v1.34.2 in nftables mode (issue
@@ -237,7 +237,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 			if err != nil {
 				return nil, err.Error()
 			}
-			lines, err := canonicalNFT(out)
+			lines, err := nftables.CanonicalDump(out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,66 +299,6 @@ func waitForDump(t *testing.T, e *kubeEnv, want []string, p *proc, dump func() (
 		return time.Since(since) >= time.Second, "changing"
 	})
 	return last
-}
-
-// canonicalNFT turns `nft -j list table` output into sorted lines, one per
-// table, chain, set, map and rule, without handles or counter values, with
-// set and map elements sorted and each rule keeping its place in its chain.
-func canonicalNFT(data []byte) ([]string, error) {
-	var doc struct {
-		Nftables []map[string]map[string]any `json:"nftables"`
-	}
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, err
-	}
-	pos := map[string]int{}
-	var lines []string
-	for _, obj := range doc.Nftables {
-		for kind, v := range obj {
-			if kind == "metainfo" {
-				continue
-			}
-			delete(v, "handle")
-			if elems, ok := v["elem"].([]any); ok {
-				keys := make([]string, len(elems))
-				for i, el := range elems {
-					b, _ := json.Marshal(el)
-					keys[i] = string(b)
-				}
-				slices.Sort(keys)
-				v["elem"] = keys
-			}
-			if kind == "rule" {
-				zeroCounters(v["expr"])
-				chain := fmt.Sprint(v["chain"])
-				v["position"] = pos[chain]
-				pos[chain]++
-			}
-			b, err := json.Marshal(v)
-			if err != nil {
-				return nil, err
-			}
-			lines = append(lines, kind+" "+string(b))
-		}
-	}
-	slices.Sort(lines)
-	return lines, nil
-}
-
-func zeroCounters(v any) {
-	switch x := v.(type) {
-	case []any:
-		for _, e := range x {
-			zeroCounters(e)
-		}
-	case map[string]any:
-		if c, ok := x["counter"].(map[string]any); ok {
-			c["packets"], c["bytes"] = 0, 0
-		}
-		for _, e := range x {
-			zeroCounters(e)
-		}
-	}
 }
 
 // knownIPTablesDifferences: as knownNFTablesDifferences, for iptables mode.

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -15,51 +14,13 @@ import (
 	"github.com/sluice-proxy/sluice/lb"
 )
 
-// tableLines is `nft -j list table ip kube-proxy` as sorted lines, one
-// per object, without handles, with elements sorted and each rule keeping
-// its place in its chain.
+// tableLines is the ip kube-proxy table, canonical (CanonicalDump).
 func tableLines() ([]string, error) {
 	out, err := exec.Command("nft", "-j", "list", "table", "ip", Table).Output()
 	if err != nil {
 		return nil, fmt.Errorf("nft list table: %w", err)
 	}
-	var doc struct {
-		Nftables []map[string]map[string]any `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, err
-	}
-	pos := map[string]int{}
-	var lines []string
-	for _, obj := range doc.Nftables {
-		for kind, v := range obj {
-			if kind == "metainfo" {
-				continue
-			}
-			delete(v, "handle")
-			if elems, ok := v["elem"].([]any); ok {
-				keys := make([]string, len(elems))
-				for i, el := range elems {
-					b, _ := json.Marshal(el)
-					keys[i] = string(b)
-				}
-				slices.Sort(keys)
-				v["elem"] = keys
-			}
-			if kind == "rule" {
-				chain := fmt.Sprint(v["chain"])
-				v["position"] = pos[chain]
-				pos[chain]++
-			}
-			b, err := json.Marshal(v)
-			if err != nil {
-				return nil, err
-			}
-			lines = append(lines, kind+" "+string(b))
-		}
-	}
-	slices.Sort(lines)
-	return lines, nil
+	return CanonicalDump(out)
 }
 
 // On the real kernel, through nft: a first sync and a restart's full
