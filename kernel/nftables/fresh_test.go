@@ -319,3 +319,27 @@ func TestFreshBatchesKeepAPortWhole(t *testing.T) {
 		t.Fatal("the first and last ports came in one transaction: no batches")
 	}
 }
+
+// A family none of whose ports has an address of it (the IPv6 table of an
+// IPv4 cluster) still gets its static chains before the base chains that
+// jump to them: the first sync succeeds at once. (It failed, and the
+// table came 30 s later with the retry.)
+func TestFreshTableOfAFamilyWithoutPorts(t *testing.T) {
+	for _, n := range []int{0, 2, 4} { // none, a batch, two batches of the other family
+		fake := knftables.NewFake(knftables.IPv6Family, Table)
+		spy := &spyNFT{Fake: fake}
+		o := opts()
+		o.IPv6 = true
+		p := &Proxier{NFT: spy, Options: o, FullSyncBatch: 2}
+		if err := p.Sync(context.Background(), freshPorts(n+1)); err != nil {
+			t.Fatalf("%d IPv4 ports in the IPv6 table: %v", n+1, err)
+		}
+		want := knftables.NewFake(knftables.IPv6Family, Table)
+		if err := (&Proxier{NFT: want, Options: o, FullSyncBatch: -1}).Sync(context.Background(), freshPorts(n+1)); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := normalized(fake.Dump()), normalized(want.Dump()); got != want {
+			t.Fatalf("%d IPv4 ports in the IPv6 table:\n%s\nwant:\n%s", n+1, got, want)
+		}
+	}
+}

@@ -385,6 +385,7 @@ func (p *Proxier) fresh(ctx context.Context, snap *lb.Snapshot, batch int) error
 	d := render(snap, p.Options, tx, phaseUnhooked, nil)
 	o := p.Options.withDefaults()
 	n := 0
+	pending := true // tx holds what is not in the table yet (first, the static part)
 	for _, sp := range snap.Sorted() {
 		b := renderPort(sp, o)
 		if b == nil {
@@ -393,14 +394,15 @@ func (p *Proxier) fresh(ctx context.Context, snap *lb.Snapshot, batch int) error
 		b.write(tx, false) // new chains: nothing to flush
 		b.addElements(tx, nil)
 		d.take(sp.Name, b)
+		pending = true
 		if n++; n == batch {
 			if err := run(tx, "service chains and map elements"); err != nil {
 				return err
 			}
-			tx, n = p.NFT.NewTransaction(), 0
+			tx, n, pending = p.NFT.NewTransaction(), 0, false
 		}
 	}
-	if n > 0 {
+	if pending {
 		if err := run(tx, "service chains and map elements"); err != nil {
 			return err
 		}
