@@ -111,8 +111,8 @@ func TestFreshNATTableIsWrittenInBatchesAndPointedAtLast(t *testing.T) {
 	if got, want := spy.Dump(), oneRestore(t, s); got != want {
 		t.Fatalf("batched tables:\n%s\nwant (one restore):\n%s", got, want)
 	}
-	if one, err := (&Proxier{Runner: NewFake(), Options: opts(), FullSyncBatch: -1}).SyncStats(s); err != nil || st.NATRulesTotal != one.NATRulesTotal {
-		t.Fatalf("NATRulesTotal %d; one restore's %d (%v): the rules the batches wrote are not counted", st.NATRulesTotal, one.NATRulesTotal, err)
+	if one, err := (&Proxier{Runner: NewFake(), Options: opts(), FullSyncBatch: -1}).SyncStats(s); err != nil || st.NATRulesTotal != one.NATRulesTotal || st.NATRules != one.NATRules || st.FilterRules != one.FilterRules {
+		t.Fatalf("rules written %d/%d, in all %d; one restore's %d/%d, %d (%v): the rules the batches wrote are not counted as written", st.FilterRules, st.NATRules, st.NATRulesTotal, one.FilterRules, one.NATRules, one.NATRulesTotal, err)
 	}
 	for _, next := range []*lb.Snapshot{freshState(8), freshState(10)} {
 		st, err := p.SyncStats(next)

@@ -47,10 +47,10 @@ type Proxier struct {
 type SyncStats struct {
 	Full  bool
 	Bytes int
-	// FilterRules and NATRules are the rules the restore wrote in each
-	// table; NATRulesTotal adds those of the unchanged chains a partial
-	// sync left as they were (kube-proxy's sync_proxy_rules_iptables_last
-	// and _total).
+	// FilterRules and NATRules are the rules the sync wrote in each table
+	// (a full sync in batches: all its restores); NATRulesTotal adds
+	// those of the unchanged chains a partial sync left as they were
+	// (kube-proxy's sync_proxy_rules_iptables_last and _total).
 	FilterRules, NATRules, NATRulesTotal int
 }
 
@@ -95,18 +95,19 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if full {
 		known = nil
 	}
+	batchRules := 0
 	if full {
 		if err := p.ensureHooks(o); err != nil {
 			p.applied = nil
 			return SyncStats{Full: true}, err
 		}
 		if batch := p.fullSyncBatch(); batch > 0 && !p.unbatched {
-			pre, err := p.prewrite(snap, o, batch)
+			pre, rules, err := p.prewrite(snap, o, batch)
 			if err != nil {
 				p.applied, p.unbatched = nil, true
 				return SyncStats{Full: true}, err
 			}
-			prev = pre
+			prev, batchRules = pre, rules
 		}
 	}
 	r := renderPartial(snap, o, prev, &p.cache, known)
@@ -114,6 +115,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	st := SyncStats{Full: full, Bytes: len(data)}
 	st.FilterRules, st.NATRules = RuleCounts(data)
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
+	st.NATRules += batchRules // the batches' rules are the ones the render skipped
 	if err := p.Runner.Restore(data); err != nil {
 		p.applied = nil
 		p.unbatched = full && prev != nil // it followed batches
@@ -174,17 +176,20 @@ func (p *Proxier) fullSyncBatch() int {
 // points at them. (kube-proxy writes it all in one restore, which at 5,000
 // services on iptables-nft took over seven minutes here.) A failed batch
 // fails the sync, and the next full sync is one restore, as kube-proxy's.
-func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, error) {
+// It also says how many rules of the ports' own chains the batches wrote.
+func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, int, error) {
 	restores, bodies := ServiceChainBatches(snap, o, batch)
 	if len(restores) < 2 {
-		return nil, nil // one restore either way
+		return nil, 0, nil // one restore either way
 	}
+	rules := -1 // the first restore's KUBE-MARK-MASQ rule, which the sync's restore writes again
 	for i, data := range restores {
 		if err := p.Runner.Restore(data); err != nil {
-			return nil, fmt.Errorf("apply rules (full sync, service chains, restore %d of %d): %w", i+1, len(restores), err)
+			return nil, 0, fmt.Errorf("apply rules (full sync, service chains, restore %d of %d): %w", i+1, len(restores), err)
 		}
+		rules += rulesIn(data)
 	}
-	return bodies, nil
+	return bodies, rules, nil
 }
 
 // ensureHooks makes the chains the built-in ones jump to, the jumps and
