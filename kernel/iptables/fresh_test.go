@@ -255,3 +255,57 @@ func TestFreshBatchesAreSelfContained(t *testing.T) {
 		}
 	}
 }
+
+// recordingFake keeps the last restore's input.
+type recordingFake struct {
+	*Fake
+	last string
+}
+
+func (r *recordingFake) Restore(data []byte) error {
+	r.last = string(data)
+	return r.Fake.Restore(data)
+}
+
+// A partial sync whose top-level chains render as last applied leaves
+// them out of its restore (an endpoint change touches only its service's
+// own chains), and writes them when they change; the tables always equal
+// a full sync's.
+func TestUnchangedTopLevelChainsAreLeftOut(t *testing.T) {
+	web := svcPort("web", "10.96.0.10", readyEP("10.244.1.1:8080", false))
+	web.NodePort = 30080
+	empty := svcPort("empty", "10.96.0.11") // rejected in filter
+	moved := svcPort("web", "10.96.0.10", readyEP("10.244.1.2:8080", false))
+	moved.NodePort = 30080
+	added := svcPort("added", "10.96.0.12", readyEP("10.244.1.3:8080", false))
+	r := &recordingFake{Fake: NewFake()}
+	p := &Proxier{Runner: r, Options: opts()}
+	for i, c := range []struct {
+		s              *lb.Snapshot
+		filter, natTop bool
+	}{
+		{snap(web, empty), true, true},           // full
+		{snap(moved, empty), false, false},       // an endpoint moved
+		{snap(moved, empty, added), false, true}, // a service came: KUBE-SERVICES
+		{snap(moved, added), true, false},        // the rejected one went: filter only
+		{snap(web, added), false, false},
+	} {
+		st, err := p.SyncStats(c.s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(r.last, "*filter\n"); got != c.filter {
+			t.Errorf("sync %d (full=%v): filter table written %v, want %v:\n%s", i, st.Full, got, c.filter, r.last)
+		}
+		if got := strings.Contains(r.last[strings.Index(r.last, "*nat\n"):], ":"+ChainServices+" - [0:0]\n"); got != c.natTop {
+			t.Errorf("sync %d (full=%v): nat KUBE-SERVICES written %v, want %v:\n%s", i, st.Full, got, c.natTop, r.last)
+		}
+		if got, want := r.Dump(), oneRestore(t, c.s); got != want {
+			t.Fatalf("sync %d: tables differ from a full sync's:\n%s\nwant:\n%s", i, got, want)
+		}
+		wantFilter, wantNAT := RuleCounts(Render(c.s, opts()))
+		if st.FilterRules != wantFilter || st.NATRulesTotal != wantNAT {
+			t.Errorf("sync %d: %d filter and %d nat rules in all; the tables hold %d and %d", i, st.FilterRules, st.NATRulesTotal, wantFilter, wantNAT)
+		}
+	}
+}

@@ -33,7 +33,8 @@ type Proxier struct {
 	// nft (Backend), else one restore; negative: one restore, always.
 	FullSyncBatch int
 
-	applied  Bodies // nil: the next sync is full
+	applied  Bodies  // nil: the next sync is full
+	top      TopSums // the top-level chains as last applied (valid with applied)
 	cache    portCache
 	chains   map[string]bool // the per-service chains after the last sync
 	optsKey  string
@@ -110,10 +111,18 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 			prev, batchRules = pre, rules
 		}
 	}
-	r := renderPartial(snap, o, prev, &p.cache, known)
+	var lastTop *TopSums
+	if !full {
+		lastTop = &p.top
+	}
+	r := renderPartialTop(snap, o, prev, &p.cache, known, lastTop)
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
-	st.FilterRules, st.NATRules = RuleCounts(data)
+	_, st.NATRules = RuleCounts(data)
+	// The filter table is written whole or, unchanged, not at all; either
+	// way it holds its rendered rules, which is what kube-proxy, writing it
+	// every time, reports as written.
+	st.FilterRules = r.filterRules
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
 	st.NATRules += batchRules // the batches' rules are the ones the render skipped
 	if err := p.Runner.Restore(data); err != nil {
@@ -127,7 +136,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if p.Log != nil {
 		p.Log.Debug("iptables rules applied", "ipv6", o.IPv6, "full", full, "bytes", len(data))
 	}
-	p.applied, p.optsKey = bodies, key
+	p.applied, p.optsKey, p.top = bodies, key, r.top
 	if full {
 		p.lastFull = now
 	}

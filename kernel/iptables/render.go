@@ -199,7 +199,21 @@ type rendered struct {
 	// active are the per-service chains that exist once it is applied.
 	active     map[string]bool
 	skippedNAT int
+	// top fingerprints the top-level chains as rendered, for the next
+	// partial sync; filterRules are the filter table's rules, written or
+	// not.
+	top         TopSums
+	filterRules int
 }
+
+// TopSums fingerprint the top-level chains of a render: the filter
+// table's (all of them are top-level) and the nat table's (KUBE-SERVICES,
+// KUBE-NODEPORTS, KUBE-POSTROUTING, KUBE-MARK-MASQ). A partial sync whose
+// top-level chains render as last applied leaves them out of the restore:
+// an endpoint change touches only its service's own chains, and at 10k
+// services on iptables-nft rewriting 20k unchanged top-level rules was
+// most of a partial sync (kube-proxy rewrites them every time).
+type TopSums struct{ Filter, NAT uint64 }
 
 // rulesIn counts the lines of b that are rules ("-A ...").
 func rulesIn(b []byte) int {
@@ -213,6 +227,9 @@ func rulesIn(b []byte) int {
 // RuleCounts are the "-A" rules in a restore input's filter and nat
 // tables.
 func RuleCounts(data []byte) (filter, nat int) {
+	if bytes.HasPrefix(data, []byte("*nat\n")) {
+		return 0, rulesIn(data) // a partial sync that left the filter table out
+	}
 	i := bytes.Index(data, []byte("\n*nat\n"))
 	if i < 0 {
 		return rulesIn(data), 0
@@ -246,6 +263,13 @@ type portCache struct {
 // sync. A map, not a list: at 10k services a partial sync listed 110k
 // chain names to find the few stale ones.
 func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool) rendered {
+	return renderPartialTop(snap, o, applied, cache, known, nil)
+}
+
+// renderPartialTop is renderPartial that also leaves out the top-level
+// chains of a table whose fingerprint is as in lastTop (nil: none is left
+// out).
+func renderPartialTop(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums) rendered {
 	mark := o.Mark()
 	skipped := 0
 	o = o.forSnapshot(snap)
@@ -339,32 +363,56 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		}
 	}
 
-	var out writer
-	out.b.Grow(filterRules.b.Len() + natRules.b.Len() + natChains.b.Len() + bodyRules.b.Len() + 4096)
-	out.line("*filter")
+	var filter writer
+	filter.line("*filter")
 	for _, c := range []string{ChainServices, ChainExternalServices, ChainForward, ChainNodePorts, ChainProxyFirewall} {
-		out.line(":" + c + " - [0:0]")
+		filter.line(":" + c + " - [0:0]")
 	}
-	out.line(":" + ChainFirewall + " - [0:0]")
+	filter.line(":" + ChainFirewall + " - [0:0]")
 	if o.localhostFirewall() {
-		out.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
+		filter.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
 			"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 	}
 	if !o.TCPBeLiberal {
 		if o.InvalidDropCounter != "" {
-			out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-m", "nfacct", "--nfacct-name", o.InvalidDropCounter, "-j", "DROP")
+			filter.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-m", "nfacct", "--nfacct-name", o.InvalidDropCounter, "-j", "DROP")
 		} else {
-			out.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+			filter.line("-A", ChainForward, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 		}
 	}
-	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
-	out.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
-	out.b.Write(filterRules.b.Bytes())
-	out.line("COMMIT")
+	filter.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
+	filter.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
+	filter.b.Write(filterRules.b.Bytes())
+	filter.line("COMMIT")
 
+	// The nat table's top-level chains: their rules, fingerprinted.
+	var natTop writer
+	natTop.line("-A", ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
+	natTop.line("-A", ChainPostrouting, "-j", "MARK", "--xor-mark", mark)
+	masq := []string{"-A", ChainPostrouting, "-m", "comment", "--comment", quote("kubernetes service traffic requiring SNAT"), "-j", "MASQUERADE"}
+	if o.RandomFully {
+		masq = append(masq, "--random-fully")
+	}
+	natTop.line(masq...)
+	natTop.line("-A", ChainMarkMasq, "-j", "MARK", "--or-mark", mark)
+	natTop.b.Write(natRules.b.Bytes())
+	top := TopSums{Filter: fnvSum(filter.b.Bytes()), NAT: fnvSum(natTop.b.Bytes())}
+	writeFilter := lastTop == nil || lastTop.Filter != top.Filter
+	writeNATTop := lastTop == nil || lastTop.NAT != top.NAT
+	if !writeNATTop {
+		skipped += rulesIn(natTop.b.Bytes())
+	}
+
+	var out writer
+	out.b.Grow(filter.b.Len() + natTop.b.Len() + natChains.b.Len() + bodyRules.b.Len() + 4096)
+	if writeFilter {
+		out.b.Write(filter.b.Bytes())
+	}
 	out.line("*nat")
-	for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
-		out.line(":" + c + " - [0:0]")
+	if writeNATTop {
+		for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
+			out.line(":" + c + " - [0:0]")
+		}
 	}
 	out.b.Write(natChains.b.Bytes())
 	var stale []string
@@ -382,21 +430,21 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	for _, c := range stale {
 		out.line(":" + c + " - [0:0]") // flushed first, so nothing it holds blocks the delete
 	}
-	out.line("-A", ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
-	out.line("-A", ChainPostrouting, "-j", "MARK", "--xor-mark", mark)
-	masq := []string{"-A", ChainPostrouting, "-m", "comment", "--comment", quote("kubernetes service traffic requiring SNAT"), "-j", "MASQUERADE"}
-	if o.RandomFully {
-		masq = append(masq, "--random-fully")
+	if writeNATTop {
+		out.b.Write(natTop.b.Bytes())
 	}
-	out.line(masq...)
-	out.line("-A", ChainMarkMasq, "-j", "MARK", "--or-mark", mark)
-	out.b.Write(natRules.b.Bytes())
 	out.b.Write(bodyRules.b.Bytes())
 	for _, c := range stale {
 		out.line("-X", c)
 	}
 	out.line("COMMIT")
-	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped}
+	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped, top: top, filterRules: rulesIn(filter.b.Bytes())}
+}
+
+func fnvSum(b []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(b)
+	return h.Sum64()
 }
 
 // forSnapshot is o with what depends on the whole snapshot set: large
