@@ -176,7 +176,8 @@ type Bodies map[lb.ServicePortName]uint64
 // render to the same fingerprint as in applied is left out (its chains are
 // neither declared nor rewritten, so iptables-restore --noflush keeps
 // them), while the top-level chains (KUBE-SERVICES, KUBE-NODEPORTS,
-// KUBE-EXTERNAL-SERVICES, ...) are always rewritten whole. A nil applied
+// KUBE-EXTERNAL-SERVICES, ...) are rewritten whole (the proxier's own
+// partial syncs leave them out too when unchanged: TopSums). A nil applied
 // renders everything: a full sync. It returns the fingerprints to pass to
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
