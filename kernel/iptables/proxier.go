@@ -115,7 +115,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if !full {
 		lastTop = &p.top
 	}
-	r := renderPartialTop(snap, o, prev, &p.cache, known, lastTop)
+	r := renderPartial(snap, o, prev, &p.cache, known, lastTop)
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
 	_, st.NATRules = RuleCounts(data)

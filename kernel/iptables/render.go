@@ -182,7 +182,7 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
-	r := renderPartial(snap, o, applied, nil, nil)
+	r := renderPartial(snap, o, applied, nil, nil, nil)
 	chains := make([]string, 0, len(r.active))
 	for c := range r.active {
 		chains = append(chains, c)
@@ -263,14 +263,10 @@ type portCache struct {
 // not active any more are deleted, as o.ExistingNATChains' are on a full
 // sync. A map, not a list: at 10k services a partial sync listed 110k
 // chain names to find the few stale ones.
-func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool) rendered {
-	return renderPartialTop(snap, o, applied, cache, known, nil)
-}
-
-// renderPartialTop is renderPartial that also leaves out the top-level
-// chains of a table whose fingerprint is as in lastTop (nil: none is left
-// out).
-func renderPartialTop(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums) rendered {
+//
+// It also leaves out the top-level chains of a table whose fingerprint is
+// as in lastTop (nil: none is left out).
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums) rendered {
 	mark := o.Mark()
 	skipped := 0
 	o = o.forSnapshot(snap)

@@ -104,13 +104,9 @@ func (e *Exec) HasRandomFully() bool {
 	return v[0] > 1 || v[0] == 1 && (v[1] > 6 || v[1] == 6 && v[2] >= 2)
 }
 
-// Legacy reports whether Command drives the legacy (x_tables) backend
-// (Backend).
-func (e *Exec) Legacy() bool { return e.isLegacy() }
-
-// isLegacy reports whether Command drives the legacy (x_tables) backend,
-// from its name or its --version ("iptables v1.8.9 (legacy)").
-func (e *Exec) isLegacy() bool {
+// Legacy reports whether Command drives the legacy (x_tables) backend,
+// from its name or its --version ("iptables v1.8.9 (legacy)") (Backend).
+func (e *Exec) Legacy() bool {
 	e.legacyOnce.Do(func() {
 		switch {
 		case strings.HasSuffix(e.Command, "-legacy"):
@@ -216,7 +212,7 @@ func lastMatch(s, prefix string) string {
 // Chains lists a table's chains from iptables-save. A legacy table that
 // was never loaded has none, and is not loaded by asking.
 func (e *Exec) Chains(table string) ([]string, error) {
-	if e.isLegacy() && !e.legacyTableLoaded(table) {
+	if e.Legacy() && !e.legacyTableLoaded(table) {
 		return nil, nil
 	}
 	out, err := e.run("-save", []string{"-t", table}, nil)

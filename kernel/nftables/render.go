@@ -39,6 +39,7 @@ const (
 	chainFirewallCheck       = "firewall-check"
 	chainClusterIPsCheck     = "cluster-ips-check"
 	chainReject              = "reject-chain"
+	rejectChainComment       = "helper for @no-endpoint-services / @no-endpoint-nodeports"
 	setClusterIPs            = "cluster-ips"
 	setNodePortIPs           = "nodeport-ips"
 	mapServiceIPs            = "service-ips"
@@ -268,7 +269,7 @@ func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase, w
 		chain(c)
 	}
 	if writes(chainReject) {
-		tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
+		tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo(rejectChainComment)})
 		tx.Flush(&knftables.Chain{Name: chainReject})
 	}
 	rule(chainFilterPreroutingPre, "ct state new jump", chainFirewallCheck)
@@ -398,20 +399,12 @@ type portBundle struct {
 // writeObjects declares the port's sets and chains, and (re)writes the
 // chains' rules.
 func (b *portBundle) writeObjects(tx *knftables.Transaction) {
-	b.write(tx, true)
-}
-
-// write is writeObjects; flush false leaves out the flushes, for chains
-// the table does not hold yet.
-func (b *portBundle) write(tx *knftables.Transaction, flush bool) {
 	for _, st := range b.sets {
 		tx.Add(st)
 	}
 	for _, c := range b.chains {
 		tx.Add(&knftables.Chain{Name: c})
-		if flush {
-			tx.Flush(&knftables.Chain{Name: c})
-		}
+		tx.Flush(&knftables.Chain{Name: c})
 	}
 	for _, r := range b.rules {
 		tx.Add(r)
