@@ -87,6 +87,13 @@ func (t *timedRunner) EnsureChain(table, chain string) error {
 	return err
 }
 
+func (t *timedRunner) Save(table string) ([]byte, error) {
+	start := time.Now()
+	out, err := t.Runner.Save(table)
+	t.spent += time.Since(start)
+	return out, err
+}
+
 func (t *timedRunner) Chains(table string) ([]string, error) {
 	start := time.Now()
 	c, err := t.Runner.Chains(table)

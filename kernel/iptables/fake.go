@@ -192,6 +192,11 @@ func (f *Fake) Restore(data []byte) error {
 					return fail("chain %s does not exist", args[1])
 				}
 				work[args[1]] = append(work[args[1]], args[2:])
+			case "-I":
+				if _, ok := work[args[1]]; !ok {
+					return fail("chain %s does not exist", args[1])
+				}
+				work[args[1]] = append([][]string{args[2:]}, work[args[1]]...)
 			case "-X":
 				if isBuiltin(table, args[1]) {
 					return fail("cannot delete built-in chain %s", args[1])
@@ -231,6 +236,42 @@ func (f *Fake) Chains(table string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// Save prints a table as iptables-save does: its chains (built-in ones
+// with a policy), then its rules, arguments quoted where they need it.
+func (f *Fake) Save(table string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.tables[table]
+	if !ok {
+		return nil, fmt.Errorf("table %s: %w", table, ErrNotFound)
+	}
+	chains := make([]string, 0, len(t))
+	for c := range t {
+		chains = append(chains, c)
+	}
+	slices.Sort(chains)
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%s\n", table)
+	for _, c := range chains {
+		policy := "-"
+		if isBuiltin(table, c) {
+			policy = "ACCEPT"
+		}
+		fmt.Fprintf(&b, ":%s %s [0:0]\n", c, policy)
+	}
+	for _, c := range chains {
+		for _, r := range t[c] {
+			b.WriteString("-A " + c)
+			for _, a := range r {
+				b.WriteString(" " + restoreArg(a))
+			}
+			b.WriteByte('\n')
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return []byte(b.String()), nil
 }
 
 // EnsureChain creates a chain if missing.

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -102,6 +103,87 @@ func TestFullSyncBatchesOnRealIPTables(t *testing.T) {
 					return fmt.Errorf("after the restart, tables differ from one restore's (%v):\n%s\nwant:\n%s", err, got, wantRestart)
 				}
 				return Cleanup(r, opts())
+			})
+		})
+	}
+}
+
+// On both real backends: the jumps and canaries a full sync's restore
+// writes leave the tables the commands leave (kube-proxy's way, and
+// sluice's before), and iptables-save prints them as sluice writes them,
+// so a restart's full sync finds every one in place and runs no command
+// but the saves and its restore.
+func TestFullSyncHooksOnRealIPTables(t *testing.T) {
+	for _, cmd := range []string{"iptables-nft", "iptables-legacy"} {
+		t.Run(cmd, func(t *testing.T) {
+			netnstest.Need(t, cmd, cmd+"-restore", cmd+"-save")
+			netnstest.Run(t, func() error {
+				var ran []string
+				r := &Exec{Command: cmd,
+					ReadFile: func(name string) ([]byte, error) {
+						return os.ReadFile(strings.Replace(name, "/proc/net/", "/proc/thread-self/net/", 1))
+					},
+					Run: func(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+						ran = append(ran, name+" "+strings.Join(args, " "))
+						return RunCommand(ctx, name, args, stdin)
+					}}
+				o := opts()
+				canaries := func() error {
+					for _, table := range CanaryTables {
+						chains, err := r.Chains(table)
+						if err != nil || !slices.Contains(chains, ChainCanary) {
+							return fmt.Errorf("no canary in %s (%v)", table, err)
+						}
+					}
+					return nil
+				}
+				// The reference: hooks by command, then a sync.
+				if err := Cleanup(r, o); err != nil {
+					return err
+				}
+				for _, j := range Jumps(o) {
+					if err := r.EnsureChain(j.Table, target(j.Args)); err != nil {
+						return err
+					}
+					if err := r.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
+						return err
+					}
+				}
+				if err := (&Proxier{Runner: r, Options: o}).Sync(freshState(5)); err != nil {
+					return fmt.Errorf("sync after the commands: %w", err)
+				}
+				want, err := savedTables(cmd)
+				if err != nil {
+					return err
+				}
+				if err := Cleanup(r, o); err != nil {
+					return err
+				}
+				if err := (&Proxier{Runner: r, Options: o}).Sync(freshState(5)); err != nil {
+					return fmt.Errorf("first sync: %w", err)
+				}
+				if got, err := savedTables(cmd); err != nil || got != want {
+					return fmt.Errorf("hooked in by the restore (%v):\n%s\nwant (by the commands):\n%s", err, got, want)
+				}
+				if err := canaries(); err != nil {
+					return err
+				}
+				ran = nil
+				if err := (&Proxier{Runner: r, Options: o}).Sync(freshState(5)); err != nil {
+					return fmt.Errorf("restart's full sync: %w", err)
+				}
+				for _, c := range ran {
+					if !strings.Contains(c, "-save ") && !strings.Contains(c, "-restore ") {
+						return fmt.Errorf("the restart's full sync ran %q: iptables-save printed a jump otherwise than sluice writes it (all: %q)", c, ran)
+					}
+				}
+				if got, err := savedTables(cmd); err != nil || got != want {
+					return fmt.Errorf("after the restart (%v):\n%s\nwant:\n%s", err, got, want)
+				}
+				if err := canaries(); err != nil {
+					return err
+				}
+				return Cleanup(r, o)
 			})
 		})
 	}

@@ -16,9 +16,13 @@ import (
 // and one every FullSyncPeriod are full: every chain is rewritten and the
 // nat table is listed to find stale chains. The others are partial: only
 // service ports whose own chains changed are rewritten (RenderPartial),
-// and stale chains are known from the previous sync. Each sync is one
-// iptables-restore, then the jump rules and canaries are ensured. It is
-// not safe for concurrent use; the caller's sync loop owns it.
+// and stale chains are known from the previous sync. A partial sync is one
+// iptables-restore per family, as kube-proxy's. A full sync first reads
+// the nat, filter and mangle tables (iptables-save), then writes in its
+// restore the jumps from the built-in chains and the canaries that are
+// missing (hookPlan; kube-proxy runs a command for each, present or not),
+// and on the nft backend writes large tables in batches first (prewrite).
+// It is not safe for concurrent use; the caller's sync loop owns it.
 type Proxier struct {
 	Runner  Runner
 	Options Options
@@ -83,13 +87,15 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	now := p.now()
 	full := p.applied == nil || key != p.optsKey || now.Sub(p.lastFull) >= period
 	prev := p.applied
+	var hooks hookPlan
 	if full {
-		chains, err := p.Runner.Chains("nat")
+		tables, err := p.readTables()
 		if err != nil {
 			p.applied = nil
-			return SyncStats{Full: true}, fmt.Errorf("list nat chains: %w", err)
+			return SyncStats{Full: true}, err
 		}
-		o.ExistingNATChains = chains
+		o.ExistingNATChains = tables["nat"].chains
+		hooks = planHooks(o, tables)
 		prev = nil
 	}
 	known := p.chains // a partial sync deletes those no longer used
@@ -98,7 +104,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	}
 	batchRules := 0
 	if full {
-		if err := p.ensureHooks(o); err != nil {
+		if err := p.ensureRules(hooks.ensure); err != nil {
 			p.applied = nil
 			return SyncStats{Full: true}, err
 		}
@@ -125,7 +131,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	st.FilterRules = r.filterRules
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
 	st.NATRules += batchRules // the batches' rules are the ones the render skipped
-	if err := p.Runner.Restore(data); err != nil {
+	if err := p.Runner.Restore(hooks.splice(data)); err != nil {
 		p.applied = nil
 		p.unbatched = full && prev != nil // it followed batches
 		return st, fmt.Errorf("apply rules: %w", err)
@@ -199,31 +205,6 @@ func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, int
 		rules += rulesIn(data)
 	}
 	return bodies, rules, nil
-}
-
-// ensureHooks makes the chains the built-in ones jump to, the jumps and
-// the canaries, before a full sync's restore, as kube-proxy does: on a
-// first sync the tables are still small then (on legacy each of these
-// commands reads its whole table; after the restore, at 5k services, that
-// was half of sluice's first sync, 5.1 s against kube-proxy's 2.7 s). A
-// partial sync is the one restore: the jumps and canaries were ensured by
-// the last full sync, and a flush since then is what the canary check
-// (and the hourly full sync) catches.
-func (p *Proxier) ensureHooks(o Options) error {
-	for _, j := range Jumps(o) {
-		if err := p.Runner.EnsureChain(j.Table, target(j.Args)); err != nil {
-			return fmt.Errorf("chain %s in %s: %w", target(j.Args), j.Table, err)
-		}
-		if err := p.Runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
-			return fmt.Errorf("hook %s into %s/%s: %w", target(j.Args), j.Table, j.Chain, err)
-		}
-	}
-	for _, t := range CanaryTables {
-		if err := p.Runner.EnsureChain(t, ChainCanary); err != nil {
-			return fmt.Errorf("canary in %s: %w", t, err)
-		}
-	}
-	return nil
 }
 
 // CanaryGone reports whether a KUBE-PROXY-CANARY chain has disappeared,

@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -22,6 +21,9 @@ type Runner interface {
 	Restore(data []byte) error
 	// Chains lists the chains of a table.
 	Chains(table string) ([]string, error)
+	// Save is the table as iptables-save prints it (chains, then rules);
+	// a table that does not exist yet is empty, and not created by asking.
+	Save(table string) ([]byte, error)
 	// EnsureChain creates a chain if it is missing.
 	EnsureChain(table, chain string) error
 	// EnsureRule inserts a rule at the top of a chain if it is missing.
@@ -209,24 +211,26 @@ func lastMatch(s, prefix string) string {
 	return s[i+len(prefix):]
 }
 
-// Chains lists a table's chains from iptables-save. A legacy table that
-// was never loaded has none, and is not loaded by asking.
-func (e *Exec) Chains(table string) ([]string, error) {
+// Save runs iptables-save for one table. A legacy table that was never
+// loaded is empty, and is not loaded by asking.
+func (e *Exec) Save(table string) ([]byte, error) {
 	if e.Legacy() && !e.legacyTableLoaded(table) {
 		return nil, nil
 	}
-	out, err := e.run("-save", []string{"-t", table}, nil)
+	return e.run("-save", []string{"-t", table}, nil)
+}
+
+// Chains lists a table's chains from iptables-save.
+func (e *Exec) Chains(table string) ([]string, error) {
+	out, err := e.Save(table)
 	if err != nil {
 		return nil, err
 	}
-	var chains []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		if l := sc.Text(); strings.HasPrefix(l, ":") {
-			chains = append(chains, strings.Fields(l[1:])[0])
-		}
+	t, err := parseSave(table, out)
+	if err != nil {
+		return nil, err
 	}
-	return chains, nil
+	return t.chains, nil
 }
 
 // EnsureChain runs -N, accepting "already exists".
