@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -8,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/sluice-proxy/sluice/affinity"
 	"github.com/sluice-proxy/sluice/lb"
@@ -228,5 +232,61 @@ func TestKernelModeMetricsPerFamily(t *testing.T) {
 	(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if !strings.Contains(rec.Body.String(), "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0") {
 		t.Error("a build did not clear the pending endpoint changes")
+	}
+}
+
+// /metrics as Prometheus scrapes it (Accept-Encoding: gzip) is gzipped
+// text that Prometheus's own parser reads whole: the registry's families
+// and the per-port ones; without gzip, plain text.
+func TestMetricsScrapeParses(t *testing.T) {
+	m := NewMetrics()
+	for _, n := range []lb.ServicePortName{{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}, {Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP}} {
+		pc := m.PortCounters(n)
+		pc.Opened()
+		pc.Connected(2*time.Millisecond, 1)
+	}
+	h := (&Endpoints{Health: NewHealth(time.Minute, nil), Metrics: m}).MetricsHandler()
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.Header.Set("Accept-Encoding", "gzip, deflate")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 200 || rec.Header().Get("Content-Encoding") != "gzip" || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+	zr, err := gzip.NewReader(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		t.Fatalf("Prometheus cannot parse /metrics: %v\n%s", err, text)
+	}
+	if f := fams["sluice_connect_latency_seconds"]; f == nil || len(f.GetMetric()) != 2 || f.GetMetric()[0].GetHistogram().GetSampleCount() != 1 {
+		t.Fatalf("latency family: %v", f)
+	}
+	for _, name := range []string{"sluice_bytes_total", "sluice_connections_total", "sluice_listener_errors_total", "go_goroutines"} {
+		if fams[name] == nil {
+			t.Errorf("no %s", name)
+		}
+	}
+	_, plain, hdr := get(t, h, "/metrics")
+	if hdr.Get("Content-Encoding") != "" {
+		t.Errorf("gzipped when not asked: %v", hdr)
+	}
+	if fams, err := p.TextToMetricFamilies(strings.NewReader(plain)); err != nil || fams["sluice_connections_total"] == nil {
+		t.Errorf("without gzip: %v", err)
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for h, want := range map[string]bool{"": false, "gzip": true, "deflate, gzip;q=1.0, *;q=0.5": true, "gzip;q=0": false, "identity": false, " gzip ": true} {
+		if got := acceptsGzip(h); got != want {
+			t.Errorf("%q: %v", h, got)
+		}
 	}
 }

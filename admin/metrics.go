@@ -1,11 +1,18 @@
 package admin
 
 import (
+	"bufio"
+	"compress/gzip"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Metrics is sluice's Prometheus registry. It is private to the process
@@ -119,7 +126,7 @@ func NewMetrics() *Metrics {
 		ports: newPortMetrics(),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped, m.ports,
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -305,3 +312,59 @@ func (c readCounter) Collect(ch chan<- prometheus.Metric) {
 func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 
 func codeLabel(code int) string { return strconv.Itoa(code) }
+
+// WriteText writes every metric in the Prometheus text format (0.0.4):
+// the registry's families as promhttp writes them, then the per-port
+// data-path families.
+func (m *Metrics) WriteText(w io.Writer) error {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		return err
+	}
+	return m.writeText(w, mfs)
+}
+
+func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	for _, mf := range mfs {
+		if _, err := expfmt.MetricFamilyToText(bw, mf); err != nil {
+			return err
+		}
+	}
+	m.ports.writeText(bw)
+	return bw.Flush()
+}
+
+// ServeHTTP serves /metrics: WriteText, streamed, gzipped at the fastest
+// level (10k service ports are 25 MB of text) when the scraper accepts
+// it, as Prometheus does. The text format is one every scraper accepts;
+// promhttp's content negotiation is not needed, since the per-port
+// families are written only as text.
+func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	var out io.Writer = w
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		w.Header().Set("Content-Encoding", "gzip")
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		defer gz.Close()
+		out = gz
+	}
+	m.writeText(out, mfs) // an error here is the scraper gone
+}
+
+// acceptsGzip reports whether an Accept-Encoding header allows gzip.
+func acceptsGzip(header string) bool {
+	for _, part := range strings.Split(header, ",") {
+		enc, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.TrimSpace(enc) == "gzip" {
+			q, ok := strings.CutPrefix(strings.TrimSpace(params), "q=")
+			return !ok || strings.TrimSpace(q) != "0"
+		}
+	}
+	return false
+}

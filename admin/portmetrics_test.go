@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/rand/v2"
+	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
@@ -62,10 +63,9 @@ func (c *childPorts) forget(n lb.ServicePortName) {
 	c.bytes.DeleteLabelValues(append(l, "down")...)
 }
 
-// exposition is the text format of reg's per-port families, with each
-// histogram's _sum rounded (the children add float seconds, the collector
-// integer nanoseconds: the same total to about 1e-15).
-func exposition(t *testing.T, reg *prometheus.Registry) string {
+// registryText is reg's families in the text format, as promhttp writes
+// them.
+func registryText(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -73,31 +73,60 @@ func exposition(t *testing.T, reg *prometheus.Registry) string {
 	}
 	var b bytes.Buffer
 	for _, mf := range mfs {
-		switch mf.GetName() {
+		if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
+}
+
+// metricsText is everything m exposes, as /metrics serves it.
+func metricsText(t *testing.T, m *Metrics) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := m.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// exposition is the per-port families' lines of a text exposition, each
+// histogram's _sum rounded (the children add float seconds, the counters
+// integer nanoseconds: the same total to about 1e-15).
+func exposition(t *testing.T, text string) string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		name := line
+		if rest, ok := strings.CutPrefix(line, "# HELP "); ok {
+			name = rest
+		} else if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name = rest
+		}
+		if i := strings.IndexAny(name, "{ "); i >= 0 {
+			name = name[:i]
+		}
+		name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		switch name {
 		case "sluice_connections_total", "sluice_active_connections", "sluice_bytes_total", "sluice_connect_retries_total",
 			"sluice_connect_failures_total", "sluice_refused_total", "sluice_connect_latency_seconds":
 		default:
 			continue
 		}
-		if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	lines := strings.Split(b.String(), "\n")
-	for i, line := range lines {
-		if name, v, ok := strings.Cut(line, "} "); ok && strings.Contains(name, "_sum{") {
+		if head, v, ok := strings.Cut(line, "} "); ok && strings.Contains(head, "_sum{") {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			lines[i] = name + "} " + strconv.FormatFloat(math.Round(f*1e9)/1e9, 'g', -1, 64)
+			line = head + "} " + strconv.FormatFloat(math.Round(f*1e9)/1e9, 'g', -1, 64)
 		}
+		out = append(out, line)
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(out, "\n")
 }
 
-// The collector's exposition equals the labelled children's over a random
-// walk of data-path events, ports forgotten and made again included, and a
+// The per-port exposition equals the labelled children's, line for line,
+// over a random walk of data-path events, ports forgotten and made again included, and a
 // latency on a bucket's bound lands in that bucket as Prometheus puts it.
 func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 	m, ref := NewMetrics(), newChildPorts()
@@ -166,8 +195,8 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 					ref.touch(n)
 				}
 			}
-			if got, want := exposition(t, m.Registry), exposition(t, ref.reg); got != want {
-				t.Fatalf("step %d: exposition differs\n--- collector\n%s\n--- children\n%s", step, got, want)
+			if got, want := exposition(t, metricsText(t, m)), exposition(t, registryText(t, ref.reg)); got != want {
+				t.Fatalf("step %d: exposition differs\n--- written\n%s\n--- children\n%s", step, got, want)
 			}
 		}
 	}
@@ -216,9 +245,12 @@ func (r *runtimeMem) read() {
 	r.bytes = ms.TotalAlloc
 }
 
-// BenchmarkScrapeAt10k is one scrape of /metrics's content at 10k service
-// ports: the registry's gather and the text encoding, as promhttp does
-// them. go test -bench ScrapeAt10k ./admin
+// BenchmarkScrapeAt10k is one scrape of /metrics at 10k service ports:
+// the text WriteText gives, and /metrics as Prometheus asks for it
+// (gzip). Before the per-port families were written by hand (a
+// prometheus.Collector, the registry's gather and expfmt): 1.05 s, 106 MB
+// and 2 million allocations per scrape.
+// go test -bench ScrapeAt10k ./admin
 func BenchmarkScrapeAt10k(b *testing.B) {
 	m := NewMetrics()
 	for i := range 10000 {
@@ -227,20 +259,44 @@ func BenchmarkScrapeAt10k(b *testing.B) {
 		pc.Connected(time.Millisecond, 1)
 		pc.Closed(100, 200)
 	}
-	var out bytes.Buffer
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		mfs, err := m.Registry.Gather()
-		if err != nil {
-			b.Fatal(err)
-		}
-		out.Reset()
-		for _, mf := range mfs {
-			if _, err := expfmt.MetricFamilyToText(&out, mf); err != nil {
+	b.Run("text", func(b *testing.B) {
+		var out bytes.Buffer
+		b.ReportAllocs()
+		for b.Loop() {
+			out.Reset()
+			if err := m.WriteText(&out); err != nil {
 				b.Fatal(err)
 			}
 		}
+		b.ReportMetric(float64(out.Len())/1e6, "MB-text")
+	})
+	b.Run("gzip", func(b *testing.B) {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.Header.Set("Accept-Encoding", "gzip")
+		b.ReportAllocs()
+		var n int
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			m.ServeHTTP(rec, req)
+			n = rec.Body.Len()
+		}
+		b.ReportMetric(float64(n)/1e6, "MB-gzip")
+	})
+}
+
+// appendValue formats a value as expfmt does, its fast path for small
+// whole numbers included.
+func TestAppendValueFormatsAsExpfmt(t *testing.T) {
+	for _, v := range []float64{0, 1, -1, 2, 42, 999999, 1e6, 1e6 + 1, 1234567, 1 << 53, 0.5, 1e-5, 0.00005, 3.2768, -2.5, 1e21,
+		math.NaN(), math.Inf(1), math.Inf(-1), math.Copysign(0, -1)} {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g", Help: "h"})
+		g.Set(v)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(g)
+		text := registryText(t, reg)
+		want := strings.TrimSpace(text[strings.LastIndex(text, "g ")+2:])
+		if got := string(appendValue(nil, v)); got != want {
+			t.Errorf("%v: %q, expfmt %q", v, got, want)
+		}
 	}
-	b.ReportMetric(float64(out.Len())/1e6, "MB-text")
 }

@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Endpoints describes what the admin servers expose.
@@ -35,7 +33,7 @@ func (e *Endpoints) HealthzHandler() http.Handler {
 // /debug/pprof and /debug/sluice.
 func (e *Endpoints) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(e.Metrics.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", e.Metrics)
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, e.ProxyMode)
