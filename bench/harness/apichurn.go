@@ -44,6 +44,11 @@ type apiBed struct {
 
 const apiChurnNamespace = "default"
 
+// apiFlips is how many endpoint moves a round of the API churn makes: a
+// p99 of sluice's own share from its histogram needs more than the three
+// of the manifest churn, and each move costs tens of milliseconds.
+const apiFlips = 40
+
 func (b *apiBed) close() {
 	if b.tb != nil {
 		b.tb.close()
@@ -214,7 +219,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 			return nil, fmt.Errorf("heap profile: %w", err)
 		}
 	}
-	m, err := flips(ctx, bed.n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
+	m, err := flips(ctx, bed.n, apiFlips, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		m["services"] = float64(bed.n)
 		m["rss_mb"], m["peak_rss_mb"] = rss, peak

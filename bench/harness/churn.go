@@ -137,7 +137,7 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	if !proc.WaitFor(2*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
 	}
-	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) },
+	return flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) },
 		netip.AddrPortFrom(topo.LB, loadPort).String())
 }
 
@@ -173,12 +173,13 @@ func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size)
 	if !in.Proc.WaitFor(3*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
 	}
-	return flips(ctx, n, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
+	return flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
 }
 
-// flips moves the probe's endpoint back and forth with write, timing each
-// move until backendOf sees it, while new connections run against load.
-func flips(ctx context.Context, n int, sz Size, write func(netip.AddrPort) error, httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, error) {
+// flips moves the probe's endpoint back and forth with write, count
+// times (0: 3, or 6 with the long mode's message count), timing each move
+// until backendOf sees it, while new connections run against load.
+func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort) error, httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, error) {
 	var loadErrs atomic.Int64
 	var loadMu sync.Mutex
 	var loadLat []time.Duration
@@ -204,9 +205,11 @@ func flips(ctx context.Context, n int, sz Size, write func(netip.AddrPort) error
 			loadMu.Unlock()
 		}
 	}()
-	count := 3
-	if sz.RRMessages > 5000 {
-		count = 6
+	if count == 0 {
+		count = 3
+		if sz.RRMessages > 5000 {
+			count = 6
+		}
 	}
 	var effect []time.Duration
 	for i := 1; i <= count && ctx.Err() == nil; i++ {
