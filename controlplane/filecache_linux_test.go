@@ -1,11 +1,15 @@
 package controlplane
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/lb"
 )
 
 // A file whose identity (inode, size, times) has not changed since it was
@@ -92,5 +96,175 @@ func TestRacilyReadFileIsReadAgain(t *testing.T) {
 	other.ctime++
 	if st.unchanged(other) {
 		t.Fatal("a new change time was not seen")
+	}
+}
+
+// With the watch running, an edit to one file of a directory is a reload
+// that stats and reads that file alone: the others had no event since
+// they were read (at 10k files a stat each was most of a reload). A
+// Reload (the resync) still looks at every file, and an event for a name
+// that is no manifest file (a ConfigMap's ..data swap) makes the next
+// reload look at every file too.
+func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
+	dir := t.TempDir()
+	const n = 30
+	svc := func(i, port int) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{port: %d}]\n", i, i+1, port)
+	}
+	for i := 0; i < n; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i)), []byte(svc(i, 80)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newUnchangedSink()
+	// Reads happen "later" than the writes, past the racy window, so
+	// that only the watch decides what is looked at.
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	runSource(t, src, sink)
+	port := func(s *lb.Snapshot, i int) uint16 {
+		if sp := s.Ports.Get(lb.ServicePortName{Namespace: "x", Name: fmt.Sprintf("s%d", i), Protocol: lb.TCP}); sp != nil {
+			return sp.Port
+		}
+		return 0
+	}
+	// The counters as the last load left them: read after its publication
+	// (or the Unchanged runSource waited for), which orders them.
+	stats, reads := src.cache.stats, src.cache.reads
+	elsewhere := t.TempDir()
+	edit := func(i, p int) {
+		t.Helper()
+		// Written elsewhere and renamed in: one event, so one reload.
+		tmp := filepath.Join(elsewhere, "new.yaml")
+		if err := os.WriteFile(tmp, []byte(svc(i, p)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i))); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case s := <-sink.snaps:
+				if port(s, i) != uint16(p) {
+					continue // an earlier write's reload
+				}
+				if st, rd := src.cache.stats-stats, src.cache.reads-reads; st != 1 || rd != 1 {
+					t.Fatalf("editing s%02d: %d files stat'ed and %d read, want 1 and 1", i, st, rd)
+				}
+				stats, reads = src.cache.stats, src.cache.reads
+				return
+			case err := <-sink.rejects:
+				t.Fatal(err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("the edit was not noticed")
+			}
+		}
+	}
+	edit(7, 81)
+	edit(19, 82)
+
+	// The resync looks at every file.
+	src.touchAll()
+	if f := src.takeTouched(); f != nil {
+		t.Fatal("after touchAll, a read would skip files")
+	}
+	// An event for another name: the next read looks at every file.
+	src.touch(filepath.Join(dir, "..data"))
+	if f := src.takeTouched(); f != nil {
+		t.Fatal("after an event for ..data, a read would skip files")
+	}
+	src.touch(filepath.Join(dir, "s03.yaml"))
+	if f := src.takeTouched(); f == nil || !f(filepath.Join(dir, "s03.yaml")) || f(filepath.Join(dir, "s04.yaml")) {
+		t.Fatal("an event for s03.yaml: the read should look at it alone")
+	}
+	if src.cache.stats != stats {
+		t.Fatal("stat'ed files without a read")
+	}
+}
+
+// A random walk of edits in a watched directory (in place, the same size
+// included; by rename; deletes; new files): after each, the source
+// publishes what the files hold, so no file the watch vouched for was
+// stale. Reads happen "later" than the writes, so the racy window never
+// forces a read: only the events decide what is looked at.
+func TestWatchedDirectoryRandomWalk(t *testing.T) {
+	dir := t.TempDir()
+	const files = 8
+	svc := func(i, port int) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{port: %d}]\n", i, i+1, port)
+	}
+	model := map[int]int{} // file -> port; absent: no file
+	path := func(i int) string { return filepath.Join(dir, fmt.Sprintf("s%d.yaml", i)) }
+	for i := 0; i < files; i++ {
+		model[i] = 80
+		if err := os.WriteFile(path(i), []byte(svc(i, 80)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newUnchangedSink()
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	runSource(t, src, sink)
+	matches := func(s *lb.Snapshot) bool {
+		if s.Ports.Len() != len(model) {
+			return false
+		}
+		for i, p := range model {
+			sp := s.Ports.Get(lb.ServicePortName{Namespace: "x", Name: fmt.Sprintf("s%d", i), Protocol: lb.TCP})
+			if sp == nil || int(sp.Port) != p {
+				return false
+			}
+		}
+		return true
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	other := func(p int) int { // another port of as many digits: the same size
+		for {
+			if q := 80 + rng.IntN(20); q != p {
+				return q
+			}
+		}
+	}
+	for step := 0; step < 60; step++ {
+		i := rng.IntN(files)
+		p, exists := model[i]
+		switch op := rng.IntN(3); {
+		case !exists || op == 0: // written in place (a new file when absent)
+			model[i] = other(p)
+			if err := os.WriteFile(path(i), []byte(svc(i, model[i])), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		case op == 1: // saved by rename
+			model[i] = other(p)
+			tmp := filepath.Join(dir, ".tmp")
+			if err := os.WriteFile(tmp, []byte(svc(i, model[i])), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, path(i)); err != nil {
+				t.Fatal(err)
+			}
+		case len(model) > 1: // deleted (never the last Service)
+			delete(model, i)
+			if err := os.Remove(path(i)); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			continue
+		}
+		bound := time.After(20 * time.Second)
+	wait:
+		for {
+			select {
+			case s := <-sink.snaps:
+				if matches(s) {
+					break wait
+				}
+			case <-sink.unchanged:
+			case <-sink.rejects:
+				// A read that caught a file mid-write (truncated, so
+				// empty) is refused; the write's later events bring
+				// another.
+			case <-bound:
+				t.Fatalf("step %d: the source never published the files' state %v", step, model)
+			}
+		}
 	}
 }

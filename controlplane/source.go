@@ -9,7 +9,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -98,6 +101,57 @@ type ManifestSource struct {
 	rejected     bool // the last read was refused
 	cache        DocCache
 	memo         BuildMemo
+
+	// What the watch saw since the last read began: the files it had
+	// events for, or that every file must be looked at (no watch, a watch
+	// error such as an overflow, the directory recreated, an event for a
+	// name that is no manifest file, such as a ConfigMap's ..data).
+	touchMu    sync.Mutex
+	watching   bool
+	touched    map[string]bool
+	touchedAll bool
+}
+
+// touch records a watch event for name (a path in the watched directory).
+func (s *ManifestSource) touch(name string) {
+	base := filepath.Base(name)
+	manifest := !strings.HasPrefix(base, ".") && slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(base)))
+	s.touchMu.Lock()
+	defer s.touchMu.Unlock()
+	if !manifest {
+		s.touchedAll = true
+		return
+	}
+	if s.touched == nil {
+		s.touched = map[string]bool{}
+	}
+	s.touched[name] = true
+}
+
+// touchAll makes the next read look at every file.
+func (s *ManifestSource) touchAll() {
+	s.touchMu.Lock()
+	s.touchedAll = true
+	s.touchMu.Unlock()
+}
+
+func (s *ManifestSource) setWatching(on bool) {
+	s.touchMu.Lock()
+	s.watching, s.touchedAll, s.touched = on, true, nil
+	s.touchMu.Unlock()
+}
+
+// takeTouched starts a read: what the watch saw until now, as
+// DocCache.Touched, and a clean record for what it sees from now on.
+func (s *ManifestSource) takeTouched() func(string) bool {
+	s.touchMu.Lock()
+	defer s.touchMu.Unlock()
+	t, all := s.touched, s.touchedAll || !s.watching
+	s.touched, s.touchedAll = nil, false
+	if all {
+		return nil
+	}
+	return func(file string) bool { return t[file] }
 }
 
 // ErrWouldRemoveEveryService is why a reload that finds no Service, where
@@ -135,6 +189,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		limit = 0
 	}
 	s.cache.now = s.Now
+	s.cache.Touched = s.takeTouched()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
@@ -179,9 +234,13 @@ func (s *ManifestSource) warnSkipped(kinds map[string]SkippedKind) {
 	}
 }
 
-// Reload reads the manifests again. A bad update is rejected and the last
-// good snapshot stays; an update that changes nothing is dropped.
-func (s *ManifestSource) Reload() { s.reload(UpdateTimes{}) }
+// Reload reads the manifests again, looking at every file. A bad update is
+// rejected and the last good snapshot stays; an update that changes
+// nothing is dropped.
+func (s *ManifestSource) Reload() {
+	s.touchAll()
+	s.reload(UpdateTimes{})
+}
 
 // reload is Reload; a published snapshot goes out with times.
 func (s *ManifestSource) reload(times UpdateTimes) {
@@ -268,7 +327,9 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 		}
 	}
 	// An edit between Load and the watch being set up raised no event:
-	// read once more now that every later edit will.
+	// read once more, every file, now that every later edit will.
+	s.setWatching(true)
+	defer s.setWatching(false)
 	s.Reload()
 	changes := make(chan struct{})
 	go func() {
@@ -302,6 +363,11 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 				case only != "" && name != only:
 					continue
 				}
+				if name == dir {
+					s.touchAll()
+				} else {
+					s.touch(name)
+				}
 				// Chmod counts: a permission fix makes a file readable.
 				select {
 				case changes <- struct{}{}:
@@ -313,6 +379,14 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 					return
 				}
 				s.logger().Warn("manifest watch error", "path", s.Path, "err", err)
+				// Events may have been lost (an overflow): look at every
+				// file at the next reload, and have one come.
+				s.touchAll()
+				select {
+				case changes <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
 	}()
