@@ -571,7 +571,8 @@ func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
 }
 
 // A big initial list's garbage is handed back to the system once, after
-// the first build; a small one's is left to the scavenger.
+// the first build; a small one's is left to the scavenger. The release
+// holds nothing up: an update that comes while it runs is published.
 func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
 	for _, n := range []int{bigList - 1, bigList} {
 		var objs []runtime.Object
@@ -580,19 +581,35 @@ func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
 		}
 		client := fake.NewClientset(objs...)
 		var released atomic.Int32
+		started, unblock := make(chan struct{}, 1), make(chan struct{})
 		s := newSink()
 		s.queued = make(chan struct{}, 2*n+10) // an event per object, unread here
-		run(t, &Source{Client: client, Sink: s, ReleaseMemory: func() { released.Add(1) }})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- (&Source{Client: client, Sink: s, ReleaseMemory: func() {
+				released.Add(1)
+				started <- struct{}{}
+				<-unblock
+			}}).Run(ctx)
+		}()
 		if snap := s.next(t); snap.Ports.Len() != n {
 			t.Fatalf("first snapshot has %d ports, want %d", snap.Ports.Len(), n)
 		}
-		// The release comes after the first publish and before any
-		// later one, on the same goroutine: after a second snapshot it
-		// has happened, or never will.
+		if n >= bigList {
+			<-started // the release runs, and does not return until told
+		}
 		if _, err := client.CoreV1().Services("default").Create(context.Background(), service("later"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		s.next(t)
+		if snap := s.next(t); snap.Ports.Len() != n+1 {
+			t.Fatalf("second snapshot: %d ports", snap.Ports.Len())
+		}
+		close(unblock)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 		want := int32(0)
 		if n >= bigList {
 			want = 1
