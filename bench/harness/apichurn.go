@@ -229,8 +229,13 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		// sluice's histograms: means, and the bucket bound of the p99.
 		if h, herr := readHistogram(metrics, "sluice_update_apply_seconds"); herr == nil && h.count > 0 {
 			m["own_share_mean_ms"] = h.sum / h.count * 1e3
-			if b := h.bound(0.99); !math.IsInf(b, 1) {
-				m["own_share_p99_le_ms"] = b * 1e3
+			for _, q := range []struct {
+				key string
+				q   float64
+			}{{"own_share_p50_le_ms", 0.5}, {"own_share_p90_le_ms", 0.9}, {"own_share_p99_le_ms", 0.99}} {
+				if b := h.bound(q.q); !math.IsInf(b, 1) {
+					m[q.key] = b * 1e3
+				}
 			}
 		}
 		if h, herr := readHistogram(metrics, "kubeproxy_network_programming_duration_seconds"); herr == nil && h.count > 0 {
