@@ -99,6 +99,11 @@ func TestRacilyReadFileIsReadAgain(t *testing.T) {
 	}
 }
 
+// watchedService is Service s<i> in namespace x, on port.
+func watchedService(i, port int) string {
+	return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{port: %d}]\n", i, i+1, port)
+}
+
 // With the watch running, an edit to one file of a directory is a reload
 // that stats and reads that file alone: the others had no event since
 // they were read (at 10k files a stat each was most of a reload). A
@@ -108,11 +113,8 @@ func TestRacilyReadFileIsReadAgain(t *testing.T) {
 func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 	dir := t.TempDir()
 	const n = 30
-	svc := func(i, port int) string {
-		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{port: %d}]\n", i, i+1, port)
-	}
 	for i := 0; i < n; i++ {
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i)), []byte(svc(i, 80)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i)), []byte(watchedService(i, 80)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -135,7 +137,7 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 		t.Helper()
 		// Written elsewhere and renamed in: one event, so one reload.
 		tmp := filepath.Join(elsewhere, "new.yaml")
-		if err := os.WriteFile(tmp, []byte(svc(i, p)), 0o644); err != nil {
+		if err := os.WriteFile(tmp, []byte(watchedService(i, p)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i))); err != nil {
@@ -189,14 +191,11 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 func TestWatchedDirectoryRandomWalk(t *testing.T) {
 	dir := t.TempDir()
 	const files = 8
-	svc := func(i, port int) string {
-		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: x}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{port: %d}]\n", i, i+1, port)
-	}
 	model := map[int]int{} // file -> port; absent: no file
 	path := func(i int) string { return filepath.Join(dir, fmt.Sprintf("s%d.yaml", i)) }
 	for i := 0; i < files; i++ {
 		model[i] = 80
-		if err := os.WriteFile(path(i), []byte(svc(i, 80)), 0o644); err != nil {
+		if err := os.WriteFile(path(i), []byte(watchedService(i, 80)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -229,13 +228,13 @@ func TestWatchedDirectoryRandomWalk(t *testing.T) {
 		switch op := rng.IntN(3); {
 		case !exists || op == 0: // written in place (a new file when absent)
 			model[i] = other(p)
-			if err := os.WriteFile(path(i), []byte(svc(i, model[i])), 0o644); err != nil {
+			if err := os.WriteFile(path(i), []byte(watchedService(i, model[i])), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		case op == 1: // saved by rename
 			model[i] = other(p)
 			tmp := filepath.Join(dir, ".tmp")
-			if err := os.WriteFile(tmp, []byte(svc(i, model[i])), 0o644); err != nil {
+			if err := os.WriteFile(tmp, []byte(watchedService(i, model[i])), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.Rename(tmp, path(i)); err != nil {
