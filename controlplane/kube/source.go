@@ -75,8 +75,9 @@ type Source struct {
 	Changes ChangeCounter
 	Log     *slog.Logger
 	// ReleaseMemory hands freed memory back to the system; it is called
-	// once, on a goroutine of its own, after the first build of an initial
-	// list of at least bigList Services; Run returns after it does.
+	// once, on a goroutine of its own, releaseDelay after the first build
+	// of an initial list of at least bigList Services (not if Run ends
+	// first); Run returns after it does.
 	// Default debug.FreeOSMemory.
 	ReleaseMemory func()
 	// After and Now are the clock, injectable for tests; default time's.
@@ -124,8 +125,10 @@ type pendingChange struct {
 }
 
 // bigList is the number of Services from which the initial list's garbage
-// is handed back to the system at once.
+// is handed back to the system, releaseDelay after the first build.
 const bigList = 1000
+
+const releaseDelay = 30 * time.Second
 
 // serviceKey names a Service.
 type serviceKey struct{ ns, name string }
@@ -264,16 +267,25 @@ func (s *Source) Run(ctx context.Context) error {
 		// keep. Hand that back now, once, rather than over the minutes
 		// the scavenger takes: at 10k Services in userspace mode, 174 MB
 		// resident a minute after start without it, 138-141 with it. On
-		// a goroutine of its own: the collection it forces took up to
-		// 0.8 s on a loaded 2-core box, and an update that arrived
-		// meanwhile waited for it (the API churn bench's worst own share
-		// each round).
+		// a goroutine of its own, releaseDelay after the build: the
+		// collection it forces took up to 0.8 s on a loaded 2-core box;
+		// run in line it held up the updates that came meanwhile, and run
+		// at once beside them it still slowed the first ones (the API
+		// churn bench's first updates, right after start, when a
+		// restarted proxy has most to catch up on).
 		release := s.ReleaseMemory
 		if release == nil {
 			release = debug.FreeOSMemory
 		}
+		wait := s.after(releaseDelay)
 		var released sync.WaitGroup
-		released.Go(release)
+		released.Go(func() {
+			select {
+			case <-wait:
+				release()
+			case <-ctx.Done():
+			}
+		})
 		defer released.Wait()
 	}
 	lastBuild := s.now()

@@ -570,9 +570,10 @@ func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
 	}
 }
 
-// A big initial list's garbage is handed back to the system once, after
-// the first build; a small one's is left to the scavenger. The release
-// holds nothing up: an update that comes while it runs is published.
+// A big initial list's garbage is handed back to the system once,
+// releaseDelay after the first build; a small one's is left to the
+// scavenger. The release holds nothing up: an update that comes while it
+// runs is published.
 func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
 	for _, n := range []int{bigList - 1, bigList} {
 		var objs []runtime.Object
@@ -586,8 +587,15 @@ func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
 		s.queued = make(chan struct{}, 2*n+10) // an event per object, unread here
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
+		delay := make(chan time.Time, 1)
+		after := func(d time.Duration) <-chan time.Time {
+			if d != releaseDelay {
+				t.Errorf("a wait of %v", d)
+			}
+			return delay
+		}
 		go func() {
-			done <- (&Source{Client: client, Sink: s, ReleaseMemory: func() {
+			done <- (&Source{Client: client, Sink: s, After: after, ReleaseMemory: func() {
 				released.Add(1)
 				started <- struct{}{}
 				<-unblock
@@ -597,6 +605,12 @@ func TestBigInitialListReleasesMemoryOnce(t *testing.T) {
 			t.Fatalf("first snapshot has %d ports, want %d", snap.Ports.Len(), n)
 		}
 		if n >= bigList {
+			select {
+			case <-started:
+				t.Fatal("memory released before its delay")
+			default:
+			}
+			delay <- time.Now()
 			<-started // the release runs, and does not return until told
 		}
 		if _, err := client.CoreV1().Services("default").Create(context.Background(), service("later"), metav1.CreateOptions{}); err != nil {
