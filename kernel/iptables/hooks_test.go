@@ -152,30 +152,44 @@ func TestAnotherJumpToTheSameChainIsLeftToEnsureRule(t *testing.T) {
 	}
 }
 
-// splice puts declarations after a block's header and inserts before its
-// COMMIT, quoting as a restore needs, and gives a table data lacks a
-// block of its own.
-func TestHookPlanSplice(t *testing.T) {
+// The render puts a plan's declarations after a block's header and its
+// inserts before the block's COMMIT, quoting as a restore needs, and gives
+// a table it does not write a block of its own; everything else is as
+// without the plan.
+func TestRenderWritesTheHookPlan(t *testing.T) {
 	p := hookPlan{
-		declare: map[string][]string{"filter": {ChainCanary}, "mangle": {ChainCanary}},
-		insert: map[string][]Jump{"nat": {
+		declares: map[string][]string{"filter": {ChainCanary}, "mangle": {ChainCanary}},
+		inserts: map[string][]Jump{"nat": {
 			{Table: "nat", Chain: "OUTPUT", Args: []string{"-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"}},
 			{Table: "nat", Chain: "PREROUTING", Args: []string{"-j", "KUBE-SERVICES"}},
 		}},
 	}
-	data := "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n"
-	want := "*filter\n:KUBE-PROXY-CANARY - [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n" +
-		"*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n" +
-		"-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-I PREROUTING -j KUBE-SERVICES\nCOMMIT\n" +
-		"*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"
-	if got := string(p.splice([]byte(data))); got != want {
-		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	snap := freshState(3)
+	plain := string(renderPartial(snap, opts(), nil, nil, nil, nil, hookPlan{}).data)
+	got := string(renderPartial(snap, opts(), nil, nil, nil, nil, p).data)
+	inserts := "-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-I PREROUTING -j KUBE-SERVICES\n"
+	if !strings.HasPrefix(got, "*filter\n:KUBE-PROXY-CANARY - [0:0]\n") {
+		t.Fatalf("the filter canary is not declared after the header:\n%s", got)
 	}
-	// An empty block (COMMIT right after the header) takes its lines too.
-	if got := string(p.splice([]byte("*nat\nCOMMIT\n"))); !strings.Contains(got, "*nat\n-I OUTPUT") {
-		t.Fatalf("empty block: %s", got)
+	if !strings.HasSuffix(got, inserts+"COMMIT\n*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n") {
+		t.Fatalf("the nat inserts do not end the nat block, or no mangle block:\n%s", got)
 	}
-	if got := string((hookPlan{}).splice([]byte(data))); got != data {
-		t.Fatalf("an empty plan changed the data: %s", got)
+	without := strings.Replace(got, ":KUBE-PROXY-CANARY - [0:0]\n", "", 1)
+	without = strings.Replace(without, inserts, "", 1)
+	without = strings.TrimSuffix(without, "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n")
+	if without != plain {
+		t.Fatalf("the plan changed more than its lines:\n%s\nwithout it:\n%s", got, plain)
+	}
+	// A partial sync that leaves the filter table out still writes the
+	// plan's filter lines, in a block of their own.
+	var b bytes.Buffer
+	p.block(&b, "filter")
+	if b.String() != "*filter\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n" {
+		t.Fatalf("filter block: %q", b.String())
+	}
+	b.Reset()
+	p.block(&b, "raw")
+	if b.Len() != 0 {
+		t.Fatalf("a block for a table with no lines: %q", b.String())
 	}
 }

@@ -121,7 +121,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if !full {
 		lastTop = &p.top
 	}
-	r := renderPartial(snap, o, prev, &p.cache, known, lastTop)
+	r := renderPartial(snap, o, prev, &p.cache, known, lastTop, hooks)
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
 	_, st.NATRules = RuleCounts(data)
@@ -131,7 +131,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	st.FilterRules = r.filterRules
 	st.NATRulesTotal = st.NATRules + r.skippedNAT
 	st.NATRules += batchRules // the batches' rules are the ones the render skipped
-	if err := p.Runner.Restore(hooks.splice(data)); err != nil {
+	if err := p.Runner.Restore(data); err != nil {
 		p.applied = nil
 		p.unbatched = full && prev != nil // it followed batches
 		return st, fmt.Errorf("apply rules: %w", err)

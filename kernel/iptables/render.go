@@ -182,7 +182,7 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
-	r := renderPartial(snap, o, applied, nil, nil, nil)
+	r := renderPartial(snap, o, applied, nil, nil, nil, hookPlan{})
 	chains := make([]string, 0, len(r.active))
 	for c := range r.active {
 		chains = append(chains, c)
@@ -265,8 +265,9 @@ type portCache struct {
 // chain names to find the few stale ones.
 //
 // It also leaves out the top-level chains of a table whose fingerprint is
-// as in lastTop (nil: none is left out).
-func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums) rendered {
+// as in lastTop (nil: none is left out), and writes hooks' lines where
+// they go (the fingerprints leave them out).
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums, hooks hookPlan) rendered {
 	mark := o.Mark()
 	skipped := 0
 	o = o.forSnapshot(snap)
@@ -403,9 +404,18 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	var out writer
 	out.b.Grow(filter.b.Len() + natTop.b.Len() + natChains.b.Len() + bodyRules.b.Len() + 4096)
 	if writeFilter {
-		out.b.Write(filter.b.Bytes())
+		f := filter.b.Bytes()
+		head, commit := len("*filter\n"), len("COMMIT\n")
+		out.b.Write(f[:head])
+		hooks.declare(&out.b, "filter")
+		out.b.Write(f[head : len(f)-commit])
+		hooks.insert(&out.b, "filter")
+		out.b.Write(f[len(f)-commit:])
+	} else {
+		hooks.block(&out.b, "filter")
 	}
 	out.line("*nat")
+	hooks.declare(&out.b, "nat")
 	if writeNATTop {
 		for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
 			out.line(":" + c + " - [0:0]")
@@ -434,7 +444,9 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	for _, c := range stale {
 		out.line("-X", c)
 	}
+	hooks.insert(&out.b, "nat")
 	out.line("COMMIT")
+	hooks.block(&out.b, "mangle")
 	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped, top: top, filterRules: rulesIn(filter.b.Bytes())}
 }
 
