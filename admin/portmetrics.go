@@ -123,11 +123,12 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 	}
 	slices.SortFunc(ports, func(a, b *PortCounters) int { return strings.Compare(a.labels, b.labels) })
 	var num []byte
-	// sample writes one line: name+suffix{labels[,le="le"]} v
-	sample := func(name, suffix, labels, le string, v float64) {
+	// sample writes one line: name+suffix{pre labels[,le="le"]} v
+	sample := func(name, suffix, pre, labels, le string, v float64) {
 		w.WriteString(name)
 		w.WriteString(suffix)
 		w.WriteByte('{')
+		w.WriteString(pre)
 		w.WriteString(labels)
 		if le != "" {
 			w.WriteString(`,le="`)
@@ -144,20 +145,13 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 		switch f.id {
 		case famBytes:
 			for _, dir := range []string{"down", "up"} {
+				pre := `direction="` + dir + `",`
 				for _, c := range ports {
 					v := &c.up
 					if dir == "down" {
 						v = &c.down
 					}
-					w.WriteString(f.name)
-					w.WriteString(`{direction="`)
-					w.WriteString(dir)
-					w.WriteString(`",`)
-					w.WriteString(c.labels)
-					w.WriteString("} ")
-					num = appendValue(num[:0], float64(v.Load()))
-					w.Write(num)
-					w.WriteByte('\n')
+					sample(f.name, "", pre, c.labels, "", float64(v.Load()))
 				}
 			}
 		case famLatency:
@@ -167,12 +161,12 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 				var n uint64
 				for j, le := range p.le {
 					n += c.latency[j].Load()
-					sample(f.name, "_bucket", c.labels, le, float64(n))
+					sample(f.name, "_bucket", "", c.labels, le, float64(n))
 				}
 				n += c.latency[len(p.le)].Load()
-				sample(f.name, "_bucket", c.labels, "+Inf", float64(n))
-				sample(f.name, "_sum", c.labels, "", float64(c.latencyNanos.Load())/1e9)
-				sample(f.name, "_count", c.labels, "", float64(n))
+				sample(f.name, "_bucket", "", c.labels, "+Inf", float64(n))
+				sample(f.name, "_sum", "", c.labels, "", float64(c.latencyNanos.Load())/1e9)
+				sample(f.name, "_count", "", c.labels, "", float64(n))
 			}
 		default:
 			for _, c := range ports {
@@ -189,7 +183,7 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 				case famRefused:
 					v = float64(c.refused.Load())
 				}
-				sample(f.name, "", c.labels, "", v)
+				sample(f.name, "", "", c.labels, "", v)
 			}
 		}
 	}

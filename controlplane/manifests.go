@@ -237,20 +237,17 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			// No event since it was read: as it was, unasked.
 			quiet[i] = st
 			total += st.id.size
-			if maxBytes > 0 && total > maxBytes {
-				return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
+		} else {
+			if cache != nil {
+				cache.stats++
 			}
-			continue
-		}
-		if cache != nil {
-			cache.stats++
-		}
-		if fi, err := os.Stat(f); err == nil {
-			stats[i] = fi
-			total += fi.Size()
-			if maxBytes > 0 && total > maxBytes {
-				return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
+			if fi, err := os.Stat(f); err == nil {
+				stats[i] = fi
+				total += fi.Size()
 			}
+		}
+		if maxBytes > 0 && total > maxBytes {
+			return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
 		}
 	}
 	objs := &Objects{origin: map[string]string{}}
