@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -137,8 +138,9 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	if !proc.WaitFor(2*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("sluice with %d services did not come up:\n%s", n, proc.Output())
 	}
-	return flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) },
+	m, _, err := flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) },
 		netip.AddrPortFrom(topo.LB, loadPort).String())
+	return m, err
 }
 
 // kernelChurn adds n services and a probe to the running kernel-mode
@@ -173,13 +175,16 @@ func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size)
 	if !in.Proc.WaitFor(3*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
 	}
-	return flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
+	m, _, err := flips(ctx, n, 0, sz, write, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
+	return m, err
 }
 
 // flips moves the probe's endpoint back and forth with write, count
 // times (0: 3, or 6 with the long mode's message count), timing each move
-// until backendOf sees it, while new connections run against load.
-func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort) error, httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, error) {
+// until backendOf sees it, while new connections run against load. It
+// returns the moves' times in the order they were made beside the
+// metrics.
+func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort) error, httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, []time.Duration, error) {
 	var loadErrs atomic.Int64
 	var loadMu sync.Mutex
 	var loadLat []time.Duration
@@ -218,13 +223,13 @@ func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort
 		if err := write(httpBackends[i%2]); err != nil {
 			close(stop)
 			wg.Wait()
-			return nil, err
+			return nil, nil, err
 		}
 		for backendOf() != want {
 			if time.Since(t) > time.Minute {
 				close(stop)
 				wg.Wait()
-				return nil, fmt.Errorf("update %d never took effect with %d services", i, n)
+				return nil, nil, fmt.Errorf("update %d never took effect with %d services", i, n)
 			}
 		}
 		effect = append(effect, time.Since(t))
@@ -232,8 +237,9 @@ func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort
 	close(stop)
 	wg.Wait()
 	if len(effect) == 0 {
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
+	inOrder := slices.Clone(effect)
 	first := effect[0] // the first after start-up, which meets its leftovers
 	sort.Slice(effect, func(i, j int) bool { return effect[i] < effect[j] })
 	sort.Slice(loadLat, func(i, j int) bool { return loadLat[i] < loadLat[j] })
@@ -244,5 +250,5 @@ func flips(ctx context.Context, n, count int, sz Size, write func(netip.AddrPort
 		"update_first_ms": float64(first.Microseconds()) / 1e3,
 		"load_errors":     float64(loadErrs.Load()),
 		"load_p99_us":     percentile(loadLat, 99),
-	}, nil
+	}, inOrder, nil
 }

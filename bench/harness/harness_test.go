@@ -262,7 +262,7 @@ func TestWriteKeepsTheMetricsOfARunThatStoppedShortAndSaysWhy(t *testing.T) {
 func TestKubeSyncReportsMemoryPerService(t *testing.T) {
 	res := []KubeSyncResult{
 		{Proxy: "sluice", Mode: "nftables", Services: 1000, RSSMB: 50, PeakRSSMB: 60},
-		{Proxy: "sluice", Mode: "nftables", Services: 10000, RSSMB: 68, PeakRSSMB: 90},
+		{Proxy: "sluice", Mode: "nftables", Services: 10000, RSSMB: 68, PeakRSSMB: 90, EffectMS: []float64{30, 10, 20}},
 		{Proxy: "kube-proxy", Mode: "nftables", Services: 1000, RSSMB: 60},
 		{Proxy: "kube-proxy", Mode: "nftables", Services: 10000, RSSMB: 105},
 	}
@@ -271,7 +271,7 @@ func TestKubeSyncReportsMemoryPerService(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| nftables | 10000 | sluice | 0.00 | 0.00 | 0.000 | 68.0 | 90.0 | 1 |",
+		"| nftables | 10000 | sluice | 0.00 | 0.00 | 0.000 | 20.0 | 30.0 | 68.0 | 90.0 | 1 |",
 		"| nftables | sluice | 1000 | 10000 | 2.05 |",     // 18 MiB over 9000 Services
 		"| nftables | kube-proxy | 1000 | 10000 | 5.12 |", // 45 MiB over 9000
 	} {

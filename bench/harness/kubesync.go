@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -55,7 +56,12 @@ type KubeSyncResult struct {
 	// partial sync (VmRSS) and its high-water mark (VmHWM), in MiB.
 	RSSMB     float64 `json:"rssMB"`
 	PeakRSSMB float64 `json:"peakRssMB"`
-	Failed    string  `json:"failed,omitempty"`
+	// EffectMS are the probe Service's endpoint moves, each from the
+	// EndpointSlice update call to the first new connection to its
+	// ClusterIP that reaches the new endpoint, in milliseconds: the
+	// proxy's whole write-to-effect at this size, its sync included.
+	EffectMS []float64 `json:"effectMs,omitempty"`
+	Failed   string    `json:"failed,omitempty"`
 }
 
 // procMemMB reads VmRSS and VmHWM of pid, in MiB.
@@ -85,6 +91,9 @@ type KubeSyncConfig struct {
 	Sluice, KubeProxy string
 	Modes             []string
 	Sizes             []int
+	// Proxies are the proxies run, in the first round's order (empty:
+	// kube-proxy, then sluice).
+	Proxies []string
 	// Backend is the iptables both proxies find as `iptables` on PATH:
 	// nft or legacy (a directory of links put first on their PATH).
 	Backend string
@@ -140,13 +149,25 @@ func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
 	return out, nil
 }
 
+// The probe Service's two endpoints: addresses of this namespace (on the
+// veth's other end), each with a listener of the bench's that answers
+// with its index, so a connection to the ClusterIP shows which endpoint
+// the proxy's rules chose.
+var kubeSyncProbeEndpoints = [2]netip.AddrPort{
+	netip.MustParseAddrPort("192.168.10.2:8080"), netip.MustParseAddrPort("192.168.10.3:8080")}
+
 // kubeSyncNode gives this namespace the node's address on a veth pair
-// that leads nowhere.
+// that leads nowhere, the probe's endpoint addresses, and a route for the
+// service range (through the same veth), so that a connection to a
+// ClusterIP from here gets to the proxies' rules.
 func kubeSyncNode() error {
 	for _, args := range [][]string{
 		{"link", "add", "ksync0", "type", "veth", "peer", "name", "ksync1"},
 		{"link", "set", "ksync0", "up"}, {"link", "set", "ksync1", "up"}, {"link", "set", "lo", "up"},
 		{"addr", "add", "192.168.10.1/24", "dev", "ksync0"},
+		{"addr", "add", kubeSyncProbeEndpoints[0].Addr().String() + "/32", "dev", "ksync1"},
+		{"addr", "add", kubeSyncProbeEndpoints[1].Addr().String() + "/32", "dev", "ksync1"},
+		{"route", "add", kubetest.ServiceCIDR, "dev", "ksync0", "src", "192.168.10.1"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
@@ -182,18 +203,26 @@ func kubeSyncSize(cfg KubeSyncConfig, n int) ([]KubeSyncResult, error) {
 		return nil, err
 	}
 	cfg.Logf("%d services x 10 endpoints loaded into kube-apiserver in %v", n, time.Since(t0).Round(time.Second))
+	probe, err := startSyncProbe(ctx, client)
+	if err != nil {
+		return nil, err
+	}
+	defer probe.close()
 
 	var out []KubeSyncResult
 	update := 0
 	for round := 0; round < cfg.Rounds; round++ {
 		for _, mode := range cfg.Modes {
-			proxies := []string{"kube-proxy", "sluice"}
+			proxies := slices.Clone(cfg.Proxies)
+			if len(proxies) == 0 {
+				proxies = []string{"kube-proxy", "sluice"}
+			}
 			if round%2 == 1 {
 				slices.Reverse(proxies)
 			}
 			for _, proxy := range proxies {
 				update++
-				r := runKubeSyncOnce(ctx, cfg, client, cluster.Kubeconfig, proxy, mode, n, update)
+				r := runKubeSyncOnce(ctx, cfg, client, cluster.Kubeconfig, proxy, mode, n, update, probe)
 				r.Round = round + 1
 				if r.Failed != "" {
 					cfg.Logf("%-10s %-8s %6d services  round %d  FAILED: %s", proxy, mode, n, r.Round, r.Failed)
@@ -332,7 +361,7 @@ func freeLoopbackPort() int {
 // runKubeSyncOnce starts one proxy, waits for its first full sync of both
 // families, updates one EndpointSlice, waits for the partial syncs, and
 // stops and cleans up after it.
-func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy, mode string, n, update int) KubeSyncResult {
+func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy, mode string, n, update int, probe *syncProbe) KubeSyncResult {
 	r := KubeSyncResult{Proxy: proxy, Mode: mode, Services: n}
 	if mode == "iptables" {
 		r.Backend = cfg.Backend
@@ -455,6 +484,25 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 		return r
 	}
 	r.PartialS = after.partialSum - first.partialSum
+	// It serves: the probe's ClusterIP reaches its endpoint; then the
+	// endpoint moves, timed from the write to the effect.
+	if err := probe.serves(cfg.Limit); err != nil {
+		r.Failed = err.Error()
+		return r
+	}
+	for range syncProbeMoves {
+		// A sync ran moments ago (the last move's, or the update's):
+		// both proxies then hold the next for their minimum sync period
+		// (1 s, the default of both), which a move right away would
+		// measure instead of the sync.
+		time.Sleep(syncProbeSpacing)
+		d, err := probe.move(ctx, cfg.Limit)
+		if err != nil {
+			r.Failed = err.Error()
+			return r
+		}
+		r.EffectMS = append(r.EffectMS, float64(d.Microseconds())/1e3)
+	}
 	r.RSSMB, r.PeakRSSMB = procMemMB(cmd.Process.Pid)
 	if heapDir != "" {
 		out := filepath.Join(heapDir, fmt.Sprintf("%s-%s-%d-%d.pprof", proxy, mode, n, update))
@@ -501,7 +549,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		n     int
 		proxy string
 	}
-	type vals struct{ ready, full, partial, rss, peak []float64 }
+	type vals struct{ ready, full, partial, rss, peak, effect []float64 }
 	med := func(v []float64) float64 {
 		if len(v) == 0 {
 			return 0
@@ -530,11 +578,12 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		by[k].partial = append(by[k].partial, r.PartialS)
 		by[k].rss = append(by[k].rss, r.RSSMB)
 		by[k].peak = append(by[k].peak, r.PeakRSSMB)
+		by[k].effect = append(by[k].effect, r.EffectMS...)
 	}
 	var b strings.Builder
 	b.WriteString("# Kernel-mode syncs beside upstream kube-proxy\n\n")
-	b.WriteString("The same kube-apiserver holding N services x 10 endpoints, the same flags and node, in a private network namespace; each proxy's own sync histograms (full syncs summed over the IPv4 and IPv6 families; the partial sync is IPv4's, the family the update changes). `ready` runs from the process start to the first full sync of both families (the initial API list included). Medians of the rounds; the proxies alternate which runs first.\n\n")
-	b.WriteString("| mode | services | proxy | ready s | first full sync s | one-Service partial sync s | RSS MiB | peak RSS MiB | rounds |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("The same kube-apiserver holding N services x 10 endpoints, the same flags and node, in a private network namespace; each proxy's own sync histograms (full syncs summed over the IPv4 and IPv6 families; the partial sync is IPv4's, the family the update changes). `ready` runs from the process start to the first full sync of both families (the initial API list included). Medians of the rounds; the proxies alternate which runs first. `update to effect`: a probe Service whose endpoints answer in the namespace is moved from one endpoint to the other " + strconv.Itoa(syncProbeMoves) + " times a round, 1.5 s apart (past both proxies' 1 s minimum sync period), each timed from the EndpointSlice update call to the first new connection to its ClusterIP that reaches the new endpoint (median and worst of all moves); a run whose ClusterIP never reached its endpoint failed.\n\n")
+	b.WriteString("| mode | services | proxy | ready s | first full sync s | one-Service partial sync s | update to effect p50 ms | max ms | RSS MiB | peak RSS MiB | rounds |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var keys []key
 	for k := range by {
 		keys = append(keys, k)
@@ -550,7 +599,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 	})
 	for _, k := range keys {
 		v := by[k]
-		fmt.Fprintf(&b, "| %s | %d | %s | %.2f | %.2f | %.3f | %.1f | %.1f | %d |\n", k.mode, k.n, k.proxy, med(v.ready), med(v.full), med(v.partial), med(v.rss), med(v.peak), len(v.full))
+		fmt.Fprintf(&b, "| %s | %d | %s | %.2f | %.2f | %.3f | %.1f | %.1f | %.1f | %.1f | %d |\n", k.mode, k.n, k.proxy, med(v.ready), med(v.full), med(v.partial), med(v.effect), slices.Max(append([]float64{0}, v.effect...)), med(v.rss), med(v.peak), len(v.full))
 	}
 	// Memory per Service (one port, 10 endpoints): the growth of the
 	// median RSS between consecutive sizes, which leaves the empty
@@ -566,7 +615,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 			break
 		}
 	}
-	b.WriteString("\nsluice / kube-proxy (below 1 is faster):\n\n| mode | services | first full sync | partial sync |\n|---|---|---|---|\n")
+	b.WriteString("\nsluice / kube-proxy (below 1 is faster):\n\n| mode | services | first full sync | partial sync | update to effect p50 |\n|---|---|---|---|---|\n")
 	for _, k := range keys {
 		if k.proxy != "sluice" {
 			continue
@@ -581,7 +630,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 			}
 			return fmt.Sprintf("%.2fx", a/b)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s |\n", k.mode, k.n, ratio(med(by[k].full), med(up.full)), ratio(med(by[k].partial), med(up.partial)))
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", k.mode, k.n, ratio(med(by[k].full), med(up.full)), ratio(med(by[k].partial), med(up.partial)), ratio(med(by[k].effect), med(up.effect)))
 	}
 	if len(failed) > 0 {
 		b.WriteString("\nFailed:\n\n" + strings.Join(failed, "\n") + "\n")
@@ -591,4 +640,130 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		return "", err
 	}
 	return b.String(), nil
+}
+
+// syncProbeMoves is how many times a run moves the probe's endpoint, and
+// syncProbeSpacing the pause before each move: longer than the proxies'
+// --iptables-min-sync-period (and --nftables-...), 1 s by default.
+const (
+	syncProbeMoves   = 3
+	syncProbeSpacing = 1500 * time.Millisecond
+)
+
+// syncProbe is a Service whose endpoint answers in this namespace: one of
+// kubeSyncProbeEndpoints, each served by a listener that writes its index
+// and closes.
+type syncProbe struct {
+	client  kubernetes.Interface
+	vip     netip.AddrPort
+	uid     types.UID
+	current int // the endpoint the slice holds
+	lns     []net.Listener
+}
+
+func startSyncProbe(ctx context.Context, client kubernetes.Interface) (*syncProbe, error) {
+	p := &syncProbe{client: client}
+	for i, ep := range kubeSyncProbeEndpoints {
+		ln, err := net.Listen("tcp", ep.String())
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("probe endpoint %s: %w", ep, err)
+		}
+		p.lns = append(p.lns, ln)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte{byte('0' + i)})
+				c.Close()
+			}
+		}()
+	}
+	svc, err := client.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "default"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{})
+	if err != nil {
+		p.close()
+		return nil, fmt.Errorf("create the probe Service: %w", err)
+	}
+	vip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil {
+		p.close()
+		return nil, fmt.Errorf("the probe Service's ClusterIP %q: %w", svc.Spec.ClusterIP, err)
+	}
+	p.vip, p.uid = netip.AddrPortFrom(vip, 80), svc.UID
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, p.slice(0), metav1.CreateOptions{}); err != nil {
+		p.close()
+		return nil, fmt.Errorf("create the probe's EndpointSlice: %w", err)
+	}
+	return p, nil
+}
+
+func (p *syncProbe) slice(i int) *discoveryv1.EndpointSlice {
+	port, pname, proto, node, ready := int32(kubeSyncProbeEndpoints[i].Port()), "p", corev1.ProtocolTCP, "node-a", true
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "probe", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "probe"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{kubeSyncProbeEndpoints[i].Addr().String()}, NodeName: &node,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	}
+}
+
+// ask opens a connection to the ClusterIP and returns the index of the
+// endpoint that answered (-1: none did).
+func (p *syncProbe) ask() int {
+	c, err := net.DialTimeout("tcp", p.vip.String(), time.Second)
+	if err != nil {
+		return -1
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return -1
+	}
+	return int(b[0] - '0')
+}
+
+// serves waits until the ClusterIP reaches the endpoint the slice holds.
+func (p *syncProbe) serves(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for p.ask() != p.current {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the probe's ClusterIP %s never reached its endpoint %s within %s", p.vip, kubeSyncProbeEndpoints[p.current], limit)
+		}
+	}
+	return nil
+}
+
+// move writes the slice with the other endpoint and returns how long
+// from the write call until a new connection reaches it.
+func (p *syncProbe) move(ctx context.Context, limit time.Duration) (time.Duration, error) {
+	next := 1 - p.current
+	cur, err := p.client.DiscoveryV1().EndpointSlices("default").Get(ctx, "probe", metav1.GetOptions{})
+	if err != nil {
+		return 0, err
+	}
+	sl := p.slice(next)
+	sl.ResourceVersion = cur.ResourceVersion
+	t0 := time.Now()
+	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: t0.Format(time.RFC3339Nano)}
+	if _, err := p.client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		return 0, err
+	}
+	p.current = next
+	for p.ask() != next {
+		if time.Since(t0) > limit {
+			return 0, fmt.Errorf("the probe's move to %s took no effect within %s", kubeSyncProbeEndpoints[next], limit)
+		}
+	}
+	return time.Since(t0), nil
+}
+
+func (p *syncProbe) close() {
+	for _, ln := range p.lns {
+		ln.Close()
+	}
 }

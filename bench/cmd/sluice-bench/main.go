@@ -143,6 +143,7 @@ func kubeSyncBench(args []string) int {
 	limit := fs.Duration("limit", 15*time.Minute, "longest one sync may take before it is reported as failed")
 	sluice := fs.String("sluice", "bin/sluice", "the sluice binary")
 	backend := fs.String("backend", "", "iptables mode's backend for both proxies: nft or legacy (empty: the system's iptables)")
+	proxies := fs.String("proxies", "kube-proxy,sluice", "the proxies run, comma-separated (kube-proxy, sluice), in the first round's order")
 	fs.Parse(args)
 	if code, parent := reexecInNetns("kube-sync", "programs its tables"); parent {
 		return code
@@ -170,6 +171,14 @@ func kubeSyncBench(args []string) int {
 			return 1
 		}
 		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	for _, p := range strings.Split(*proxies, ",") {
+		p = strings.TrimSpace(p)
+		if p != "kube-proxy" && p != "sluice" {
+			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --proxies: %q is not kube-proxy or sluice\n", p)
+			return 1
+		}
+		cfg.Proxies = append(cfg.Proxies, p)
 	}
 	for _, m := range strings.Split(*modes, ",") {
 		m = strings.TrimSpace(m)

@@ -1,0 +1,94 @@
+//go:build linux
+
+package harness
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+)
+
+func TestBeyondWatchComparesFlipByFlip(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	written := []writtenVersion{{"10", t0}, {"11", t0.Add(time.Second)}, {"12", t0.Add(2 * time.Second)}}
+	seen := map[string]time.Time{
+		"10": t0.Add(7 * ms),               // watch 7 ms
+		"11": t0.Add(time.Second + 20*ms),  // 20 ms
+		"12": t0.Add(2*time.Second + 5*ms), // 5 ms
+		"9":  t0.Add(-time.Second),         // an older version: ignored
+	}
+	// The slowest effect came with the slowest watch: 21 - 20 = 1 ms
+	// beyond it; the fastest watch had the most beyond it (9 - 5).
+	effects := []time.Duration{10 * ms, 21 * ms, 9 * ms}
+	m := Metrics{}
+	if err := beyondWatch(m, written, effects, seen); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]float64{"api_watch_p50_ms": 7, "api_watch_max_ms": 20,
+		"beyond_watch_p50_ms": 3, "beyond_watch_max_ms": 4} {
+		if m[k] != want {
+			t.Errorf("%s = %v, want %v", k, m[k], want)
+		}
+	}
+	delete(seen, "11")
+	if err := beyondWatch(Metrics{}, written, effects, seen); err == nil || !strings.Contains(err.Error(), "write 2") {
+		t.Errorf("a write the watch never saw: err = %v, want one naming write 2", err)
+	}
+	if err := beyondWatch(Metrics{}, written, effects[:2], seen); err == nil {
+		t.Error("fewer effects than writes: no error")
+	}
+}
+
+// TestBareWatchSeesEachWrite runs the churn's bare watch against a real
+// kube-apiserver: every update of the probe's slice arrives, under the
+// version the update returned, after the write began.
+func TestBareWatchSeesEachWrite(t *testing.T) {
+	cluster := kubetest.Start(t)
+	rc, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := kubernetes.NewForConfigOrDie(rc)
+	ctx := context.Background()
+	ep := func(i int) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80) }
+	if _, err := client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Create(ctx, slice("probe", "uid-1", ep(1)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bare, err := watchArrivals(ctx, client, "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.stop()
+	var written []writtenVersion
+	for i := 2; i <= 4; i++ {
+		sl := slice("probe", "uid-1", ep(i))
+		sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+		at := time.Now()
+		got, err := client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		written = append(written, writtenVersion{got.ResourceVersion, at})
+	}
+	seen := bare.arrivals(len(written), time.Minute)
+	if len(seen) != len(written) {
+		t.Fatalf("the watch saw %d versions, want exactly the %d written after it opened: %v", len(seen), len(written), seen)
+	}
+	m := Metrics{}
+	if err := beyondWatch(m, written, []time.Duration{time.Minute, time.Minute, time.Minute}, seen); err != nil {
+		t.Fatal(err)
+	}
+	if w := m["api_watch_max_ms"]; !(w > 0 && w < 60e3) {
+		t.Errorf("watch latency %v ms: want after the write and before the effects", w)
+	}
+}
