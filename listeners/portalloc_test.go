@@ -28,3 +28,86 @@ func TestPortAllocatorExhaustsAndReleases(t *testing.T) {
 		seen[p] = true
 	}
 }
+
+func TestEphemeralPortAllocatorPicksRandomFreePortsOfTheRange(t *testing.T) {
+	reserved := func(p int) bool { return p == 40002 }
+	a := NewEphemeralPortAllocator(40000, 40009, reserved)
+	seen := map[int]bool{}
+	for i := 0; i < 9; i++ { // every port but the reserved one
+		p, err := a.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == 0 {
+			// Left to the kernel: only once its picks keep meeting taken
+			// ports, which with 64 tries over 10 ports is past the evens.
+			if len(seen) < 5 {
+				t.Fatalf("gave up after %d ports: %v", len(seen), seen)
+			}
+			continue
+		}
+		if p < 40000 || p > 40009 || p == 40002 || seen[p] {
+			t.Fatalf("Next = %d (seen %v)", p, seen)
+		}
+		seen[p] = true
+	}
+	// The even ones go first.
+	for _, p := range []int{40000, 40004, 40006, 40008} {
+		if !seen[p] {
+			t.Errorf("even port %d never handed out: %v", p, seen)
+		}
+	}
+	// A full range leaves the choice to the kernel, and a released port
+	// comes back.
+	b := NewEphemeralPortAllocator(50000, 50000, nil)
+	if p, _ := b.Next(); p != 50000 {
+		t.Fatalf("Next = %d, want 50000", p)
+	}
+	if p, err := b.Next(); p != 0 || err != nil {
+		t.Fatalf("full: Next = %d, %v; want 0 (the kernel's choice)", p, err)
+	}
+	b.Release(50000)
+	if p, _ := b.Next(); p != 50000 {
+		t.Fatalf("after release: Next = %d", p)
+	}
+	// A range that makes no sense is the kernel's choice throughout.
+	if p, _ := NewEphemeralPortAllocator(0, 0, nil).Next(); p != 0 {
+		t.Fatalf("empty range: Next = %d", p)
+	}
+}
+
+func TestEphemeralPortAllocatorReadsTheKernelsRange(t *testing.T) {
+	files := map[string]string{ProcEphemeralRange: "40000\t40003\n", ProcReservedPorts: "80,40000-40001,40003\n"}
+	read := func(name string) ([]byte, error) {
+		s, ok := files[name]
+		if !ok {
+			return nil, errors.New("no such file")
+		}
+		return []byte(s), nil
+	}
+	a, err := EphemeralPortAllocator(read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := a.Next(); p != 40002 {
+		t.Fatalf("Next = %d, want 40002, the range's one port not reserved", p)
+	}
+	if p, _ := a.Next(); p != 0 {
+		t.Fatalf("Next = %d, want 0 (the kernel's choice)", p)
+	}
+	for _, bad := range []map[string]string{
+		{ProcEphemeralRange: "60999 32768", ProcReservedPorts: ""},
+		{ProcEphemeralRange: "32768 60999", ProcReservedPorts: "80-70"},
+		{ProcEphemeralRange: "32768 60999"},
+		{},
+	} {
+		files = bad
+		a, err := EphemeralPortAllocator(read)
+		if err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+		if p, _ := a.Next(); p != 0 {
+			t.Errorf("%v: Next = %d, want the kernel's choice", bad, p)
+		}
+	}
+}

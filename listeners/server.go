@@ -416,6 +416,14 @@ func (s *Server) openPort(p *servedPort) []error {
 	// openProxyPort opens a listener on a port of the proxy range (or a
 	// random one), trying further ports of the range when one is taken.
 	openProxyPort := func(role Role, vip netip.Addr) {
+		// Ports that failed stay handed out until the tries end, so that
+		// each try gets another one.
+		var failed []int
+		defer func() {
+			for _, port := range failed {
+				s.ProxyPorts.Release(port)
+			}
+		}()
 		for try := 0; try < 16; try++ {
 			port := 0
 			if s.ProxyPorts != nil {
@@ -432,8 +440,8 @@ func (s *Server) openPort(p *servedPort) []error {
 				}
 				return
 			}
-			if port != 0 && s.ProxyPorts != nil {
-				s.ProxyPorts.Release(port)
+			if port != 0 {
+				failed = append(failed, port)
 			}
 			if port == 0 || try == 15 {
 				return

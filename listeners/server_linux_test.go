@@ -597,3 +597,55 @@ func TestServerCountsSkippedSCTPPorts(t *testing.T) {
 		snap = next
 	}
 }
+
+// Random proxy ports as run picks them (NewEphemeralPortAllocator): a
+// port of the range someone else holds is passed over for the next one,
+// the proxy port serves, and a removed Service gives its port back.
+func TestServerProxyPortsFromTheEphemeralRange(t *testing.T) {
+	// Two adjacent free loopback ports, the second held by "someone else".
+	var lo int
+	var held net.Listener
+	for try := 0; held == nil; try++ {
+		if try == 50 {
+			t.Fatal("no two adjacent free ports")
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		if p < 65535 {
+			if h, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
+				lo, held = p, h
+			}
+		}
+		ln.Close()
+	}
+	defer held.Close()
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		alloc := NewEphemeralPortAllocator(lo, lo+1, nil)
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), ProxyPorts: alloc}
+		defer srv.Close()
+		sp := webPort(0, serveTCP(t, nameHandler("web")))
+		if err := srv.Apply(snapshotOf(sp)); err != nil {
+			t.Fatal(err)
+		}
+		fes := srv.Frontends()
+		if len(fes) != 1 || fes[0].Role != RoleProxyPort || int(fes[0].Addr.Port()) != lo {
+			t.Fatalf("frontends %v, want the proxy port on %d (%d is held)", fes, lo, lo+1)
+		}
+		if got, err := dialName(t, fes[0].Addr); err != nil || got != "web" {
+			t.Fatalf("through the proxy port: %q, %v", got, err)
+		}
+		if err := srv.Apply(snapshotOf()); err != nil {
+			t.Fatal(err)
+		}
+		// Both ports are free again in the allocator's eyes (the held one
+		// was handed back when the tries ended).
+		p1, _ := alloc.Next()
+		p2, _ := alloc.Next()
+		if min(p1, p2) != lo || max(p1, p2) != lo+1 {
+			t.Fatalf("after the Service went: Next gave %d and %d, want %d and %d", p1, p2, lo, lo+1)
+		}
+	})
+}

@@ -189,11 +189,32 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	if heapDir != "" {
 		args = append(args, "--profiling")
 	}
+	started := time.Now()
 	proc, err := StartProc("sluice-api-churn", -1, append([]string{sl.bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}
 	defer proc.Stop(5 * time.Second)
+	// SLUICE_BENCH_PROC_LOG=DIR saves sluice's output (with GODEBUG=
+	// gctrace=1 in the environment, its collections) and each flip's
+	// times, from sluice's start, to line them up.
+	var written []writtenVersion
+	var effects []time.Duration
+	if logDir := os.Getenv("SLUICE_BENCH_PROC_LOG"); logDir != "" {
+		defer func() {
+			var b strings.Builder
+			b.WriteString(proc.Output())
+			b.WriteString("\n# flips: write at (s from start), effect ms\n")
+			for i, w := range written {
+				e := time.Duration(0)
+				if i < len(effects) {
+					e = effects[i]
+				}
+				fmt.Fprintf(&b, "flip %d at %.3f s effect %.3f ms\n", i+1, w.at.Sub(started).Seconds(), float64(e.Microseconds())/1e3)
+			}
+			os.WriteFile(filepath.Join(logDir, fmt.Sprintf("%s-churn-api-%d-%d.log", in.System.Name(), bed.n, time.Now().UnixNano())), []byte(b.String()), 0o644)
+		}()
+	}
 	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(lo, bed.probe))
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	// Until the initial listing is through (the marker's endpoint answers):
@@ -215,7 +236,6 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, err
 	}
 	defer bare.stop()
-	var written []writtenVersion
 	write := func(ep netip.AddrPort) error {
 		// Stamped as the EndpointSlice controller stamps a pod change, so
 		// sluice's kube-proxy SLI measures from this write.
@@ -236,7 +256,8 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 			return nil, fmt.Errorf("heap profile: %w", err)
 		}
 	}
-	m, effects, err := flips(ctx, bed.n, apiFlips, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
+	var m Metrics
+	m, effects, err = flips(ctx, bed.n, apiFlips, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		if err := beyondWatch(m, written, effects, bare.arrivals(len(written), 10*time.Second)); err != nil {
 			return nil, err

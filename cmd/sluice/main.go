@@ -347,10 +347,20 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
 		}
 		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
+		proxyPorts := listeners.NewPortAllocator(pr.Base, pr.Size)
+		if pr.Base == 0 {
+			// Random proxy ports, picked from the kernel's ephemeral range
+			// by sluice rather than by a bind to port 0 (see
+			// NewEphemeralPortAllocator for why).
+			var err error
+			if proxyPorts, err = listeners.EphemeralPortAllocator(os.ReadFile); err != nil {
+				log.Debug("random proxy ports left to the kernel", "err", err)
+			}
+		}
 		srv = &listeners.Server{
 			Engine:      engine,
 			BindAddress: netip.MustParseAddr(cfg.KubeProxy.BindAddress),
-			ProxyPorts:  listeners.NewPortAllocator(pr.Base, pr.Size),
+			ProxyPorts:  proxyPorts,
 			IsLocal:     local.has,
 			NodePortAddrs: func() []netip.Addr {
 				return selectNodePortAddrs(cfg.KubeProxy.NodePortAddresses, local.list())

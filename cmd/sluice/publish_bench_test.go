@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -60,5 +61,61 @@ func BenchmarkPublishOneChangeAt10k(b *testing.B) {
 		next := &lb.Snapshot{Ports: snap.Ports.With(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}, nil), ID: snap.ID + 1, Base: snap.ID, Changed: []lb.ServicePortName{sp.Name}}
 		a.Publish(next)
 		snap = next
+	}
+}
+
+// BenchmarkFirstPublishAt10k is a start in userspace mode at 10k
+// ClusterIP service ports past the source: the first snapshot applied,
+// which opens a proxy port for each, on the event loop with random proxy
+// ports (no --proxy-port-range) as run picks them (sluice-picks) and as a
+// bind to port 0 would (kernel-picks). go test -bench FirstPublish
+// -benchtime 3x ./cmd/sluice
+func BenchmarkFirstPublishAt10k(b *testing.B) {
+	const n = 10000
+	all := map[lb.ServicePortName]*lb.ServicePort{}
+	for i := 0; i < n; i++ {
+		name := lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
+		all[name] = &lb.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80,
+			Endpoints: []lb.Endpoint{{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), 8080), Ready: true, Serving: true}}}
+	}
+	snap := lb.NewSnapshot(all)
+	snap.ID = 1
+	for _, c := range []struct {
+		name  string
+		ports func() *listeners.PortAllocator
+	}{
+		{"sluice-picks", func() *listeners.PortAllocator {
+			a, err := listeners.EphemeralPortAllocator(os.ReadFile)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return a
+		}},
+		{"kernel-picks", func() *listeners.PortAllocator { return listeners.NewPortAllocator(0, 0) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				engine, err := listeners.NewEventLoop(listeners.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				metrics := admin.NewMetrics()
+				log := slog.New(slog.DiscardHandler)
+				health := admin.NewHealth(time.Minute, nil)
+				srv := &listeners.Server{Engine: engine, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+					ProxyPorts: c.ports(), Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }}
+				a := &applier{plane: userspacePlane{Server: srv, capture: noCapture{}, metrics: metrics, health: health, log: log},
+					local: &localAddrs{}, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+				b.StartTimer()
+				a.Publish(snap)
+				b.StopTimer()
+				if got := len(srv.Frontends()); got != n {
+					b.Fatalf("%d frontends, want %d", got, n)
+				}
+				srv.Close()
+				b.StartTimer()
+			}
+		})
 	}
 }
