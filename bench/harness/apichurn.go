@@ -227,6 +227,10 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	if !proc.WaitFor(3*time.Minute, synced) {
 		return nil, fmt.Errorf("sluice watching %d services did not come up:\n%s", bed.n, proc.Output())
 	}
+	// From the start to every Service served (the marker, last in the
+	// list, and the probe answer): the initial list and the first apply,
+	// which opens a listener per Service.
+	ready := time.Since(started)
 	// The API server's own watch latency in the same run: a bare watch on
 	// the probe's EndpointSlice, opened before the first write, notes when
 	// each written version arrives; sluice's effect is compared with it
@@ -265,6 +269,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		m["services"] = float64(bed.n)
 		m["rss_mb"], m["peak_rss_mb"] = rss, peak
 		m["api_load_s"] = bed.loadTime.Seconds()
+		m["ready_s"] = ready.Seconds()
 		// sluice's own share of each update (event arrival to applied) and
 		// kube-proxy's network programming SLI (write to applied), from
 		// sluice's histograms: means, and the bucket bound of the p99.
