@@ -593,3 +593,53 @@ func TestBuildMemoInPlaceEdits(t *testing.T) {
 		t.Fatalf("after the long way, an edit was not built in place (%d)", memo.inPlace)
 	}
 }
+
+// A file that shrank and is then taken from the cache gives what it holds
+// now: its record is the document slots of its last read, cut to its
+// documents then, with the places that gave no object (an empty document)
+// skipped, and a reused origin map names only this load's objects.
+func TestCachedFileThatShrankReplaysWhatItHolds(t *testing.T) {
+	dir := t.TempDir()
+	svc := func(name string) string {
+		return "apiVersion: v1\nkind: Service\nmetadata: {name: " + name + ", namespace: x}\nspec:\n  ports: [{name: p, port: 80}]\n"
+	}
+	write := func(file, text string) {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reads an hour on: every write is well before them (no racy re-read).
+	c := DocCache{now: func() time.Time { return time.Now().Add(time.Hour) }}
+	load := func(want ...string) {
+		t.Helper()
+		reads := c.reads
+		objs, err := loadCached(dir, &c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range objs.Services {
+			got = append(got, s.Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("Services %v, want %v (files read: %d)", got, want, c.reads-reads)
+		}
+		for _, n := range []string{"a1", "a2", "a3", "b", "b2"} {
+			if o := objs.Origin("Service x/" + n); (o != "") != slices.Contains(want, n) {
+				t.Errorf("origin of %s: %q with Services %v", n, o, want)
+			}
+		}
+	}
+	write("a.yaml", svc("a1")+"---\n---\n"+svc("a2"))
+	write("b.yaml", svc("b"))
+	load("a1", "a2", "b")
+	write("a.yaml", svc("a3"))
+	load("a3", "b")
+	write("b.yaml", svc("b2"))
+	reads := c.reads
+	load("a3", "b2") // a.yaml from the cache
+	if c.reads-reads != 1 {
+		t.Fatalf("%d files read, want only b.yaml", c.reads-reads)
+	}
+	load("a3", "b2") // both from the cache
+}
