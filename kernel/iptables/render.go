@@ -274,7 +274,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	var filterRules, natRules, natChains, bodyRules writer
 	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains)))
 	bodies := make(Bodies, snap.Ports.Len())
-	var portChains []string
+	var portChains, declared []string
 	chain := func(name string) {
 		if !active[name] {
 			active[name] = true
@@ -334,10 +334,16 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 			skipped += nBody
 			continue // unchanged: the kernel has these chains as they are
 		}
-		for _, c := range portChains {
-			natChains.line(":" + c + " - [0:0]")
-		}
+		declared = append(declared, portChains...)
 		bodyRules.b.Write(body.b.Bytes())
+	}
+	// Declared in order of name: iptables-legacy-restore creates chains
+	// in a list it keeps sorted, and fed them in the (hashed, so random)
+	// order of the ports it took 15-20 % longer for the same rules (5k
+	// Services x 10 endpoints, 60k chains: 4.5-4.8 s against 3.7-4.0 s).
+	slices.Sort(declared)
+	for _, c := range declared {
+		natChains.line(":" + c + " - [0:0]")
 	}
 
 	// The NodePort dispatch is the last rule of KUBE-SERVICES.
