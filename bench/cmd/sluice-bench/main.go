@@ -172,21 +172,12 @@ func kubeSyncBench(args []string) int {
 		}
 		cfg.Sizes = append(cfg.Sizes, n)
 	}
-	for _, p := range strings.Split(*proxies, ",") {
-		p = strings.TrimSpace(p)
-		if p != "kube-proxy" && p != "sluice" {
-			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --proxies: %q is not kube-proxy or sluice\n", p)
-			return 1
-		}
-		cfg.Proxies = append(cfg.Proxies, p)
+	var ok bool
+	if cfg.Proxies, ok = oneOf("--proxies", *proxies, "kube-proxy", "sluice"); !ok {
+		return 1
 	}
-	for _, m := range strings.Split(*modes, ",") {
-		m = strings.TrimSpace(m)
-		if m != "iptables" && m != "nftables" {
-			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --modes: %q is not iptables or nftables\n", m)
-			return 1
-		}
-		cfg.Modes = append(cfg.Modes, m)
+	if cfg.Modes, ok = oneOf("--modes", *modes, "iptables", "nftables"); !ok {
+		return 1
 	}
 	res, err := harness.RunKubeSyncBench(cfg)
 	if err != nil {
@@ -204,6 +195,21 @@ func kubeSyncBench(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// oneOf splits a kube-sync flag's comma-separated list, each item one of
+// allowed; it says which item is not.
+func oneOf(flagName, list string, allowed ...string) ([]string, bool) {
+	var out []string
+	for _, v := range strings.Split(list, ",") {
+		v = strings.TrimSpace(v)
+		if !slices.Contains(allowed, v) {
+			fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: %s: %q is not %s\n", flagName, v, strings.Join(allowed, " or "))
+			return nil, false
+		}
+		out = append(out, v)
+	}
+	return out, true
 }
 
 func run() int {
