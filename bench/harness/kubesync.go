@@ -648,6 +648,8 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 const (
 	syncProbeMoves   = 3
 	syncProbeSpacing = 1500 * time.Millisecond
+	// syncProbeAskTimeout bounds one probe connection (see ask).
+	syncProbeAskTimeout = 200 * time.Millisecond
 )
 
 // syncProbe is a Service whose endpoint answers in this namespace: one of
@@ -712,14 +714,17 @@ func (p *syncProbe) slice(i int) *discoveryv1.EndpointSlice {
 }
 
 // ask opens a connection to the ClusterIP and returns the index of the
-// endpoint that answered (-1: none did).
+// endpoint that answered (-1: none did). It gives up after 200 ms (a
+// connection inside the namespace takes well under one): a SYN lost while
+// a restore swaps the table is retransmitted only after a second, which
+// put up to 0.6 s of the probe's own waiting into a move's time.
 func (p *syncProbe) ask() int {
-	c, err := net.DialTimeout("tcp", p.vip.String(), time.Second)
+	c, err := net.DialTimeout("tcp", p.vip.String(), syncProbeAskTimeout)
 	if err != nil {
 		return -1
 	}
 	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(time.Second))
+	c.SetReadDeadline(time.Now().Add(syncProbeAskTimeout))
 	var b [1]byte
 	if _, err := io.ReadFull(c, b[:]); err != nil {
 		return -1
