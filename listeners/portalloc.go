@@ -3,8 +3,6 @@ package listeners
 import (
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 )
 
@@ -94,68 +92,4 @@ func (a *PortAllocator) Release(p int) {
 	a.mu.Lock()
 	delete(a.used, p)
 	a.mu.Unlock()
-}
-
-// The files the kernel's ephemeral range and its reserved ports are read
-// from (they hold the process's network namespace's values).
-const (
-	ProcEphemeralRange = "/proc/sys/net/ipv4/ip_local_port_range"
-	ProcReservedPorts  = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-)
-
-// EphemeralPortAllocator is NewEphemeralPortAllocator over the range and
-// reserved ports read (with read: os.ReadFile) from ProcEphemeralRange
-// and ProcReservedPorts. Where they cannot be read or parsed (not Linux)
-// it returns the kernel-chooses allocator and says why.
-func EphemeralPortAllocator(read func(string) ([]byte, error)) (*PortAllocator, error) {
-	rng, err := read(ProcEphemeralRange)
-	if err != nil {
-		return NewPortAllocator(0, 0), err
-	}
-	var lo, hi int
-	if _, err := fmt.Sscan(string(rng), &lo, &hi); err != nil || lo < 1 || hi < lo || hi > 65535 {
-		return NewPortAllocator(0, 0), fmt.Errorf("%s: %q is not a port range", ProcEphemeralRange, strings.TrimSpace(string(rng)))
-	}
-	res, err := read(ProcReservedPorts)
-	if err != nil {
-		return NewPortAllocator(0, 0), err
-	}
-	reserved, err := parsePortList(strings.TrimSpace(string(res)))
-	if err != nil {
-		return NewPortAllocator(0, 0), fmt.Errorf("%s: %w", ProcReservedPorts, err)
-	}
-	return NewEphemeralPortAllocator(lo, hi, reserved), nil
-}
-
-// parsePortList reads the kernel's list of ports and ranges ("8080,
-// 9000-9010"; empty: none) into a membership test.
-func parsePortList(s string) (func(int) bool, error) {
-	type span struct{ lo, hi int }
-	var spans []span
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		lo, hi, isRange := strings.Cut(f, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not a port or range", f)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("%q is not a port or range", f)
-			}
-		}
-		spans = append(spans, span{a, b})
-	}
-	return func(p int) bool {
-		for _, r := range spans {
-			if p >= r.lo && p <= r.hi {
-				return true
-			}
-		}
-		return false
-	}, nil
 }

@@ -75,39 +75,3 @@ func TestEphemeralPortAllocatorPicksRandomFreePortsOfTheRange(t *testing.T) {
 		t.Fatalf("empty range: Next = %d", p)
 	}
 }
-
-func TestEphemeralPortAllocatorReadsTheKernelsRange(t *testing.T) {
-	files := map[string]string{ProcEphemeralRange: "40000\t40003\n", ProcReservedPorts: "80,40000-40001,40003\n"}
-	read := func(name string) ([]byte, error) {
-		s, ok := files[name]
-		if !ok {
-			return nil, errors.New("no such file")
-		}
-		return []byte(s), nil
-	}
-	a, err := EphemeralPortAllocator(read)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p, _ := a.Next(); p != 40002 {
-		t.Fatalf("Next = %d, want 40002, the range's one port not reserved", p)
-	}
-	if p, _ := a.Next(); p != 0 {
-		t.Fatalf("Next = %d, want 0 (the kernel's choice)", p)
-	}
-	for _, bad := range []map[string]string{
-		{ProcEphemeralRange: "60999 32768", ProcReservedPorts: ""},
-		{ProcEphemeralRange: "32768 60999", ProcReservedPorts: "80-70"},
-		{ProcEphemeralRange: "32768 60999"},
-		{},
-	} {
-		files = bad
-		a, err := EphemeralPortAllocator(read)
-		if err == nil {
-			t.Errorf("%v: no error", bad)
-		}
-		if p, _ := a.Next(); p != 0 {
-			t.Errorf("%v: Next = %d, want the kernel's choice", bad, p)
-		}
-	}
-}

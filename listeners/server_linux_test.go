@@ -602,19 +602,21 @@ func TestServerCountsSkippedSCTPPorts(t *testing.T) {
 // port of the range someone else holds is passed over for the next one,
 // the proxy port serves, and a removed Service gives its port back.
 func TestServerProxyPortsFromTheEphemeralRange(t *testing.T) {
-	// Two adjacent free loopback ports, the second held by "someone else".
+	// Two adjacent free loopback ports, the second held by "someone else"
+	// and even, so that the allocator (even ports first) always tries it
+	// first and the server has to pass it over.
 	var lo int
 	var held net.Listener
 	for try := 0; held == nil; try++ {
-		if try == 50 {
-			t.Fatal("no two adjacent free ports")
+		if try == 100 {
+			t.Fatal("no two adjacent free ports, the first odd")
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		p := ln.Addr().(*net.TCPAddr).Port
-		if p < 65535 {
+		if p < 65535 && p%2 == 1 {
 			if h, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
 				lo, held = p, h
 			}

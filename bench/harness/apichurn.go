@@ -396,20 +396,20 @@ func watchArrivals(ctx context.Context, client kubernetes.Interface, name string
 func (a *arrivalWatch) arrivals(n int, limit time.Duration) map[string]time.Time {
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
-	for {
+	count := func() int {
 		a.mu.Lock()
-		got := len(a.seen)
-		a.mu.Unlock()
-		if got >= n {
-			break
-		}
+		defer a.mu.Unlock()
+		return len(a.seen)
+	}
+wait:
+	for count() < n {
 		select {
 		case <-a.moved:
-			continue
 		case <-a.done:
+			break wait
 		case <-deadline.C:
+			break wait
 		}
-		break
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -351,9 +351,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		if pr.Base == 0 {
 			// Random proxy ports, picked from the kernel's ephemeral range
 			// by sluice rather than by a bind to port 0 (see
-			// NewEphemeralPortAllocator for why).
+			// listeners.NewEphemeralPortAllocator for why).
 			var err error
-			if proxyPorts, err = listeners.EphemeralPortAllocator(os.ReadFile); err != nil {
+			if proxyPorts, err = ephemeralProxyPorts(os.ReadFile); err != nil {
 				log.Debug("random proxy ports left to the kernel", "err", err)
 			}
 		}

@@ -85,7 +85,7 @@ func BenchmarkFirstPublishAt10k(b *testing.B) {
 		ports func() *listeners.PortAllocator
 	}{
 		{"sluice-picks", func() *listeners.PortAllocator {
-			a, err := listeners.EphemeralPortAllocator(os.ReadFile)
+			a, err := ephemeralProxyPorts(os.ReadFile)
 			if err != nil {
 				b.Fatal(err)
 			}
