@@ -3,7 +3,9 @@ package kube
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -542,31 +544,154 @@ func TestSnapshotsCarryTheirDelta(t *testing.T) {
 	}
 }
 
-// The informers keep only what sluice reads: no managedFields and no
-// annotations, but for an EndpointSlice's last-change-trigger-time (the
-// SLI); labels stay (the service-name label joins slices to Services).
-func TestTrimForProxyKeepsWhatSluiceReads(t *testing.T) {
+// The informers keep only what sluice reads: a Service and EndpointSlices
+// from which controlplane.BuildService builds the same service ports as
+// from the whole objects, over random slices as controllers write them (several
+// addresses, missing and false conditions, nodes, zones, pod references,
+// both protocols, ports without a name or protocol). What many slices
+// repeat is shared, not copied.
+func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
+	trim := newProxyTrim()
 	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
 		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
 		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
-	if _, err := trimForProxy(svc); err != nil || svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
+	if _, err := trim.transform(svc); err != nil || svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels != nil || svc.Spec.ClusterIP != "10.96.0.10" {
 		t.Fatalf("service: %v %+v", err, svc.ObjectMeta)
 	}
-	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf,
-		Labels:      map[string]string{discoveryv1.LabelServiceName: "web"},
-		Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-23T00:00:00Z", "other": "x"}}}
-	trimForProxy(sl)
-	if sl.ManagedFields != nil || len(sl.Annotations) != 1 || sl.Annotations[corev1.EndpointsLastChangeTriggerTime] == "" || sl.Labels[discoveryv1.LabelServiceName] != "web" {
-		t.Fatalf("slice: %+v", sl.ObjectMeta)
+	if _, err := trim.transform(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
+		t.Fatal(err) // other objects pass untouched
+	}
+
+	web := service("web", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, AppProtocol: ptr("dns")}, {Name: "alt", Port: 81, Protocol: corev1.ProtocolTCP}}
+		s.Labels, s.Spec.Selector = map[string]string{"app": "web"}, map[string]string{"app": "web"}
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	})
+	trimmedWeb := web.DeepCopy()
+	trim.transform(trimmedWeb)
+	rng := rand.New(rand.NewPCG(16, 2))
+	flag := func() *bool { // nil, false or true
+		if v := rng.IntN(3); v < 2 {
+			return ptr(v == 1)
+		}
+		return nil
+	}
+	maybe := func(s string) *string {
+		if rng.IntN(4) == 0 {
+			return nil
+		}
+		return ptr(s)
+	}
+	var kept []*discoveryv1.EndpointSlice
+	served := 0 // built ports with endpoints: the walk must reach them
+	for round := 0; round < 200; round++ {
+		var trimmed, whole []*discoveryv1.EndpointSlice
+		for n := rng.IntN(3) + 1; n > 0; n-- {
+			sl := &discoveryv1.EndpointSlice{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("web-%d", n), GenerateName: "web-", ManagedFields: mf,
+					Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+					Annotations:     map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-26T09:00:00Z", "other": "x"},
+					OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", Controller: ptr(true)}}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+			}
+			for p := rng.IntN(3); p >= 0; p-- {
+				port := discoveryv1.EndpointPort{Name: maybe([]string{"http", "dns", "alt", ""}[rng.IntN(4)]), Port: ptr(int32(8000 + rng.IntN(3))),
+					AppProtocol: ptr("kubernetes.io/h2c")}
+				if rng.IntN(4) > 0 {
+					port.Protocol = ptr([]corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP}[rng.IntN(2)])
+				}
+				sl.Ports = append(sl.Ports, port)
+			}
+			for e := rng.IntN(6); e > 0; e-- {
+				ep := discoveryv1.Endpoint{
+					Conditions: discoveryv1.EndpointConditions{Ready: flag(), Serving: flag(), Terminating: flag()},
+					NodeName:   maybe(fmt.Sprintf("node-%d", rng.IntN(3))), Zone: maybe("zone-a"), Hostname: maybe("pod"),
+					TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("web-%d", e)},
+				}
+				for a := rng.IntN(3) + 1; a > 0; a-- {
+					ep.Addresses = append(ep.Addresses, fmt.Sprintf("10.244.%d.%d", rng.IntN(4), rng.IntN(250)+1))
+				}
+				sl.Endpoints = append(sl.Endpoints, ep)
+			}
+			whole = append(whole, sl.DeepCopy())
+			if _, err := trim.transform(sl); err != nil {
+				t.Fatal(err)
+			}
+			trimmed = append(trimmed, sl)
+		}
+		node := fmt.Sprintf("node-%d", rng.IntN(3))
+		wantPorts, wantErrs := controlplane.BuildService(web, whole, node)
+		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, trimmed, node)
+		if !reflect.DeepEqual(gotPorts, wantPorts) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
+			t.Fatalf("round %d: trimmed slices build\n%v %v\nthe whole ones\n%v %v", round, gotPorts, gotErrs, wantPorts, wantErrs)
+		}
+		for i, sl := range trimmed {
+			if sl.ManagedFields != nil || sl.OwnerReferences != nil || len(sl.Labels) != 1 || len(sl.Annotations) != 1 ||
+				sl.Annotations[corev1.EndpointsLastChangeTriggerTime] != whole[i].Annotations[corev1.EndpointsLastChangeTriggerTime] {
+				t.Fatalf("round %d: slice metadata kept %+v", round, sl.ObjectMeta)
+			}
+			for _, ep := range sl.Endpoints {
+				if ep.TargetRef != nil || ep.Hostname != nil || len(ep.Addresses) != 1 {
+					t.Fatalf("round %d: endpoint kept %+v", round, ep)
+				}
+			}
+		}
+		kept = append(kept, trimmed...)
+		for _, p := range wantPorts {
+			if len(p.Endpoints) > 0 {
+				served++
+			}
+		}
+	}
+	if served < 100 {
+		t.Fatalf("only %d built ports had endpoints: the walk checks too little", served)
+	}
+	// One value each for what the slices repeat.
+	nodes, flags := map[string]*string{}, map[bool]*bool{}
+	for _, sl := range kept {
+		for _, ep := range sl.Endpoints {
+			if n := ep.NodeName; n != nil {
+				if first, ok := nodes[*n]; ok && first != n {
+					t.Fatalf("node %s held twice", *n)
+				}
+				nodes[*n] = n
+			}
+			for _, f := range []*bool{ep.Conditions.Ready, ep.Conditions.Serving, ep.Conditions.Terminating} {
+				if f != nil {
+					if first, ok := flags[*f]; ok && first != f {
+						t.Fatalf("condition %v held twice", *f)
+					}
+					flags[*f] = f
+				}
+			}
+		}
+	}
+	if len(nodes) != 3 || len(flags) != 2 {
+		t.Fatalf("walk too small: %d nodes, %d flags", len(nodes), len(flags))
 	}
 	bare := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"other": "x"}}}
-	trimForProxy(bare)
-	if bare.Annotations != nil {
-		t.Fatalf("annotations kept: %v", bare.Annotations)
+	trim.transform(bare)
+	if bare.Annotations != nil || bare.Labels != nil {
+		t.Fatalf("kept %v %v", bare.Annotations, bare.Labels)
 	}
-	if _, err := trimForProxy(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
-		t.Fatal(err) // other objects pass untouched
+}
+
+// The intern table stops growing at maxInterned: a name past it keeps its
+// own copy.
+func TestProxyTrimInternTableIsBounded(t *testing.T) {
+	trim := newProxyTrim()
+	for i := 0; i < maxInterned+100; i++ {
+		n := fmt.Sprintf("node-%d", i)
+		sl := &discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, NodeName: &n}}}
+		trim.transform(sl)
+		if *sl.Endpoints[0].NodeName != n {
+			t.Fatalf("node %q became %q", n, *sl.Endpoints[0].NodeName)
+		}
+	}
+	if len(trim.strs) != maxInterned {
+		t.Fatalf("intern table holds %d, want %d", len(trim.strs), maxInterned)
 	}
 }
 
