@@ -203,16 +203,48 @@ func TestFakeRefusesWhatTheKernelRefuses(t *testing.T) {
 func TestCanaryAndCleanup(t *testing.T) {
 	f := NewFake()
 	pristine := f.Dump()
-	p := &Proxier{Runner: f, Options: opts()}
+	r := &countingRunner{Runner: f}
+	p := &Proxier{Runner: r, Options: opts()}
 	web := svcPort("web", "10.96.0.10", readyEP("10.244.1.1:8080", true))
 	web.NodePort = 30080
 	if err := p.Sync(snap(web)); err != nil {
 		t.Fatal(err)
 	}
-	if p.CanaryGone() {
-		t.Fatal("canary missing right after a sync")
+	// Each check reads mangle, a few rules; every canaryEveryTable-th
+	// check reads nat and filter too, so a flush of nat alone is seen
+	// within that many checks and the big nat table is read a tenth as often.
+	for i := 1; i <= 2*canaryEveryTable; i++ {
+		r.ran = nil
+		if p.CanaryGone() {
+			t.Fatalf("check %d: canary missing right after a sync", i)
+		}
+		want := []string{"chains mangle"}
+		if i%canaryEveryTable == 0 {
+			want = []string{"chains mangle", "chains nat", "chains filter"}
+		}
+		if !slices.Equal(r.ran, want) {
+			t.Fatalf("check %d ran %v, want %v", i, r.ran, want)
+		}
 	}
-	f.Flush("nat") // a firewall reload
+	f.Flush("nat") // nat alone
+	seen := 0
+	for i := 1; i <= canaryEveryTable && seen == 0; i++ {
+		if p.CanaryGone() {
+			seen = i
+		}
+	}
+	if seen != canaryEveryTable {
+		t.Fatalf("a flush of nat alone seen at check %d, want %d", seen, canaryEveryTable)
+	}
+	if err := p.Sync(snap(web)); err != nil {
+		t.Fatal(err)
+	}
+	if p.CanaryGone() {
+		t.Fatal("canary missing after the resync")
+	}
+	for _, table := range CanaryTables { // a firewall reload
+		f.Flush(table)
+	}
 	if !p.CanaryGone() {
 		t.Fatal("flush not detected")
 	}

@@ -46,6 +46,8 @@ type Proxier struct {
 	// unbatched makes the next full sync one restore: the last one in
 	// batches failed.
 	unbatched bool
+	// canaryChecks counts CanaryGone's calls.
+	canaryChecks int
 }
 
 // SyncStats says what one sync did.
@@ -207,10 +209,22 @@ func (p *Proxier) prewrite(snap *lb.Snapshot, o Options, batch int) (Bodies, int
 	return bodies, rules, nil
 }
 
-// CanaryGone reports whether a KUBE-PROXY-CANARY chain has disappeared,
-// which means someone flushed the tables; the next sync is then full.
+// CanaryGone reports whether the tables were flushed, by their
+// KUBE-PROXY-CANARY chains; the next sync is then full, and reads and
+// rewrites every table. As kube-proxy's canary monitor does, it reads the
+// first of CanaryTables (mangle, a table of a few rules) each time; the
+// nat and filter tables it reads only every canaryEveryTable-th time: on
+// the legacy backend a save of nat at 5k Services costs about a second of
+// CPU, which every period (30 s) was most of an idle node's iptables
+// work. A flush of nat or filter alone, which kube-proxy does not see
+// until its hourly full sync, is seen within that many periods.
+// It is called from one goroutine.
 func (p *Proxier) CanaryGone() bool {
-	for _, t := range CanaryTables {
+	tables := CanaryTables[:1]
+	if p.canaryChecks++; p.canaryChecks%canaryEveryTable == 0 {
+		tables = CanaryTables
+	}
+	for _, t := range tables {
 		chains, err := p.Runner.Chains(t)
 		if err != nil || !slices.Contains(chains, ChainCanary) {
 			p.Invalidate()
@@ -219,6 +233,10 @@ func (p *Proxier) CanaryGone() bool {
 	}
 	return false
 }
+
+// canaryEveryTable: CanaryGone reads every canary table one time in this
+// many, the first one every time.
+const canaryEveryTable = 10
 
 // Cleanup removes every jump rule and chain the iptables mode installs,
 // in every table, and nothing else. It is idempotent.

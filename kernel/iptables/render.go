@@ -118,6 +118,7 @@ func (o Options) localhostFirewall() bool { return !o.IPv6 && o.LocalhostNodePor
 
 // CanaryTables are the tables that hold a KUBE-PROXY-CANARY chain: when a
 // firewall reload flushes them, the chain is gone and a full sync follows.
+// The first is the one read every time (Proxier.CanaryGone).
 var CanaryTables = []string{"mangle", "nat", "filter"}
 
 type writer struct{ b bytes.Buffer }
