@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,17 +35,8 @@ type Goroutine struct {
 	loops     sync.WaitGroup // accept and read loops
 	dgrams    *datagramReader
 	fds       *fdBudget
-
-	// Under mu: the most connections open since the last release of Go's
-	// splice pipes, and when that was.
-	peak           int
-	lastRelease    time.Time
-	releasePending bool
+	copier    *tcpCopier // with its splice pipes on Linux
 }
-
-// pipeReleaseEvery bounds how often the engine asks the runtime for the
-// two garbage collections that free Go's pooled splice pipes.
-const pipeReleaseEvery = time.Second
 
 // NewGoroutine returns a goroutine engine that dials with net.Dialer.
 func NewGoroutine(opts Options) *Goroutine {
@@ -55,7 +45,10 @@ func NewGoroutine(opts Options) *Goroutine {
 
 // NewGoroutineWithDialer returns a goroutine engine with an injected dialer.
 func NewGoroutineWithDialer(opts Options, d Dialer) *Goroutine {
-	return &Goroutine{opts: opts.withDefaults(), dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader(), fds: newFDBudget(opts.MaxFDs)}
+	opts = opts.withDefaults()
+	fds := newFDBudget(opts.MaxFDs)
+	return &Goroutine{opts: opts, dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader(),
+		fds: fds, copier: newTCPCopier(fds, opts.BufferSize)}
 }
 
 // Name returns "goroutine".
@@ -68,49 +61,16 @@ func (g *Goroutine) track(c io.Closer) bool {
 		return false
 	}
 	g.conns[c] = struct{}{}
-	g.peak = max(g.peak, len(g.conns))
 	g.wg.Add(1)
 	return true
 }
 
-// untrack forgets a connection. When the open connections have fallen to
-// half their peak, it has the runtime collect twice (at most every
-// pipeReleaseEvery, off the connection's goroutine): io.Copy's splice
-// pipes (two descriptors each, two per connection) sit in a sync.Pool
-// that only garbage collection empties, and an idle process may not
-// collect for minutes, holding four descriptors per connection of its
-// last peak (issue 19, item 10).
+// untrack forgets a connection.
 func (g *Goroutine) untrack(c io.Closer) {
 	g.mu.Lock()
 	delete(g.conns, c)
-	g.maybeReleasePipesLocked()
 	g.mu.Unlock()
 	g.wg.Done()
-}
-
-// maybeReleasePipesLocked collects now, or once pipeReleaseEvery has
-// passed since the last time, when the open connections are at most half
-// their peak. g.mu is held; nothing here blocks.
-func (g *Goroutine) maybeReleasePipesLocked() {
-	if g.peak < 8 || len(g.conns) > g.peak/2 || g.releasePending {
-		return
-	}
-	now := g.opts.Now()
-	if wait := g.lastRelease.Add(pipeReleaseEvery).Sub(now); wait > 0 {
-		g.releasePending = true
-		time.AfterFunc(wait, func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			g.releasePending = false
-			g.maybeReleasePipesLocked()
-		})
-		return
-	}
-	g.peak, g.lastRelease = len(g.conns), now
-	go func() {
-		runtime.GC() // the pool's entries move to its victim cache
-		runtime.GC() // and are dropped: their finalizers close the pipes
-	}()
 }
 
 // Listen opens a TCP or UDP listener.
@@ -178,6 +138,7 @@ func (g *Goroutine) Shutdown(ctx context.Context) error {
 	g.loops.Wait()
 	done := make(chan struct{})
 	go func() { g.wg.Wait(); close(done) }()
+	defer g.copier.close() // every connection has ended
 	select {
 	case <-done:
 		return nil
@@ -258,8 +219,9 @@ func (l *goTCPListener) serve(ln *net.TCPListener) {
 	fds := l.g.fds
 	for {
 		// A connection's descriptors are taken before the accept: past
-		// the budget, clients wait in the accept queue.
-		if !fds.take(goConnFDs) {
+		// the budget, clients wait in the accept queue. Idle splice pipes
+		// are given up first: connections come before their cache.
+		if !fds.take(goConnFDs) && !(l.g.copier.shed() && fds.take(goConnFDs)) {
 			backoff = min(max(2*backoff, 5*time.Millisecond), 100*time.Millisecond)
 			if l.closed.Load() {
 				return
@@ -395,14 +357,14 @@ func (l *goTCPListener) handle(gc *goConn) {
 		t.Picker.Connected(src, ep)
 		ctr.Connected(l.g.opts.Now().Sub(start), walk.Tries())
 	}
-	up, down = splice2(client, backend, l.g.opts.HalfCloseTimeout, l.g.opts.Now)
+	up, down = pump2(client, backend, l.g.copier, l.g.opts.HalfCloseTimeout, l.g.opts.Now)
 }
 
-// splice2 pumps both directions until both have ended. A clean EOF is
+// pump2 pumps both directions until both have ended. A clean EOF is
 // passed on as a half-close (CloseWrite); an error resets both sides. Once
 // one direction has ended, the other is reset when it moves nothing for
 // halfClose.
-func splice2(client, backend *net.TCPConn, halfClose time.Duration, now func() time.Time) (up, down uint64) {
+func pump2(client, backend *net.TCPConn, copier *tcpCopier, halfClose time.Duration, now func() time.Time) (up, down uint64) {
 	var wg sync.WaitGroup
 	var once sync.Once
 	abort := func() {
@@ -417,11 +379,11 @@ func splice2(client, backend *net.TCPConn, halfClose time.Duration, now func() t
 	pump := func(dst, src, other *net.TCPConn, n *uint64) {
 		defer wg.Done()
 		for {
-			// io.Copy uses splice(2) between TCP sockets on Linux; memory
+			// The copier splices through a pooled pipe on Linux; memory
 			// per direction stays bounded because a blocked write stops
 			// the reads. A read deadline (set once the other direction has
 			// ended) stops it with nothing left in flight.
-			c, err := io.Copy(dst, src)
+			c, err := copier.copy(dst, src)
 			*n += uint64(c)
 			if err == nil {
 				break

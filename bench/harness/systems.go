@@ -57,8 +57,9 @@ type Config struct {
 	// (empty: sluice's own detection).
 	IPTablesBackend string
 	// SluiceBase, when set, is an earlier sluice binary run beside the
-	// current one as sluice-eventloop-base, so a change to the engine is
-	// measured before and after in the same run.
+	// current one as sluice-eventloop-base (and, when named,
+	// sluice-goroutine-base), so a change to an engine is measured before
+	// and after in the same run.
 	SluiceBase string
 }
 
@@ -71,7 +72,8 @@ func Systems(c Config, t *Topology) []System {
 		sluice{bin: c.Sluice, engine: "goroutine"},
 	}
 	if c.SluiceBase != "" {
-		all = append(all, sluice{bin: c.SluiceBase, engine: "eventloop", suffix: "-base"})
+		all = append(all, sluice{bin: c.SluiceBase, engine: "eventloop", suffix: "-base"},
+			sluice{bin: c.SluiceBase, engine: "goroutine", suffix: "-base"})
 	}
 	if t != nil {
 		for _, mode := range t.KernelModes() {
@@ -90,7 +92,8 @@ func Systems(c Config, t *Topology) []System {
 
 // OptIn reports whether a system runs only when --systems names it.
 func OptIn(name string) bool {
-	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread")
+	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread") ||
+		name == "sluice-goroutine-base"
 }
 
 type direct struct{}

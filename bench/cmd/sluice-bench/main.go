@@ -216,7 +216,7 @@ func run() int {
 	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (< 10 min)")
 	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
 	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
-	sluiceBase := flag.String("sluice-base", "", "an earlier sluice binary, run beside --sluice as sluice-eventloop-base (before and after a change, in one run)")
+	sluiceBase := flag.String("sluice-base", "", "an earlier sluice binary, run beside --sluice as sluice-eventloop-base, and as sluice-goroutine-base when --systems names it (before and after a change, in one run)")
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")

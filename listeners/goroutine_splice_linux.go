@@ -1,0 +1,236 @@
+//go:build linux
+
+package listeners
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// goConnFDs is what one goroutine-engine TCP connection holds: its two
+// sockets. The splice pipes its bytes pass through are taken from the
+// engine's pipePool, and from the descriptor budget, only while bytes are
+// in flight.
+const goConnFDs = 2
+
+// maxIdlePipes bounds the pipes the pool keeps between bursts: past it a
+// pipe given back is closed. HAProxy keeps at most maxconn/4 pipes.
+const maxIdlePipes = 64
+
+// pipePool is the goroutine engine's own pool of splice pipes (issue 12).
+// io.Copy's splice takes a pipe from Go's pool for each direction and
+// keeps it for the connection's whole life, idle time included: four
+// descriptors per connection, which only a garbage collection gives back
+// after a peak. Here a direction takes a pipe when its source has bytes
+// and gives it back once the pipe has drained into the destination, so
+// an idle connection holds none, and what stays after a peak is at most
+// maxIdlePipes, at once, without any collection. Every pipe's two
+// descriptors are taken from the engine's budget while the pipe exists.
+type pipePool struct {
+	fds *fdBudget
+
+	mu     sync.Mutex
+	idle   [][2]int // read end, write end; empty, non-blocking
+	closed bool
+}
+
+func newPipePool(fds *fdBudget) *pipePool { return &pipePool{fds: fds} }
+
+// get returns an empty pipe; false when the budget or the kernel has no
+// descriptors for one.
+func (p *pipePool) get() ([2]int, bool) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		pp := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return pp, true
+	}
+	p.mu.Unlock()
+	var pp [2]int
+	if !p.fds.take(2) {
+		return pp, false
+	}
+	if err := unix.Pipe2(pp[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		p.fds.give(2)
+		return pp, false
+	}
+	return pp, true
+}
+
+// put takes a pipe back. One that may still hold bytes (a write failed
+// half-way) is closed, as is one past maxIdlePipes or after close.
+func (p *pipePool) put(pp [2]int, empty bool) {
+	if empty {
+		p.mu.Lock()
+		if !p.closed && len(p.idle) < maxIdlePipes {
+			p.idle = append(p.idle, pp)
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+	}
+	unix.Close(pp[0])
+	unix.Close(pp[1])
+	p.fds.give(2)
+}
+
+// close closes the idle pipes; pipes put back later are closed too.
+func (p *pipePool) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.shed()
+}
+
+// shed closes the idle pipes, giving their descriptors back to the
+// budget; false if there were none.
+func (p *pipePool) shed() bool {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, pp := range idle {
+		unix.Close(pp[0])
+		unix.Close(pp[1])
+		p.fds.give(2)
+	}
+	return len(idle) > 0
+}
+
+// idleCount is how many pipes the pool holds between bursts.
+func (p *pipePool) idleCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
+
+// tcpCopier moves one direction of a TCP connection, as io.Copy does:
+// until src's EOF (nil) or an error, which may be src's read deadline
+// (os.ErrDeadlineExceeded); it returns the bytes written to dst.
+type tcpCopier struct {
+	pipes *pipePool
+	chunk int // the most one splice takes from src
+}
+
+func newTCPCopier(fds *fdBudget, chunk int) *tcpCopier {
+	return &tcpCopier{pipes: newPipePool(fds), chunk: chunk}
+}
+
+func (t *tcpCopier) close() { t.pipes.close() }
+
+// shed gives the idle pipes' descriptors back to the budget, for a
+// connection that would not fit otherwise; false if there were none.
+func (t *tcpCopier) shed() bool { return t.pipes.shed() }
+
+// copy splices src -> pipe -> dst, one burst at a time: src is read only
+// when the pipe is empty, so a slow dst pauses src and what one direction
+// holds in user space is nothing and in the kernel one pipe. When no pipe
+// can be had, the burst goes through a buffer instead.
+func (t *tcpCopier) copy(dst, src *net.TCPConn) (int64, error) {
+	sr, err := src.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	dr, err := dst.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		var (
+			pp         [2]int
+			have, nopp bool
+			n          int64
+			serr       error
+		)
+		rerr := sr.Read(func(fd uintptr) bool {
+			if !have {
+				if pp, have = t.pipes.get(); !have {
+					nopp = true
+					return true
+				}
+			}
+			for {
+				n, serr = unix.Splice(int(fd), nil, pp[1], nil, t.chunk, spliceFlags)
+				if serr != unix.EINTR {
+					break
+				}
+			}
+			if serr == unix.EAGAIN {
+				// Nothing to read: wait without holding the pipe.
+				t.pipes.put(pp, true)
+				have = false
+				return false
+			}
+			return true
+		})
+		if nopp {
+			c, err := copyBurst(dst, src)
+			total += c
+			if err != nil || c == 0 {
+				return total, err
+			}
+			continue
+		}
+		if rerr != nil || serr != nil || n == 0 {
+			if have {
+				t.pipes.put(pp, true) // nothing was moved into it
+			}
+			if rerr != nil {
+				return total, rerr
+			}
+			return total, serr // nil at EOF
+		}
+		left := int(n)
+		var werr error
+		rwerr := dr.Write(func(fd uintptr) bool {
+			for left > 0 {
+				m, err := unix.Splice(pp[0], nil, int(fd), nil, left, spliceFlags)
+				switch {
+				case err == unix.EINTR:
+					continue
+				case err == unix.EAGAIN:
+					return false // dst is full: wait until it takes more
+				case err != nil:
+					werr = err
+					return true
+				case m == 0:
+					werr = io.ErrShortWrite
+					return true
+				}
+				left -= int(m)
+				total += m
+			}
+			return true
+		})
+		t.pipes.put(pp, left == 0)
+		if rwerr != nil {
+			return total, rwerr
+		}
+		if werr != nil {
+			return total, werr
+		}
+	}
+}
+
+// copyBurst is one read from src and its write to dst through a buffer,
+// for when no pipe can be had; 0 and nil at src's EOF.
+func copyBurst(dst, src *net.TCPConn) (int64, error) {
+	buf := make([]byte, 16<<10)
+	n, err := src.Read(buf)
+	if n > 0 {
+		w, werr := dst.Write(buf[:n])
+		if werr != nil {
+			return int64(w), werr
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		return int64(n), nil
+	}
+	return int64(n), err
+}
