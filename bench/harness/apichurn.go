@@ -61,7 +61,7 @@ func (b *apiBed) close() {
 // start brings the control plane up and creates n services with two
 // endpoints each, plus the probe (one endpoint: the first HTTP backend)
 // and the load service (the first echo backend), both NodePorts.
-func (b *apiBed) start(n int, httpBackend, echo netip.AddrPort) error {
+func (b *apiBed) start(n, endpoints int, httpBackend, echo netip.AddrPort) error {
 	b.once.Do(func() {
 		if _, _, err := kubetest.Binaries(); err != nil {
 			b.err = fmt.Errorf("%w: %v", errNotApplicable, err)
@@ -91,9 +91,15 @@ func (b *apiBed) start(n int, httpBackend, echo netip.AddrPort) error {
 			return
 		}
 		// The others, in parallel.
+		if endpoints <= 0 {
+			endpoints = 2
+		}
 		if err := inParallelWorkers(n, func(i int) error {
-			return b.service(ctx, fmt.Sprintf("s%d", i), 0, netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 20, byte(i / 250), byte(i % 250)}), 8080),
-				netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 21, byte(i / 250), byte(i % 250)}), 8080))
+			eps := make([]netip.AddrPort, endpoints)
+			for e := range eps {
+				eps[e] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(172 + e/12), byte(20 + e%12), byte(i / 250), byte(i % 250)}), 8080)
+			}
+			return b.service(ctx, fmt.Sprintf("s%d", i), 0, eps...)
 		}); err != nil {
 			b.err = fmt.Errorf("loading %d services into kube-apiserver: %w", n, err)
 			return
@@ -171,7 +177,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	}
 	httpBackends := in.Services["http"].Backends
 	bed := &in.shared.api
-	if err := bed.start(sz.APIChurn, httpBackends[0], in.Services["echo"].Backends[0]); err != nil {
+	if err := bed.start(sz.APIChurn, sz.APIEndpoints, httpBackends[0], in.Services["echo"].Backends[0]); err != nil {
 		return nil, err
 	}
 	// Back to the first endpoint, where every round starts.

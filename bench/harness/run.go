@@ -31,6 +31,8 @@ type Options struct {
 	OnlyWorkloads map[string]bool
 	// APIServices overrides the mode's APIChurn when positive.
 	APIServices int
+	// APIEndpoints overrides the mode's APIEndpoints when positive.
+	APIEndpoints int
 	// Topology is where clients, load balancers and backends live
 	// (Loopback when nil).
 	Topology *Topology
@@ -66,6 +68,9 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	}
 	if o.APIServices > 0 {
 		size.APIChurn = o.APIServices
+	}
+	if o.APIEndpoints > 0 {
+		size.APIEndpoints = o.APIEndpoints
 	}
 	topo := o.Topology
 	if topo == nil {

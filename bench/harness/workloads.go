@@ -42,6 +42,9 @@ type Size struct {
 	// kube-apiserver, once per run (10k take ~2 minutes here: short mode
 	// loads 1k; sluice-bench --api-services 10000 for the target).
 	APIChurn int
+	// APIEndpoints is how many endpoints each of those services has (0:
+	// 2; issue 16's memory budget is stated at 10).
+	APIEndpoints int
 	// CostUnits is the fixed amount of work each cost workload counts
 	// (request/responses, connections, datagrams).
 	CostUnits int

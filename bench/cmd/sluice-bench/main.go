@@ -222,6 +222,7 @@ func run() int {
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
 	onlyWorkloads := flag.String("workloads", "", "comma-separated workloads to run (default: all)")
 	apiServices := flag.Int("api-services", 0, "services the churn-api workload loads into kube-apiserver (default: the mode's: 100 smoke, 1000 short)")
+	apiEndpoints := flag.Int("api-endpoints", 0, "endpoints each of those services has (default 2)")
 	topology := flag.String("topology", "auto", "loopback (unprivileged; no kernel modes), netns (root: client, node and backend network namespaces, and a node per kernel mode), or auto (netns when root)")
 	kernelModes := flag.String("kernel-modes", "auto", "with --topology netns: the kernel modes to run, comma-separated (iptables, nftables, ipvs), none, or auto (iptables when iptables-restore is installed, nftables when nft is, ipvs when the kernel has IPVS)")
 	iptablesBackend := flag.String("iptables-backend", "", "passed to sluice's kernel modes (nft or legacy; empty: sluice detects)")
@@ -325,7 +326,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := harness.Options{APIServices: *apiServices, Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
+	opts := harness.Options{APIServices: *apiServices, APIEndpoints: *apiEndpoints, Mode: *mode, Dir: dir, Rounds: *rounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
 		Config: harness.Config{Sluice: sl, SluiceBase: base, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
 	if *only != "" {
 		opts.Only = map[string]bool{}
