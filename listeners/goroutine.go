@@ -65,11 +65,14 @@ func (g *Goroutine) track(c io.Closer) bool {
 	return true
 }
 
-// untrack forgets a connection.
+// untrack forgets a connection; its copies have ended, so their pipes
+// are back in the pool, which keeps two per connection still open.
 func (g *Goroutine) untrack(c io.Closer) {
 	g.mu.Lock()
 	delete(g.conns, c)
+	open := len(g.conns)
 	g.mu.Unlock()
+	g.copier.connectionsOpen(open)
 	g.wg.Done()
 }
 

@@ -21,4 +21,6 @@ func (*tcpCopier) close() {}
 
 func (*tcpCopier) shed() bool { return false }
 
+func (*tcpCopier) connectionsOpen(int) {}
+
 func (*tcpCopier) copy(dst, src *net.TCPConn) (int64, error) { return io.Copy(dst, src) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -28,7 +29,8 @@ const maxIdlePipes = 64
 // after a peak. Here a direction takes a pipe when its source has bytes
 // and gives it back once the pipe has drained into the destination, so
 // an idle connection holds none, and what stays after a peak is at most
-// maxIdlePipes, at once, without any collection. Every pipe's two
+// maxIdlePipes and two per connection still open, at once, without any
+// collection: none once the last connection has ended. Every pipe's two
 // descriptors are taken from the engine's budget while the pipe exists.
 type pipePool struct {
 	fds *fdBudget
@@ -92,17 +94,24 @@ func (p *pipePool) close() {
 
 // shed closes the idle pipes, giving their descriptors back to the
 // budget; false if there were none.
-func (p *pipePool) shed() bool {
+func (p *pipePool) shed() bool { return p.trim(0) > 0 }
+
+// trim closes the idle pipes past keep; it returns how many it closed.
+func (p *pipePool) trim(keep int) int {
 	p.mu.Lock()
-	idle := p.idle
-	p.idle = nil
+	if len(p.idle) <= keep {
+		p.mu.Unlock()
+		return 0
+	}
+	gone := slices.Clone(p.idle[keep:])
+	p.idle = p.idle[:keep]
 	p.mu.Unlock()
-	for _, pp := range idle {
+	for _, pp := range gone {
 		unix.Close(pp[0])
 		unix.Close(pp[1])
 		p.fds.give(2)
 	}
-	return len(idle) > 0
+	return len(gone)
 }
 
 // idleCount is how many pipes the pool holds between bursts.
@@ -133,6 +142,10 @@ func (t *tcpCopier) close() { t.pipes.close() }
 // shed gives the idle pipes' descriptors back to the budget, for a
 // connection that would not fit otherwise; false if there were none.
 func (t *tcpCopier) shed() bool { return t.pipes.shed() }
+
+// connectionsOpen keeps at most two idle pipes per open connection (one
+// per direction), so the pool empties when the last connection ends.
+func (t *tcpCopier) connectionsOpen(n int) { t.pipes.trim(2 * n) }
 
 // copy splices src -> pipe -> dst, one burst at a time: src is read only
 // when the pipe is empty, so a slow dst pauses src and what one direction

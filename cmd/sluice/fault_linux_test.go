@@ -90,8 +90,8 @@ func measure(t *testing.T, pid, metricsPort int) usage {
 		t.Fatal(err)
 	}
 	for _, fd := range fds {
-		// Sockets and pipes (splice's; the goroutine engine has Go's pool
-		// of them emptied once its connections fall off their peak).
+		// Sockets and pipes (splice's; the goroutine engine's pool of
+		// them is empty once no connection is open).
 		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && (strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "pipe:")) {
 			u.sockets++
 		}
