@@ -439,14 +439,17 @@ func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
 	}
 }
 
-// intern returns the table's pointer to *s's value, adding s if the table
-// has room; t.mu is held.
+// intern returns the table's pointer to *s's value, adding a copy of it
+// if the table has room (never s itself: a pointer into an object, such as
+// &sl.Namespace, would keep the whole object alive); t.mu is held.
 func (t *proxyTrim) intern(s *string) *string {
 	if shared, ok := t.strs[*s]; ok {
 		return shared
 	}
 	if len(t.strs) < maxInterned {
-		t.strs[*s] = s
+		v := *s
+		t.strs[v] = &v
+		return &v
 	}
 	return s
 }

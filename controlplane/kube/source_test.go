@@ -695,6 +695,22 @@ func TestProxyTrimInternTableIsBounded(t *testing.T) {
 	}
 }
 
+// The intern table holds copies, never a pointer into an object it was
+// given (&sl.Namespace would keep the whole slice alive for good).
+func TestProxyTrimInternsCopies(t *testing.T) {
+	trim := newProxyTrim()
+	node := "node-a"
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "web-1"},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, NodeName: &node}}}
+	trim.transform(sl)
+	if p := trim.strs["team-a"]; p == nil || p == &sl.Namespace {
+		t.Fatalf("namespace interned as %p, the object's field is %p", p, &sl.Namespace)
+	}
+	if p := trim.strs["node-a"]; p == nil || p == &node {
+		t.Fatalf("node name interned as %p, the object's is %p", p, &node)
+	}
+}
+
 // A big initial list's garbage is handed back to the system once,
 // releaseDelay after the first build; a small one's is left to the
 // scavenger. The release holds nothing up: an update that comes while it
