@@ -48,7 +48,7 @@ func NewGoroutineWithDialer(opts Options, d Dialer) *Goroutine {
 	opts = opts.withDefaults()
 	fds := newFDBudget(opts.MaxFDs)
 	return &Goroutine{opts: opts, dialer: d, listeners: map[io.Closer]struct{}{}, conns: map[io.Closer]struct{}{}, dgrams: newDatagramReader(),
-		fds: fds, copier: newTCPCopier(fds, opts.BufferSize)}
+		fds: fds, copier: newTCPCopier(fds)}
 }
 
 // Name returns "goroutine".

@@ -15,7 +15,7 @@ const goConnFDs = 2
 // Linux there is no splice and no pipe.
 type tcpCopier struct{}
 
-func newTCPCopier(*fdBudget, int) *tcpCopier { return &tcpCopier{} }
+func newTCPCopier(*fdBudget) *tcpCopier { return &tcpCopier{} }
 
 func (*tcpCopier) close() {}
 

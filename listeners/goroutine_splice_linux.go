@@ -133,7 +133,7 @@ type tcpCopier struct {
 // more CPU). A pipe's pages are the kernel's only while bytes are in it.
 const pipeSize = 1 << 20
 
-func newTCPCopier(fds *fdBudget, _ int) *tcpCopier {
+func newTCPCopier(fds *fdBudget) *tcpCopier {
 	return &tcpCopier{pipes: newPipePool(fds)}
 }
 
