@@ -1085,17 +1085,12 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 // startSplice switches a drained bulk direction to splice(2). If no pipe can
 // be had (descriptor limits), the direction keeps copying.
 func (c *tcpConn) startSplice(p *pipe) bool {
-	fds := c.l.e.fds
-	if !fds.take(2) {
+	kp, ok := openPipe(c.l.e.fds)
+	if !ok {
 		p.bulk = false
 		return false
 	}
-	if err := unix.Pipe2(p.kpipe[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		fds.give(2)
-		p.bulk = false
-		return false
-	}
-	p.spliced = true
+	p.kpipe, p.spliced = kp, true
 	return true
 }
 
@@ -1144,10 +1139,8 @@ func (c *tcpConn) release() {
 			p.buf = nil
 		}
 		if p.spliced {
-			unix.Close(p.kpipe[0])
-			unix.Close(p.kpipe[1])
+			closePipe(c.l.e.fds, p.kpipe)
 			p.spliced = false
-			c.l.e.fds.give(2)
 		}
 	}
 	c.l.e.fds.give(2) // client and backend, taken at the accept

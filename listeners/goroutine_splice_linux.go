@@ -26,9 +26,10 @@ const maxIdlePipes = 64
 // io.Copy's splice takes a pipe from Go's pool for each direction and
 // keeps it for the connection's whole life, idle time included: four
 // descriptors per connection, which only a garbage collection gives back
-// after a peak. Here a direction takes a pipe when its source has bytes
-// and gives it back once the pipe has drained into the destination, so
-// an idle connection holds none, and what stays after a peak is at most
+// after a peak. Here a direction takes a pipe when its source has bytes,
+// keeps it while the next read finds more, and gives it back when its
+// source has nothing, so an idle connection holds none, and what stays
+// after a peak is at most
 // maxIdlePipes and two per connection still open, at once, without any
 // collection: none once the last connection has ended. Every pipe's two
 // descriptors are taken from the engine's budget while the pipe exists.
@@ -53,18 +54,13 @@ func (p *pipePool) get() ([2]int, bool) {
 		return pp, true
 	}
 	p.mu.Unlock()
-	var pp [2]int
-	if !p.fds.take(2) {
-		return pp, false
+	pp, ok := openPipe(p.fds)
+	if ok {
+		// As Go's splice does; a smaller pipe (past fs.pipe-max-size, or
+		// an unprivileged user's pipe quota) still works, with more splices.
+		unix.FcntlInt(uintptr(pp[0]), unix.F_SETPIPE_SZ, pipeSize)
 	}
-	if err := unix.Pipe2(pp[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		p.fds.give(2)
-		return pp, false
-	}
-	// As Go's splice does; a smaller pipe (past fs.pipe-max-size, or an
-	// unprivileged user's pipe quota) still works, with more splices.
-	unix.FcntlInt(uintptr(pp[0]), unix.F_SETPIPE_SZ, pipeSize)
-	return pp, true
+	return pp, ok
 }
 
 // put takes a pipe back. One that may still hold bytes (a write failed
@@ -79,9 +75,7 @@ func (p *pipePool) put(pp [2]int, empty bool) {
 		}
 		p.mu.Unlock()
 	}
-	unix.Close(pp[0])
-	unix.Close(pp[1])
-	p.fds.give(2)
+	closePipe(p.fds, pp)
 }
 
 // close closes the idle pipes; pipes put back later are closed too.
@@ -107,18 +101,31 @@ func (p *pipePool) trim(keep int) int {
 	p.idle = p.idle[:keep]
 	p.mu.Unlock()
 	for _, pp := range gone {
-		unix.Close(pp[0])
-		unix.Close(pp[1])
-		p.fds.give(2)
+		closePipe(p.fds, pp)
 	}
 	return len(gone)
 }
 
-// idleCount is how many pipes the pool holds between bursts.
-func (p *pipePool) idleCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle)
+// openPipe opens a non-blocking kernel pipe for splice(2), its two
+// descriptors taken from fds; false when the budget or the kernel has
+// none. Both engines' splices use it.
+func openPipe(fds *fdBudget) ([2]int, bool) {
+	var pp [2]int
+	if !fds.take(2) {
+		return pp, false
+	}
+	if err := unix.Pipe2(pp[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		fds.give(2)
+		return pp, false
+	}
+	return pp, true
+}
+
+// closePipe closes a pipe openPipe opened and gives its descriptors back.
+func closePipe(fds *fdBudget, pp [2]int) {
+	unix.Close(pp[0])
+	unix.Close(pp[1])
+	fds.give(2)
 }
 
 // tcpCopier moves one direction of a TCP connection, as io.Copy does:
