@@ -538,6 +538,17 @@ func (s *Server) closePort(p *servedPort) {
 	p.listeners, p.frontends, p.proxyPorts, p.failed = nil, nil, nil, nil
 }
 
+// FrontendCount is how many listeners are open, without listing them.
+func (s *Server) FrontendCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, p := range s.ports {
+		n += len(p.frontends)
+	}
+	return n
+}
+
 // Frontends lists every open listener, sorted by service and address.
 func (s *Server) Frontends() []Frontend {
 	s.mu.Lock()

@@ -505,11 +505,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	}
 	nListeners := 0
 	if srv != nil {
-		fes := srv.Frontends()
-		for _, fe := range fes {
-			log.Info("listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
-		}
-		nListeners = len(fes)
+		nListeners = logListeners(ctx, log, srv)
 	}
 	fmt.Fprintf(stdout, "sluice %s ready: %s mode, %s, %d listeners, watching %s\n", version, mode, engineOf, nListeners, source)
 
@@ -543,6 +539,31 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	stopAll()
 	log.Info("stopped")
 	return nil
+}
+
+// listenerLinesMax is how many listeners get a line each at the default
+// verbosity. Past it the start logs one summary line and leaves the
+// per-listener lines to --v=1: at 10,000 Services, formatting and
+// writing 10,000 lines is tens of milliseconds of CPU right when the
+// first updates arrive, for a log nobody reads line by line (kube-proxy
+// logs no line per Service at its default verbosity either).
+const listenerLinesMax = 64
+
+// logListeners logs what the server listens on at start and returns how
+// many listeners there are.
+func logListeners(ctx context.Context, log *slog.Logger, srv *listeners.Server) int {
+	n := srv.FrontendCount()
+	level := slog.LevelInfo
+	if n > listenerLinesMax {
+		level = slog.LevelDebug
+		log.Info("listening", "listeners", n, "each", "logged with --v=1")
+	}
+	if log.Enabled(ctx, level) {
+		for _, fe := range srv.Frontends() {
+			log.Log(ctx, level, "listening", "service", fe.Service.String(), "protocol", fe.Service.Protocol, "role", fe.Role, "addr", fe.Addr.String())
+		}
+	}
+	return n
 }
 
 // ownHostPorts are the host ports this sluice listens on itself, which a
