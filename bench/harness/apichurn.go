@@ -201,26 +201,15 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, err
 	}
 	defer proc.Stop(5 * time.Second)
-	// SLUICE_BENCH_PROC_LOG=DIR saves sluice's output (with GODEBUG=
-	// gctrace=1 in the environment, its collections) and each flip's
-	// times, from sluice's start, to line them up.
 	var written []writtenVersion
 	var effects []time.Duration
-	if logDir := os.Getenv("SLUICE_BENCH_PROC_LOG"); logDir != "" {
-		defer func() {
-			var b strings.Builder
-			b.WriteString(proc.Output())
-			b.WriteString("\n# flips: write at (s from start), effect ms\n")
-			for i, w := range written {
-				e := time.Duration(0)
-				if i < len(effects) {
-					e = effects[i]
-				}
-				fmt.Fprintf(&b, "flip %d at %.3f s effect %.3f ms\n", i+1, w.at.Sub(started).Seconds(), float64(e.Microseconds())/1e3)
-			}
-			os.WriteFile(filepath.Join(logDir, fmt.Sprintf("%s-churn-api-%d-%d.log", in.System.Name(), bed.n, time.Now().UnixNano())), []byte(b.String()), 0o644)
-		}()
-	}
+	defer saveProcLog(proc, started, fmt.Sprintf("%s-churn-api-%d", in.System.Name(), bed.n), func() ([]time.Time, []time.Duration) {
+		at := make([]time.Time, len(written))
+		for i, w := range written {
+			at[i] = w.at
+		}
+		return at, effects
+	})
 	probe := fmt.Sprintf("http://%s/", netip.AddrPortFrom(lo, bed.probe))
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	// Until the initial listing is through (the marker's endpoint answers):
@@ -246,17 +235,19 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		return nil, err
 	}
 	defer bare.stop()
-	write := func(ep netip.AddrPort) error {
-		// Stamped as the EndpointSlice controller stamps a pod change, so
-		// sluice's kube-proxy SLI measures from this write.
+	stage := func(ep netip.AddrPort) (func() error, error) {
 		sl := slice("probe", bed.probeUID, ep)
-		t := time.Now()
-		sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: t.Format(time.RFC3339Nano)}
-		got, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
-		if err == nil {
-			written = append(written, writtenVersion{rv: got.ResourceVersion, at: t})
-		}
-		return err
+		return func() error {
+			// Stamped as the EndpointSlice controller stamps a pod change,
+			// so sluice's kube-proxy SLI measures from this write.
+			t := time.Now()
+			sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: t.Format(time.RFC3339Nano)}
+			got, err := bed.client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Update(ctx, sl, metav1.UpdateOptions{})
+			if err == nil {
+				written = append(written, writtenVersion{rv: got.ResourceVersion, at: t})
+			}
+			return err
+		}, nil
 	}
 	// Resident memory once the whole list is served, before the churn.
 	rss, peak := procMemMB(proc.PID())
@@ -267,7 +258,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		}
 	}
 	var m Metrics
-	m, effects, err = flips(ctx, bed.n, apiFlips, sz, write, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
+	m, effects, err = flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		if err := beyondWatch(m, written, effects, bare.arrivals(len(written), 10*time.Second)); err != nil {
 			return nil, err
@@ -276,25 +267,56 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		m["rss_mb"], m["peak_rss_mb"] = rss, peak
 		m["api_load_s"] = bed.loadTime.Seconds()
 		m["ready_s"] = ready.Seconds()
-		// sluice's own share of each update (event arrival to applied) and
-		// kube-proxy's network programming SLI (write to applied), from
-		// sluice's histograms: means, and the bucket bound of the p99.
-		if h, herr := readHistogram(metrics, "sluice_update_apply_seconds"); herr == nil && h.count > 0 {
-			m["own_share_mean_ms"] = h.sum / h.count * 1e3
-			for _, q := range []struct {
-				key string
-				q   float64
-			}{{"own_share_p50_le_ms", 0.5}, {"own_share_p90_le_ms", 0.9}, {"own_share_p99_le_ms", 0.99}} {
-				if b := h.bound(q.q); !math.IsInf(b, 1) {
-					m[q.key] = b * 1e3
-				}
-			}
-		}
+		ownShare(m, metrics)
+		// kube-proxy's network programming SLI (write to applied).
 		if h, herr := readHistogram(metrics, "kubeproxy_network_programming_duration_seconds"); herr == nil && h.count > 0 {
 			m["netprog_mean_ms"] = h.sum / h.count * 1e3
 		}
 	}
 	return m, err
+}
+
+// ownShare adds sluice's own share of each update (event arrival to
+// applied; for manifests, from the reload after the coalescing wait), from
+// its histogram at the metrics URL: the mean, and the bucket bounds of the
+// p50, p90 and p99. Nothing is added when it cannot be read.
+func ownShare(m Metrics, metricsURL string) {
+	h, err := readHistogram(metricsURL, "sluice_update_apply_seconds")
+	if err != nil || h.count == 0 {
+		return
+	}
+	m["own_share_mean_ms"] = h.sum / h.count * 1e3
+	for _, q := range []struct {
+		key string
+		q   float64
+	}{{"own_share_p50_le_ms", 0.5}, {"own_share_p90_le_ms", 0.9}, {"own_share_p99_le_ms", 0.99}} {
+		if b := h.bound(q.q); !math.IsInf(b, 1) {
+			m[q.key] = b * 1e3
+		}
+	}
+}
+
+// saveProcLog, when SLUICE_BENCH_PROC_LOG names a directory, saves the
+// process's output (with GODEBUG=gctrace=1 in the environment, its
+// collections) and each flip's write time (from the start) and effect,
+// to line them up. flipTimes is called at the end.
+func saveProcLog(proc *Proc, started time.Time, name string, flipTimes func() ([]time.Time, []time.Duration)) {
+	dir := os.Getenv("SLUICE_BENCH_PROC_LOG")
+	if dir == "" {
+		return
+	}
+	at, effects := flipTimes()
+	var b strings.Builder
+	b.WriteString(proc.Output())
+	b.WriteString("\n# flips: write at (s from start), effect ms\n")
+	for i, w := range at {
+		e := time.Duration(0)
+		if i < len(effects) {
+			e = effects[i]
+		}
+		fmt.Fprintf(&b, "flip %d at %.3f s (%s) effect %.3f ms\n", i+1, w.Sub(started).Seconds(), w.UTC().Format(time.RFC3339Nano), float64(e.Microseconds())/1e3)
+	}
+	os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano())), []byte(b.String()), 0o644)
 }
 
 // benchTB is a kubetest.TB outside a test: Fatal and Skip unwind to run,

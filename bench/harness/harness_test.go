@@ -4,6 +4,7 @@ package harness
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"net/netip"
 	"os"
@@ -266,7 +267,7 @@ func TestKubeSyncReportsMemoryPerService(t *testing.T) {
 		{Proxy: "kube-proxy", Mode: "nftables", Services: 1000, RSSMB: 60},
 		{Proxy: "kube-proxy", Mode: "nftables", Services: 10000, RSSMB: 105},
 	}
-	md, err := WriteKubeSyncResults(t.TempDir(), res, "test")
+	md, err := WriteKubeSyncResults(t.TempDir(), res, 15*time.Minute, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,6 +275,38 @@ func TestKubeSyncReportsMemoryPerService(t *testing.T) {
 		"| nftables | 10000 | sluice | 0.00 | 0.00 | 0.000 | 20.0 | 30.0 | 68.0 | 90.0 | 1 |",
 		"| nftables | sluice | 1000 | 10000 | 2.05 |",     // 18 MiB over 9000 Services
 		"| nftables | kube-proxy | 1000 | 10000 | 5.12 |", // 45 MiB over 9000
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+// One run takes iptables mode on each backend asked for, and nftables
+// mode once; the report keeps the backends apart, and where kube-proxy had
+// no full sync within the limit in any round, bounds the ratio by it.
+func TestKubeSyncTakesEachBackendAndBoundsWhatNeverFinished(t *testing.T) {
+	cfg := KubeSyncConfig{Modes: []string{"iptables", "nftables"}, Backends: []string{"legacy", "nft"}}
+	if got, want := fmt.Sprint(cfg.variants()), "[{iptables legacy} {iptables nft} {nftables }]"; got != want {
+		t.Errorf("variants %s, want %s", got, want)
+	}
+	if got := fmt.Sprint(KubeSyncConfig{Modes: []string{"iptables"}}.variants()); got != "[{iptables }]" {
+		t.Errorf("no backend asked for: variants %s", got)
+	}
+	res := []KubeSyncResult{
+		{Proxy: "sluice", Mode: "iptables", Backend: "legacy", Services: 5000, FullS: 4, PartialS: 1.5},
+		{Proxy: "kube-proxy", Mode: "iptables", Backend: "legacy", Services: 5000, FullS: 5, PartialS: 2},
+		{Proxy: "sluice", Mode: "iptables", Backend: "nft", Services: 5000, FullS: 9, PartialS: 0.2},
+		{Proxy: "kube-proxy", Mode: "iptables", Backend: "nft", Services: 5000, Failed: "no full sync of both families within 15m0s"},
+	}
+	md, err := WriteKubeSyncResults(t.TempDir(), res, 15*time.Minute, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| iptables (legacy) | 5000 | 0.80x | 0.75x |",
+		"| iptables (nft) | 5000 | < 0.010x (kube-proxy: none within 15m0s) | n/a | n/a |",
+		"- kube-proxy iptables (nft) 5000 services, round 0: no full sync",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)

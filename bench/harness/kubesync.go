@@ -42,6 +42,14 @@ import (
 // partial sync; ready_s is from the process start to the first full sync
 // of every family, so it includes the initial list from the API.
 
+// modeName is the mode with its backend, as the report names it.
+func (r KubeSyncResult) modeName() string {
+	if r.Backend != "" {
+		return r.Mode + " (" + r.Backend + ")"
+	}
+	return r.Mode
+}
+
 // KubeSyncResult is one proxy's syncs in one mode at one size and round.
 type KubeSyncResult struct {
 	Proxy    string  `json:"proxy"` // kube-proxy or sluice
@@ -94,23 +102,43 @@ type KubeSyncConfig struct {
 	// Proxies are the proxies run, in the first round's order (empty:
 	// kube-proxy, then sluice).
 	Proxies []string
-	// Backend is the iptables both proxies find as `iptables` on PATH:
-	// nft or legacy (a directory of links put first on their PATH).
-	Backend string
-	Rounds  int
-	Limit   time.Duration // per sync
-	Logf    func(string, ...any)
+	// Backends are the iptables both proxies find as `iptables` on PATH
+	// in iptables mode, each run in turn at every size and round: nft or
+	// legacy (a directory of links put first on their PATH). Empty: the
+	// system's iptables.
+	Backends []string
+	Rounds   int
+	Limit    time.Duration // per sync
+	Logf     func(string, ...any)
 
-	pathDir string
+	pathDirs map[string]string // backend -> its directory of links
 }
 
 // env is the proxies' environment: the backend's links first on PATH.
-func (cfg KubeSyncConfig) env() []string {
+func (cfg KubeSyncConfig) env(backend string) []string {
 	env := os.Environ()
-	if cfg.pathDir != "" {
-		env = append(env, "PATH="+cfg.pathDir+":"+os.Getenv("PATH"))
+	if dir := cfg.pathDirs[backend]; dir != "" {
+		env = append(env, "PATH="+dir+":"+os.Getenv("PATH"))
 	}
 	return env
+}
+
+// kubeSyncVariant is one mode as a run takes it: iptables mode once per
+// backend, nftables mode once.
+type kubeSyncVariant struct{ mode, backend string }
+
+func (cfg KubeSyncConfig) variants() []kubeSyncVariant {
+	var out []kubeSyncVariant
+	for _, mode := range cfg.Modes {
+		if mode != "iptables" || len(cfg.Backends) == 0 {
+			out = append(out, kubeSyncVariant{mode: mode})
+			continue
+		}
+		for _, b := range cfg.Backends {
+			out = append(out, kubeSyncVariant{mode, b})
+		}
+	}
+	return out
 }
 
 // RunKubeSyncBench runs every size, mode and round; it must run in a
@@ -120,7 +148,8 @@ func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
 	if err := kubeSyncNode(); err != nil {
 		return nil, err
 	}
-	if cfg.Backend != "" {
+	cfg.pathDirs = map[string]string{}
+	for _, backend := range cfg.Backends {
 		dir, err := os.MkdirTemp("", "sluice-kube-sync-bin-")
 		if err != nil {
 			return nil, err
@@ -128,7 +157,7 @@ func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
 		defer os.RemoveAll(dir)
 		for _, c := range []string{"iptables", "ip6tables"} {
 			for _, suffix := range []string{"", "-save", "-restore"} {
-				target, err := exec.LookPath(c + "-" + cfg.Backend + suffix)
+				target, err := exec.LookPath(c + "-" + backend + suffix)
 				if err != nil {
 					return nil, err
 				}
@@ -137,7 +166,7 @@ func RunKubeSyncBench(cfg KubeSyncConfig) ([]KubeSyncResult, error) {
 				}
 			}
 		}
-		cfg.pathDir = dir
+		cfg.pathDirs[backend] = dir
 	}
 	for _, n := range cfg.Sizes {
 		res, err := kubeSyncSize(cfg, n)
@@ -212,7 +241,7 @@ func kubeSyncSize(cfg KubeSyncConfig, n int) ([]KubeSyncResult, error) {
 	var out []KubeSyncResult
 	update := 0
 	for round := 0; round < cfg.Rounds; round++ {
-		for _, mode := range cfg.Modes {
+		for _, v := range cfg.variants() {
 			proxies := slices.Clone(cfg.Proxies)
 			if len(proxies) == 0 {
 				proxies = []string{"kube-proxy", "sluice"}
@@ -222,12 +251,12 @@ func kubeSyncSize(cfg KubeSyncConfig, n int) ([]KubeSyncResult, error) {
 			}
 			for _, proxy := range proxies {
 				update++
-				r := runKubeSyncOnce(ctx, cfg, client, cluster.Kubeconfig, proxy, mode, n, update, probe)
+				r := runKubeSyncOnce(ctx, cfg, client, cluster.Kubeconfig, proxy, v, n, update, probe)
 				r.Round = round + 1
 				if r.Failed != "" {
-					cfg.Logf("%-10s %-8s %6d services  round %d  FAILED: %s", proxy, mode, n, r.Round, r.Failed)
+					cfg.Logf("%-10s %-18s %6d services  round %d  FAILED: %s", proxy, r.modeName(), n, r.Round, r.Failed)
 				} else {
-					cfg.Logf("%-10s %-8s %6d services  round %d  ready %7.2f s  full sync %7.2f s  partial %7.3f s", proxy, mode, n, r.Round, r.ReadyS, r.FullS, r.PartialS)
+					cfg.Logf("%-10s %-18s %6d services  round %d  ready %7.2f s  full sync %7.2f s  partial %7.3f s", proxy, r.modeName(), n, r.Round, r.ReadyS, r.FullS, r.PartialS)
 				}
 				out = append(out, r)
 			}
@@ -361,10 +390,11 @@ func freeLoopbackPort() int {
 // runKubeSyncOnce starts one proxy, waits for its first full sync of both
 // families, updates one EndpointSlice, waits for the partial syncs, and
 // stops and cleans up after it.
-func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy, mode string, n, update int, probe *syncProbe) KubeSyncResult {
+func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.Interface, kubeconfig, proxy string, v kubeSyncVariant, n, update int, probe *syncProbe) KubeSyncResult {
+	mode := v.mode
 	r := KubeSyncResult{Proxy: proxy, Mode: mode, Services: n}
 	if mode == "iptables" {
-		r.Backend = cfg.Backend
+		r.Backend = v.backend
 		if r.Backend == "" {
 			r.Backend = "default"
 		}
@@ -391,7 +421,7 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 		args = append(args, "--profiling")
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = cfg.env()
+	cmd.Env = cfg.env(v.backend)
 	logf, _ := os.Create(filepath.Join(dir, "log"))
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -412,7 +442,7 @@ func runKubeSyncOnce(ctx context.Context, cfg KubeSyncConfig, client kubernetes.
 			<-done
 		}
 		cl := exec.Command(bin, "--cleanup", "--proxy-mode="+mode)
-		cl.Env = cfg.env()
+		cl.Env = cfg.env(v.backend)
 		cl.Run()
 		for _, b := range []string{"iptables-nft", "ip6tables-nft", "iptables-legacy", "ip6tables-legacy"} {
 			for _, t := range []string{"nat", "filter", "mangle"} {
@@ -536,7 +566,7 @@ func saveHeapProfile(url, path string) error {
 
 // WriteKubeSyncResults writes results.json and results.md (medians by
 // proxy, mode and size, with sluice's ratio to kube-proxy) into dir.
-func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (string, error) {
+func WriteKubeSyncResults(dir string, res []KubeSyncResult, limit time.Duration, machine string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -560,16 +590,14 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 	}
 	by := map[key]*vals{}
 	var failed []string
+	failures := map[key]int{}
 	for _, r := range res {
 		if r.Failed != "" {
-			failed = append(failed, fmt.Sprintf("- %s %s %d services, round %d: %s", r.Proxy, r.Mode, r.Services, r.Round, r.Failed))
+			failed = append(failed, fmt.Sprintf("- %s %s %d services, round %d: %s", r.Proxy, r.modeName(), r.Services, r.Round, r.Failed))
+			failures[key{r.modeName(), r.Services, r.Proxy}]++
 			continue
 		}
-		mode := r.Mode
-		if r.Backend != "" {
-			mode += " (" + r.Backend + ")"
-		}
-		k := key{mode, r.Services, r.Proxy}
+		k := key{r.modeName(), r.Services, r.Proxy}
 		if by[k] == nil {
 			by[k] = &vals{}
 		}
@@ -622,6 +650,11 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, machine string) (str
 		}
 		up := by[key{k.mode, k.n, "kube-proxy"}]
 		if up == nil {
+			if failures[key{k.mode, k.n, "kube-proxy"}] > 0 {
+				// kube-proxy had no full sync within the limit in any
+				// round: the ratio is at most sluice's time over the limit.
+				fmt.Fprintf(&b, "| %s | %d | < %.3fx (kube-proxy: none within %s) | n/a | n/a |\n", k.mode, k.n, med(by[k].full)/limit.Seconds(), limit)
+			}
 			continue
 		}
 		ratio := func(a, b float64) string {

@@ -142,7 +142,7 @@ func kubeSyncBench(args []string) int {
 	out := fs.String("out", "bench/results", "results root; the run writes <out>/<timestamp>-kube-sync/")
 	limit := fs.Duration("limit", 15*time.Minute, "longest one sync may take before it is reported as failed")
 	sluice := fs.String("sluice", "bin/sluice", "the sluice binary")
-	backend := fs.String("backend", "", "iptables mode's backend for both proxies: nft or legacy (empty: the system's iptables)")
+	backend := fs.String("backend", "", "iptables mode's backends for both proxies, comma-separated, each run in turn: nft, legacy (empty: the system's iptables)")
 	proxies := fs.String("proxies", "kube-proxy,sluice", "the proxies run, comma-separated (kube-proxy, sluice), in the first round's order")
 	fs.Parse(args)
 	if code, parent := reexecInNetns("kube-sync", "programs its tables"); parent {
@@ -158,12 +158,14 @@ func kubeSyncBench(args []string) int {
 		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
 		return 1
 	}
-	if *backend != "" && *backend != "nft" && *backend != "legacy" {
-		fmt.Fprintf(os.Stderr, "sluice-bench kube-sync: --backend: %q is not nft or legacy\n", *backend)
-		return 1
-	}
-	cfg := harness.KubeSyncConfig{Sluice: abs, KubeProxy: kp, Rounds: max(1, *rounds), Limit: *limit, Backend: *backend,
+	cfg := harness.KubeSyncConfig{Sluice: abs, KubeProxy: kp, Rounds: max(1, *rounds), Limit: *limit,
 		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }}
+	if *backend != "" {
+		var ok bool
+		if cfg.Backends, ok = oneOf("--backend", *backend, "nft", "legacy"); !ok {
+			return 1
+		}
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		var n int
 		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n < 1 || n > 60000 {
@@ -184,7 +186,7 @@ func kubeSyncBench(args []string) int {
 		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", err)
 	}
 	dir := filepath.Join(*out, time.Now().UTC().Format("20060102-150405")+"-kube-sync")
-	md, werr := harness.WriteKubeSyncResults(dir, res, harness.Machine())
+	md, werr := harness.WriteKubeSyncResults(dir, res, *limit, harness.Machine())
 	if werr != nil {
 		fmt.Fprintln(os.Stderr, "sluice-bench kube-sync:", werr)
 		return 1
