@@ -128,45 +128,61 @@ func TestSkippedKindsWarnedOncePerKind(t *testing.T) {
 	}
 }
 
-// A cache hit is confirmed on the document's text: an entry under the same
-// hash for other text (a collision) is a miss, not a wrong object.
-func TestDocCacheConfirmsHitsOnTheText(t *testing.T) {
+// A cache hit needs both of the text's hashes: an entry under the same
+// first hash for other text (a collision of 64 bits) is a miss, not a
+// wrong object.
+func TestDocCacheHitsOnBothHashes(t *testing.T) {
 	var c DocCache
 	c.begin()
 	c.end()
 	c.begin()
 	a, b := []byte("kind: Service\nmetadata: {name: a}\n"), []byte("kind: Service\nmetadata: {name: b}\n")
-	_, key, hit := c.lookup(a)
-	if hit {
+	ka, kb := c.key(a), c.key(b)
+	if ka == kb || ka[0] == ka[1] {
+		t.Fatalf("keys %x and %x: the seeds are not two", ka, kb)
+	}
+	if _, hit := c.lookup(ka); hit {
 		t.Fatal("hit in an empty cache")
 	}
-	c.prev = map[uint64]cachedDoc{key: {id: "Service default/b", raw: b}} // b's decoding under a's hash
-	if _, _, hit := c.lookup(a); hit {
-		t.Fatal("a collision was taken for a hit")
+	c.prev = map[docKey]cachedDoc{{ka[0], kb[1]}: {id: "Service default/b"}} // b's decoding under a's first hash
+	if _, hit := c.lookup(ka); hit {
+		t.Fatal("a collision of the first hash was taken for a hit")
 	}
-	c.prev[key] = cachedDoc{id: "Service default/a", raw: a}
-	if d, _, hit := c.lookup(a); !hit || d.id != "Service default/a" {
+	c.prev[ka] = cachedDoc{id: "Service default/a"}
+	if d, hit := c.lookup(ka); !hit || d.id != "Service default/a" {
 		t.Fatalf("a real hit missed: %v %v", d, hit)
+	}
+	if c.key(bytes.Clone(a)) != ka {
+		t.Fatal("the same text keyed twice differently")
 	}
 }
 
-// The cache keeps a copy of each document's text, not a slice of the
-// file's buffer: a slice would keep the whole buffer (8 MB for a
-// 10k-Service file, a new one per edit) alive for one document.
+// The cache keeps nothing that points into the file's buffer, which the
+// next read overwrites: a document decoded, its buffer overwritten, is
+// still what it said when a reload finds its text again.
 func TestDocCacheDoesNotPinTheFileBuffer(t *testing.T) {
-	data := []byte("apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80}]\n")
+	text := "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80}]\n"
+	data := []byte(text)
 	var c DocCache
 	c.begin()
 	objs := &Objects{origin: map[string]string{}}
 	if errs := objs.decode("f.yaml", data, &c); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if len(c.next) != 1 {
-		t.Fatalf("%d cached documents", len(c.next))
+	c.end()
+	for i := range data {
+		data[i] = 'x'
 	}
-	for _, d := range c.next {
-		if len(d.raw) == 0 || &d.raw[0] == &data[0] {
-			t.Fatal("the cached text is the file's buffer")
-		}
+	c.begin()
+	again := &Objects{origin: map[string]string{}}
+	if errs := again.decode("f.yaml", []byte(text), &c); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	c.end()
+	if again.decoded != 0 {
+		t.Fatalf("decoded %d bytes again, want a hit", again.decoded)
+	}
+	if len(again.Services) != 1 || again.Services[0].Name != "a" || again.Services[0].Namespace != "x" || again.Services[0].Spec.ClusterIP != "10.96.0.1" {
+		t.Fatalf("the cached Service changed with the buffer: %+v", again.Services)
 	}
 }

@@ -313,8 +313,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		}
 		data, fi, err := readStable(f, buf)
 		if cache != nil && data != nil {
-			// Nothing a load keeps points into data (documents are copied
-			// into the cache): the next read may overwrite it.
+			// Nothing a load keeps points into data (the cache keeps
+			// hashes of the text, not the text): the next read may
+			// overwrite it.
 			cache.buf = data[:0]
 		}
 		if err != nil {
@@ -360,7 +361,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 func (o *Objects) replay(st *fileState, cache *DocCache) []error {
 	var errs []error
 	for _, d := range st.docs {
-		if d.c.raw == nil {
+		if d.c.obj == nil {
 			continue // a place that gave no object (an empty document)
 		}
 		errs = append(errs, o.add(d.where, d.c)...)
@@ -467,17 +468,20 @@ type typeMeta struct {
 // a reload of thousands of services slow. Only documents that decoded
 // cleanly into one object are kept; it holds what the last load saw.
 type DocCache struct {
-	// Documents are keyed by a fast hash of their text (maphash, ~10x
-	// SHA-256's speed), and a hit is confirmed by comparing the text
-	// itself, so a collision only costs a decode.
-	seed       maphash.Seed
+	// Documents are keyed by two fast hashes of their text (maphash,
+	// ~10x SHA-256's speed) under two secret seeds made at the first
+	// load: 128 bits no one outside the process can aim at, so a hit is
+	// taken without comparing the text, and the text is not kept. (The
+	// compare read a second, scattered copy of every document: a quarter
+	// of a reload of a 10k-Service file, and 8 MB of resident memory.)
+	seeds      [2]maphash.Seed
 	seeded     bool
-	prev, next map[uint64]cachedDoc
+	prev, next map[docKey]cachedDoc
 	// spare is the map prev was a load ago, emptied and kept to be the
 	// next load's next: a new 20k-entry map per reload was a third of a
 	// 10k-Service file's reload garbage, and the collections it brought
 	// on were the reloads' p99.
-	spare map[uint64]cachedDoc
+	spare map[docKey]cachedDoc
 	// files remembers, per file read whole and cleanly, its identity and
 	// what its documents gave, so that a file whose identity has not
 	// changed is not read again (a directory of 10k files was 60k
@@ -513,12 +517,15 @@ type DocCache struct {
 // name ("file#N", built once, not per load: a reload of a 20k-document
 // file built 20k strings) and, when it decoded into one object, its
 // decoding, which a document with the same text at the same place takes
-// without hashing or a map look-up.
+// without a map look-up.
 type docSlot struct {
 	where string
-	key   uint64
-	c     cachedDoc // c.raw is nil when the place held no cacheable document
+	key   docKey
+	c     cachedDoc // c.obj is nil when the place held no cacheable document
 }
+
+// docKey is a document's text hashed under the cache's two seeds.
+type docKey [2]uint64
 
 // slot is the doc-th document's slot of file for this load.
 func (c *DocCache) slot(file string, doc int) *docSlot {
@@ -560,7 +567,7 @@ type fileState struct {
 	readAt time.Time
 	// docs are the file's document slots as this read left them (the
 	// cache's own, not a copy: a 20k-document file's copy was 1.7 MB of
-	// each reload's garbage); those with no object (c.raw nil) gave
+	// each reload's garbage); those with no object (c.obj nil) gave
 	// none. They change only when the file is read again, and then this
 	// record is replaced.
 	docs       []docSlot
@@ -585,19 +592,18 @@ const racyWindow = time.Second
 
 type cachedDoc struct {
 	id  string
-	obj any    // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
-	raw []byte // the document's text, to confirm a hit
+	obj any // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
 }
 
 func (c *DocCache) begin() {
 	if c != nil {
 		if !c.seeded {
-			c.seed, c.seeded = maphash.MakeSeed(), true
+			c.seeds, c.seeded = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, true
 		}
 		if c.spare != nil {
 			c.next, c.spare = c.spare, nil
 		} else {
-			c.next = make(map[uint64]cachedDoc, len(c.prev))
+			c.next = make(map[docKey]cachedDoc, len(c.prev))
 		}
 		// The maps of two loads ago, emptied (new ones were 1.2 MB of a
 		// reload's garbage at 10k files).
@@ -639,15 +645,19 @@ func (c *DocCache) clock() time.Time {
 	return c.now()
 }
 
-// lookup returns the cached decoding of raw, if any, keeping it for the
-// next load; key is raw's hash, to store a new decoding under.
-func (c *DocCache) lookup(raw []byte) (cachedDoc, uint64, bool) {
-	key := maphash.Bytes(c.seed, raw)
-	if d, ok := c.prev[key]; ok && bytes.Equal(d.raw, raw) {
+// key hashes a document's text.
+func (c *DocCache) key(raw []byte) docKey {
+	return docKey{maphash.Bytes(c.seeds[0], raw), maphash.Bytes(c.seeds[1], raw)}
+}
+
+// lookup returns the cached decoding of the text whose key it is, if
+// any, keeping it for the next load.
+func (c *DocCache) lookup(key docKey) (cachedDoc, bool) {
+	if d, ok := c.prev[key]; ok {
 		c.next[key] = d
-		return d, key, true
+		return d, true
 	}
-	return cachedDoc{}, key, false
+	return cachedDoc{}, false
 }
 
 func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
@@ -674,15 +684,15 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			break
 		}
 		var c cachedDoc
-		var key uint64
 		var hit bool
-		if slot.c.raw != nil && bytes.Equal(slot.c.raw, raw) {
-			// The same text at the same place: sequential compares, no
-			// hashing (most of a 10k-Service file's reload was look-ups).
-			c, key, hit = slot.c, slot.key, true
+		key := cache.key(raw)
+		if slot.c.obj != nil && slot.key == key {
+			// The same text at the same place: no map look-up (most of a
+			// 10k-Service file's reload was look-ups).
+			c, hit = slot.c, true
 			cache.next[key] = c
 		} else {
-			c, key, hit = cache.lookup(raw)
+			c, hit = cache.lookup(key)
 		}
 		if hit {
 			slot.key, slot.c = key, c
@@ -707,10 +717,8 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		}
 		derrs, dc := o.decodeObject(where, js)
 		if dc != nil {
-			// A copy: raw is a slice of the file's buffer, which the cache
-			// would otherwise keep alive whole for one document (a 10k-Service
-			// file is 8 MB, and each edit read a new one).
-			dc.raw = bytes.Clone(raw)
+			// Nothing cached points into the file's buffer, which the
+			// next read overwrites.
 			cache.next[key] = *dc
 			slot.key, slot.c = key, *dc
 			if o.rec != nil {
