@@ -328,8 +328,8 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cache.prev) != 6 {
-		t.Fatalf("cache holds %d documents, want the 6 objects", len(cache.prev))
+	if len(cache.docs) != 6 {
+		t.Fatalf("cache holds %d documents, want the 6 objects", len(cache.docs))
 	}
 	a, _ := Build(cold)
 	b, _ := Build(warm)
@@ -642,4 +642,96 @@ func TestCachedFileThatShrankReplaysWhatItHolds(t *testing.T) {
 		t.Fatalf("%d files read, want only b.yaml", c.reads-reads)
 	}
 	load("a3", "b2") // both from the cache
+}
+
+// The document cache keeps decodings and origins across loads and sweeps
+// the ones no load found when they outnumber the live ones. A random walk
+// of edits, renames (some making duplicates), moves, truncations and
+// growths of one file, with a sweep whenever one is due, must load through
+// the cache exactly as a cold load does: the same errors, the same build,
+// the same origins. (A slot kept past a file's end, or a decoding swept
+// while a slot still held it, would let a duplicate through.)
+func TestDocCacheSweepsAndStaysTransparent(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.yaml")
+	rng := rand.New(rand.NewPCG(16, 2026))
+	cache := DocCache{sweepSlack: 1}
+	type place struct{ name, v int }
+	doc := func(p place) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: walk}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{name: p, port: %d}]\n", p.name, p.name+1, 80+p.v)
+	}
+	var places []place
+	for i := 0; i < 30; i++ {
+		places = append(places, place{i, 0})
+	}
+	dups := 0
+	var tail []place // what the last truncation cut, from cut on
+	cut := 0
+	for step := 0; step < 600; step++ {
+		switch op := rng.IntN(8); {
+		case op == 0 && len(places) > 0:
+			places[rng.IntN(len(places))].v = rng.IntN(4)
+		case op == 1 && len(places) > 0:
+			// Often another's name: a duplicate.
+			places[rng.IntN(len(places))].name = places[rng.IntN(len(places))].name
+		case op == 2 && len(places) > 1:
+			cut = 1 + rng.IntN(len(places)-1)
+			tail = slices.Clone(places[cut:])
+			places = places[:cut]
+		case op >= 6 && tail != nil && len(places) >= cut:
+			// The cut documents back at their places, the same text: a
+			// slot kept past the file's end would take them unread.
+			places = append(places[:cut], tail...)
+			if op == 7 {
+				// With one of them named as a document before them.
+				places[rng.IntN(cut)].name = tail[rng.IntN(len(tail))].name
+			}
+		case op == 3:
+			for n := rng.IntN(15); n > 0 && len(places) < 60; n-- {
+				places = append(places, place{rng.IntN(250), rng.IntN(4)})
+			}
+		case op == 4 && len(places) > 1:
+			k := rng.IntN(len(places))
+			places = append(places[k:], places[:k]...) // every document moves
+		default:
+			// A fresh set: everything the cache holds goes stale.
+			places = places[:0]
+			for _, name := range rng.Perm(250)[:1+rng.IntN(40)] {
+				places = append(places, place{name, rng.IntN(4)})
+			}
+		}
+		var text []string
+		for _, p := range places {
+			text = append(text, doc(p))
+		}
+		if err := os.WriteFile(file, []byte(strings.Join(text, "---\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, gerr := loadCached(dir, &cache)
+		want, werr := LoadManifests(dir)
+		if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
+			t.Fatalf("step %d: through the cache %v, cold %v", step, gerr, werr)
+		}
+		if werr != nil {
+			if strings.Contains(werr.Error(), "duplicate object") {
+				dups++
+			}
+			continue
+		}
+		a, aerr := Build(got)
+		b, berr := Build(want)
+		if (aerr == nil) != (berr == nil) || !reflect.DeepEqual(a, b) {
+			t.Fatalf("step %d: the build through the cache differs from a cold one (%v, %v)", step, aerr, berr)
+		}
+		for _, svc := range want.Services {
+			id := "Service " + svc.Namespace + "/" + svc.Name
+			if g, w := got.Origin(id), want.Origin(id); g != w || w == "" {
+				t.Fatalf("step %d: origin of %s %q through the cache, %q cold", step, id, g, w)
+			}
+		}
+	}
+	if cache.sweeps == 0 || dups == 0 {
+		t.Fatalf("the walk swept %d times and met %d duplicates; it must do both", cache.sweeps, dups)
+	}
+	t.Logf("%d sweeps, %d loads with duplicates, %d documents cached at the end", cache.sweeps, dups, len(cache.docs))
 }

@@ -141,16 +141,16 @@ func TestDocCacheHitsOnBothHashes(t *testing.T) {
 	if ka == kb || ka[0] == ka[1] {
 		t.Fatalf("keys %x and %x: the seeds are not two", ka, kb)
 	}
-	if _, hit := c.lookup(ka); hit {
+	if e := c.lookup(ka); e != nil {
 		t.Fatal("hit in an empty cache")
 	}
-	c.prev = map[docKey]cachedDoc{{ka[0], kb[1]}: {id: "Service default/b"}} // b's decoding under a's first hash
-	if _, hit := c.lookup(ka); hit {
+	c.docs[docKey{ka[0], kb[1]}] = &docEntry{cachedDoc: cachedDoc{id: "Service default/b"}} // b's decoding under a's first hash
+	if e := c.lookup(ka); e != nil {
 		t.Fatal("a collision of the first hash was taken for a hit")
 	}
-	c.prev[ka] = cachedDoc{id: "Service default/a"}
-	if d, hit := c.lookup(ka); !hit || d.id != "Service default/a" {
-		t.Fatalf("a real hit missed: %v %v", d, hit)
+	c.docs[ka] = &docEntry{cachedDoc: cachedDoc{id: "Service default/a"}}
+	if e := c.lookup(ka); e == nil || e.id != "Service default/a" || e.gen != c.gen {
+		t.Fatalf("a real hit missed or was not stamped: %+v", e)
 	}
 	if c.key(bytes.Clone(a)) != ka {
 		t.Fatal("the same text keyed twice differently")
@@ -165,7 +165,7 @@ func TestDocCacheDoesNotPinTheFileBuffer(t *testing.T) {
 	data := []byte(text)
 	var c DocCache
 	c.begin()
-	objs := &Objects{origin: map[string]string{}}
+	objs := &Objects{origin: &c.origins, gen: c.gen}
 	if errs := objs.decode("f.yaml", data, &c); len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -174,7 +174,7 @@ func TestDocCacheDoesNotPinTheFileBuffer(t *testing.T) {
 		data[i] = 'x'
 	}
 	c.begin()
-	again := &Objects{origin: map[string]string{}}
+	again := &Objects{origin: &c.origins, gen: c.gen}
 	if errs := again.decode("f.yaml", []byte(text), &c); len(errs) > 0 {
 		t.Fatal(errs)
 	}

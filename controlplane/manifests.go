@@ -35,8 +35,10 @@ type Objects struct {
 	EndpointSlices []*discoveryv1.EndpointSlice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	Endpoints []*corev1.Endpoints
-	// origin maps "Kind ns/name" to "file#doc" for error messages.
-	origin map[string]string
+	// origin maps "Kind ns/name" to "file#doc", for duplicates and
+	// error messages: entries of gen are this load's.
+	origin *origins
+	gen    uint64
 	// emptyLists counts the v1 Lists with no items: an explicit "no
 	// objects", the one way a file may hold nothing (see ErrEmptyFile).
 	emptyLists int
@@ -271,21 +273,18 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
 		}
 	}
-	objs := &Objects{origin: map[string]string{}}
+	objs := newObjects()
 	if cache != nil {
-		// The last load's map, emptied: its Objects were built and are
-		// done with (a new 20k-entry map was 1.4 MB of a reload's garbage
-		// at 10k Services).
-		if cache.origin == nil {
-			cache.origin = make(map[string]string, cache.objects)
-		}
-		clear(cache.origin)
-		objs.origin = cache.origin
+		cache.begin()
+		// The cache's origins, which outlive a load: an object found where
+		// it was last time takes its entry from its document's, with no
+		// map look-up (a look-up and an insert per object were a fifth of
+		// a reload of a 10k-Service file).
+		objs.origin, objs.gen = &cache.origins, cache.gen
 		// Sized as last time: grown by appends they were 0.6 MB more.
 		objs.Services = make([]*corev1.Service, 0, cache.services)
 		objs.EndpointSlices = make([]*discoveryv1.EndpointSlice, 0, cache.slices)
 	}
-	cache.begin()
 	var errs []error
 	var read int64
 	for i, f := range files {
@@ -361,11 +360,11 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 func (o *Objects) replay(st *fileState, cache *DocCache) []error {
 	var errs []error
 	for _, d := range st.docs {
-		if d.c.obj == nil {
+		if d.e == nil {
 			continue // a place that gave no object (an empty document)
 		}
-		errs = append(errs, o.add(d.where, d.c)...)
-		cache.next[d.key] = d.c
+		d.e.gen = cache.gen
+		errs = append(errs, o.add(d.where, d.e)...)
 	}
 	for _, sk := range st.skipped {
 		o.skip(sk.gv, sk.where)
@@ -446,7 +445,7 @@ func (o *Objects) count() int { return len(o.Services) + len(o.EndpointSlices) +
 
 // ParseManifest decodes one file's content; name is used in errors only.
 func ParseManifest(name string, data []byte) (*Objects, error) {
-	objs := &Objects{origin: map[string]string{}}
+	objs := newObjects()
 	if errs := objs.decode(name, data, nil); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -474,14 +473,19 @@ type DocCache struct {
 	// taken without comparing the text, and the text is not kept. (The
 	// compare read a second, scattered copy of every document: a quarter
 	// of a reload of a 10k-Service file, and 8 MB of resident memory.)
-	seeds      [2]maphash.Seed
-	seeded     bool
-	prev, next map[docKey]cachedDoc
-	// spare is the map prev was a load ago, emptied and kept to be the
-	// next load's next: a new 20k-entry map per reload was a third of a
-	// 10k-Service file's reload garbage, and the collections it brought
-	// on were the reloads' p99.
-	spare map[docKey]cachedDoc
+	seeds  [2]maphash.Seed
+	seeded bool
+	// docs outlive a load, each stamped with the last load that found it
+	// (gen), and those no load found since are dropped when they are as
+	// many as the live ones: rebuilt per load, it was 20k inserts per
+	// reload at 10k Services. gen counts the loads.
+	docs map[docKey]*docEntry
+	gen  uint64
+	// sweepSlack is how many more dropped documents than live ones are
+	// kept before a sweep (0: 256); sweeps counts the sweeps, for tests.
+	sweepSlack, sweeps int
+	// origins are where each object was found, kept as docs are.
+	origins origins
 	// files remembers, per file read whole and cleanly, its identity and
 	// what its documents gave, so that a file whose identity has not
 	// changed is not read again (a directory of 10k files was 60k
@@ -502,8 +506,7 @@ type DocCache struct {
 	objects          int
 	services, slices int // of the last load, to size the next one's lists
 	slots, nextSlots map[string][]docSlot
-	origin           map[string]string // the last load's Objects.origin, reused
-	buf              []byte            // the read buffer, reused
+	buf              []byte // the read buffer, reused
 	// Touched, when set, reports whether the watch saw an event for a
 	// file of a directory since the file was last read; nil (no watch,
 	// or one that may have missed events) means every file is stat'ed.
@@ -521,23 +524,33 @@ type DocCache struct {
 type docSlot struct {
 	where string
 	key   docKey
-	c     cachedDoc // c.obj is nil when the place held no cacheable document
+	e     *docEntry // nil when the place held no cacheable document
+}
+
+// docEntry is a document's decoding as the cache keeps it.
+type docEntry struct {
+	cachedDoc
+	gen uint64 // the last load that found it
 }
 
 // docKey is a document's text hashed under the cache's two seeds.
 type docKey [2]uint64
 
-// slot is the doc-th document's slot of file for this load.
-func (c *DocCache) slot(file string, doc int) *docSlot {
-	ss, ok := c.nextSlots[file]
-	if !ok {
-		ss = c.slots[file]
+// slots returns file's document slots as the last load left them, to be
+// this load's (see setSlots).
+func (c *DocCache) slotsOf(file string) []docSlot {
+	if ss, ok := c.nextSlots[file]; ok {
+		return ss
 	}
+	return c.slots[file]
+}
+
+// slot extends ss to the doc-th document's slot and returns it.
+func slot(ss []docSlot, file string, doc int) ([]docSlot, *docSlot) {
 	for len(ss) < doc {
 		ss = append(ss, docSlot{where: fmt.Sprintf("%s#%d", file, len(ss)+1)})
 	}
-	c.nextSlots[file] = ss
-	return &ss[doc-1]
+	return ss, &ss[doc-1]
 }
 
 // keep carries an unchanged file's record and document slots over to
@@ -567,7 +580,7 @@ type fileState struct {
 	readAt time.Time
 	// docs are the file's document slots as this read left them (the
 	// cache's own, not a copy: a 20k-document file's copy was 1.7 MB of
-	// each reload's garbage); those with no object (c.obj nil) gave
+	// each reload's garbage); those with no object (e nil) gave
 	// none. They change only when the file is read again, and then this
 	// record is replaced.
 	docs       []docSlot
@@ -591,8 +604,56 @@ func (f *fileState) unchanged(id fileID) bool {
 const racyWindow = time.Second
 
 type cachedDoc struct {
-	id  string
-	obj any // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+	id     string
+	obj    any          // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+	origin *originEntry // id's entry in the origins it was decoded with
+}
+
+// origins map each object's id to where a load found it. Entries are
+// stamped with the load (gen) and outlive it, so that a document's
+// decoding can keep its object's entry and claim it with no look-up.
+type origins struct {
+	m   map[string]*originEntry
+	gen uint64 // the load whose entries count; stale ones are swept
+}
+
+type originEntry struct {
+	where string
+	gen   uint64
+}
+
+// newObjects is an empty load with origins of its own.
+func newObjects() *Objects {
+	return &Objects{origin: &origins{m: map[string]*originEntry{}, gen: 1}, gen: 1}
+}
+
+// entry returns id's entry, made if there is none.
+func (o *origins) entry(id string) *originEntry {
+	e := o.m[id]
+	if e == nil {
+		e = &originEntry{}
+		o.m[id] = e
+	}
+	return e
+}
+
+// claim records that load gen found the entry's object at where; when
+// this load has already found it, it returns where.
+func (e *originEntry) claim(where string, gen uint64) (first string, dup bool) {
+	if e.gen == gen {
+		return e.where, true
+	}
+	e.where, e.gen = where, gen
+	return "", false
+}
+
+// sweep drops the entries no load found since gen.
+func (o *origins) sweep(gen uint64) {
+	for id, e := range o.m {
+		if e.gen != gen {
+			delete(o.m, id)
+		}
+	}
 }
 
 func (c *DocCache) begin() {
@@ -600,11 +661,12 @@ func (c *DocCache) begin() {
 		if !c.seeded {
 			c.seeds, c.seeded = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, true
 		}
-		if c.spare != nil {
-			c.next, c.spare = c.spare, nil
-		} else {
-			c.next = make(map[docKey]cachedDoc, len(c.prev))
+		if c.docs == nil {
+			c.docs = map[docKey]*docEntry{}
+			c.origins.m = map[string]*originEntry{}
 		}
+		c.gen++
+		c.origins.gen = c.gen
 		// The maps of two loads ago, emptied (new ones were 1.2 MB of a
 		// reload's garbage at 10k files).
 		c.nextFiles, c.spareFiles = c.spareFiles, nil
@@ -618,13 +680,31 @@ func (c *DocCache) begin() {
 	}
 }
 
+// end finishes a load: what it kept (files, slots) refers only to
+// documents and origins it found, so those it did not find may go.
 func (c *DocCache) end() {
 	if c != nil {
-		if c.prev != nil {
-			clear(c.prev) // its documents are in next, or gone
-			c.spare = c.prev
+		live := 0
+		for _, ss := range c.nextSlots {
+			for _, d := range ss {
+				if d.e != nil {
+					live++
+				}
+			}
 		}
-		c.prev, c.next = c.next, nil
+		slack := c.sweepSlack
+		if slack == 0 {
+			slack = 256
+		}
+		if len(c.docs) > 2*live+slack || len(c.origins.m) > 2*live+slack {
+			c.sweeps++
+			for k, e := range c.docs {
+				if e.gen != c.gen {
+					delete(c.docs, k)
+				}
+			}
+			c.origins.sweep(c.gen)
+		}
 		if c.files != nil {
 			clear(c.files)
 			c.spareFiles = c.files
@@ -651,13 +731,13 @@ func (c *DocCache) key(raw []byte) docKey {
 }
 
 // lookup returns the cached decoding of the text whose key it is, if
-// any, keeping it for the next load.
-func (c *DocCache) lookup(key docKey) (cachedDoc, bool) {
-	if d, ok := c.prev[key]; ok {
-		c.next[key] = d
-		return d, true
+// any, stamped as found by this load.
+func (c *DocCache) lookup(key docKey) *docEntry {
+	e := c.docs[key]
+	if e != nil {
+		e.gen = c.gen
 	}
-	return cachedDoc{}, false
+	return e
 }
 
 func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
@@ -666,43 +746,45 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		return o.decodeStream(file, data)
 	}
 	// YAML: split into documents, and decode only the ones not seen before.
+	// The slots are this load's up to the last document read, no further:
+	// a slot past the end would keep a decoding no load finds any more.
 	var errs []error
+	ss := cache.slotsOf(file)
 	split := yamlDocuments{data: data}
-	for doc := 1; ; doc++ {
+	doc := 1
+	for ; ; doc++ {
 		raw, err := split.next()
 		if err == io.EOF {
-			if o.rec != nil {
-				o.rec.docs = cache.nextSlots[file][:doc-1]
-			}
 			break
 		}
-		slot := cache.slot(file, doc)
-		where := slot.where
+		var sl *docSlot
+		ss, sl = slot(ss, file, doc)
+		where := sl.where
 		if err != nil {
-			slot.c = cachedDoc{}
+			sl.e = nil
 			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
+			doc++
 			break
 		}
-		var c cachedDoc
-		var hit bool
 		key := cache.key(raw)
-		if slot.c.obj != nil && slot.key == key {
+		var e *docEntry
+		if sl.e != nil && sl.key == key {
 			// The same text at the same place: no map look-up (most of a
 			// 10k-Service file's reload was look-ups).
-			c, hit = slot.c, true
-			cache.next[key] = c
+			e = sl.e
+			e.gen = cache.gen
 		} else {
-			c, hit = cache.lookup(key)
+			e = cache.lookup(key)
 		}
-		if hit {
-			slot.key, slot.c = key, c
-			errs = append(errs, o.add(where, c)...)
+		if e != nil {
+			sl.key, sl.e = key, e
+			errs = append(errs, o.add(where, e)...)
 			if o.rec != nil {
 				o.rec.objects++
 			}
 			continue
 		}
-		slot.c = cachedDoc{}
+		sl.e = nil
 		o.decoded += int64(len(raw))
 		js, err := yaml.YAMLToJSON(raw)
 		if err != nil {
@@ -719,13 +801,19 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if dc != nil {
 			// Nothing cached points into the file's buffer, which the
 			// next read overwrites.
-			cache.next[key] = *dc
-			slot.key, slot.c = key, *dc
+			e := &docEntry{cachedDoc: *dc, gen: cache.gen}
+			cache.docs[key] = e
+			sl.key, sl.e = key, e
 			if o.rec != nil {
 				o.rec.objects++
 			}
 		}
 		errs = append(errs, derrs...)
+	}
+	ss = ss[:min(len(ss), doc-1)]
+	cache.nextSlots[file] = ss
+	if o.rec != nil {
+		o.rec.docs = ss
 	}
 	return errs
 }
@@ -834,11 +922,10 @@ func (o *Objects) decodeStream(file string, data []byte) []error {
 
 // add records one decoded object, refusing a second object of the same
 // kind, namespace and name.
-func (o *Objects) add(where string, c cachedDoc) []error {
-	if prev, dup := o.origin[c.id]; dup {
-		return []error{&ManifestError{File: where, Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", prev)}}
+func (o *Objects) add(where string, c *docEntry) []error {
+	if first, dup := c.origin.claim(where, o.gen); dup {
+		return []error{&ManifestError{File: where, Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", first)}}
 	}
-	o.origin[c.id] = where
 	switch obj := c.obj.(type) {
 	case *corev1.Service:
 		o.Services = append(o.Services, obj)
@@ -912,8 +999,9 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	if tm.Metadata.Name == "" {
 		return fail("metadata.name", errors.New("required"))
 	}
-	if prev, dup := o.origin[id]; dup {
-		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", prev))
+	origin := o.origin.entry(id)
+	if origin.gen == o.gen {
+		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", origin.where))
 	}
 	var obj any
 	switch gv {
@@ -940,12 +1028,17 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 		sl.Namespace = ns
 		obj = sl
 	}
-	c := cachedDoc{id: id, obj: obj}
-	return o.add(where, c), &c
+	c := docEntry{cachedDoc: cachedDoc{id: id, obj: obj, origin: origin}}
+	return o.add(where, &c), &c.cachedDoc
 }
 
-// Origin returns where an object ("Kind ns/name") was read from, or "".
-func (o *Objects) Origin(id string) string { return o.origin[id] }
+// Origin returns where this load found an object ("Kind ns/name"), or "".
+func (o *Objects) Origin(id string) string {
+	if e := o.origin.m[id]; e != nil && e.gen == o.gen {
+		return e.where
+	}
+	return ""
+}
 
 // strictField splits a strict decoding error (`unknown field "spec.portz"`,
 // `duplicate field "metadata.name"`) into the field's path and what is
