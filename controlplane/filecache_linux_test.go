@@ -131,17 +131,32 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 	}
 	// The counters as the last load left them: read after its publication
 	// (or the Unchanged runSource waited for), which orders them.
-	stats, reads := src.cache.stats, src.cache.reads
+	stats, reads, listings := src.cache.stats, src.cache.reads, src.cache.listings
 	elsewhere := t.TempDir()
-	edit := func(i, p int) {
+	edit := func(i, p int, inPlace bool) {
 		t.Helper()
-		// Written elsewhere and renamed in: one event, so one reload.
-		tmp := filepath.Join(elsewhere, "new.yaml")
-		if err := os.WriteFile(tmp, []byte(watchedService(i, p)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i))); err != nil {
-			t.Fatal(err)
+		if inPlace {
+			// Rewritten where it is, the same length in one write (one
+			// event: a truncation would bring a reload of an empty file):
+			// the directory's names stay as they were, so it is not
+			// listed again.
+			f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i)), os.O_WRONLY, 0)
+			if err == nil {
+				_, err = f.WriteString(watchedService(i, p))
+				f.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			// Written elsewhere and renamed in: one event, so one reload.
+			tmp := filepath.Join(elsewhere, "new.yaml")
+			if err := os.WriteFile(tmp, []byte(watchedService(i, p)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i))); err != nil {
+				t.Fatal(err)
+			}
 		}
 		for {
 			select {
@@ -149,10 +164,17 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 				if port(s, i) != uint16(p) {
 					continue // an earlier write's reload
 				}
-				if st, rd := src.cache.stats-stats, src.cache.reads-reads; st != 1 || rd != 1 {
+				st, rd, ls := src.cache.stats-stats, src.cache.reads-reads, src.cache.listings-listings
+				if st != 1 || rd != 1 {
 					t.Fatalf("editing s%02d: %d files stat'ed and %d read, want 1 and 1", i, st, rd)
 				}
-				stats, reads = src.cache.stats, src.cache.reads
+				if inPlace && ls != 0 {
+					t.Fatalf("editing s%02d in place: the directory was listed %d times, want none", i, ls)
+				}
+				if !inPlace && ls < 1 {
+					t.Fatalf("renaming s%02d in: the directory was not listed again", i)
+				}
+				stats, reads, listings = src.cache.stats, src.cache.reads, src.cache.listings
 				return
 			case err := <-sink.rejects:
 				t.Fatal(err)
@@ -161,21 +183,23 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 			}
 		}
 	}
-	edit(7, 81)
-	edit(19, 82)
+	edit(7, 81, false)
+	edit(19, 82, false)
+	edit(11, 83, true)
+	edit(11, 84, true)
 
 	// The resync looks at every file.
 	src.touchAll()
-	if f := src.takeTouched(); f != nil {
+	if f, _ := src.takeTouched(); f != nil {
 		t.Fatal("after touchAll, a read would skip files")
 	}
 	// An event for another name: the next read looks at every file.
 	src.touch(filepath.Join(dir, "..data"))
-	if f := src.takeTouched(); f != nil {
+	if f, _ := src.takeTouched(); f != nil {
 		t.Fatal("after an event for ..data, a read would skip files")
 	}
 	src.touch(filepath.Join(dir, "s03.yaml"))
-	if f := src.takeTouched(); f == nil || !f(filepath.Join(dir, "s03.yaml")) || f(filepath.Join(dir, "s04.yaml")) {
+	if f, _ := src.takeTouched(); f == nil || !f(filepath.Join(dir, "s03.yaml")) || f(filepath.Join(dir, "s04.yaml")) {
 		t.Fatal("an event for s03.yaml: the read should look at it alone")
 	}
 	if src.cache.stats != stats {

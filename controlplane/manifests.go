@@ -207,7 +207,12 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		return nil, 0, fmt.Errorf("manifests: %w", err)
 	}
 	files := []string{path}
-	if fi.IsDir() {
+	if fi.IsDir() && cache != nil && cache.Touched != nil && cache.SameListing && cache.paths != nil {
+		files = cache.paths
+	} else if fi.IsDir() {
+		if cache != nil {
+			cache.listings++
+		}
 		ents, err := os.ReadDir(path)
 		if err != nil {
 			return nil, 0, fmt.Errorf("manifests: %w", err)
@@ -499,8 +504,9 @@ type DocCache struct {
 	paths      []string
 	// now is the clock of the reads (time.Now when nil).
 	now func() time.Time
-	// reads and stats count the files read and stat'ed, for tests.
-	reads, stats int
+	// reads, stats and listings count the files read and stat'ed and the
+	// directory listings, for tests.
+	reads, stats, listings int
 	// objects is how many objects the last load held, to size the next
 	// load's maps; slots keeps each file's documents by place.
 	objects          int
@@ -514,6 +520,11 @@ type DocCache struct {
 	// watched directory after it has been made, so a file whose last
 	// event came before the read that recorded it is as it was read.
 	Touched func(file string) bool
+	// SameListing, with Touched, says that the watch saw no file made,
+	// removed or renamed in the directory since the last load listed it,
+	// so that listing (paths) is taken again instead of reading the
+	// directory.
+	SameListing bool
 }
 
 // docSlot is the doc-th document of a file as the last load saw it: its

@@ -110,6 +110,11 @@ type ManifestSource struct {
 	watching   bool
 	touched    map[string]bool
 	touchedAll bool
+	// relisted: a file may have been made, removed or renamed, so the
+	// directory must be listed again (an edit in place leaves the
+	// listing as it was: at 10k files a listing was a quarter of a
+	// reload's CPU and most of its garbage).
+	relisted bool
 }
 
 // touch records a watch event for name (a path in the watched directory).
@@ -128,30 +133,40 @@ func (s *ManifestSource) touch(name string) {
 	s.touched[name] = true
 }
 
-// touchAll makes the next read look at every file.
+// touchListing records a watch event that may have changed the
+// directory's listing (a file made, removed or renamed) for name.
+func (s *ManifestSource) touchListing(name string) {
+	s.touch(name)
+	s.touchMu.Lock()
+	s.relisted = true
+	s.touchMu.Unlock()
+}
+
+// touchAll makes the next read list the directory and look at every file.
 func (s *ManifestSource) touchAll() {
 	s.touchMu.Lock()
-	s.touchedAll = true
+	s.touchedAll, s.relisted = true, true
 	s.touchMu.Unlock()
 }
 
 func (s *ManifestSource) setWatching(on bool) {
 	s.touchMu.Lock()
-	s.watching, s.touchedAll, s.touched = on, true, nil
+	s.watching, s.touchedAll, s.touched, s.relisted = on, true, nil, true
 	s.touchMu.Unlock()
 }
 
 // takeTouched starts a read: what the watch saw until now, as
-// DocCache.Touched, and a clean record for what it sees from now on.
-func (s *ManifestSource) takeTouched() func(string) bool {
+// DocCache.Touched, and whether the listing is as the last read found it
+// (DocCache.SameListing); and a clean record for what it sees from now on.
+func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing bool) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
-	t, all := s.touched, s.touchedAll || !s.watching
-	s.touched, s.touchedAll = nil, false
+	t, all, relisted := s.touched, s.touchedAll || !s.watching, s.relisted || !s.watching
+	s.touched, s.touchedAll, s.relisted = nil, false, false
 	if all {
-		return nil
+		return nil, false
 	}
-	return func(file string) bool { return t[file] }
+	return func(file string) bool { return t[file] }, !relisted
 }
 
 // ErrWouldRemoveEveryService is why a reload that finds no Service, where
@@ -189,7 +204,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		limit = 0
 	}
 	s.cache.now = s.Now
-	s.cache.Touched = s.takeTouched()
+	s.cache.Touched, s.cache.SameListing = s.takeTouched()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
@@ -363,9 +378,12 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 				case only != "" && name != only:
 					continue
 				}
-				if name == dir {
+				switch {
+				case name == dir:
 					s.touchAll()
-				} else {
+				case ev.Op.Has(fsnotify.Create) || ev.Op.Has(fsnotify.Remove) || ev.Op.Has(fsnotify.Rename):
+					s.touchListing(name)
+				default: // a write or an attribute change: same names
 					s.touch(name)
 				}
 				// Chmod counts: a permission fix makes a file readable.
