@@ -133,9 +133,22 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 	// (or the Unchanged runSource waited for), which orders them.
 	stats, reads, listings := src.cache.stats, src.cache.reads, src.cache.listings
 	elsewhere := t.TempDir()
-	edit := func(i, p int, inPlace bool) {
+	edit := func(i, p int, how string) {
 		t.Helper()
-		if inPlace {
+		inPlace := how == "in place"
+		switch how {
+		case "beside":
+			// An editor's save: a temporary file beside it, renamed over
+			// it. The temporary name is no manifest file, and no manifest
+			// file here is a symbolic link, so only s%02d is looked at.
+			tmp := filepath.Join(dir, fmt.Sprintf("s%02d.yaml.tmp", i))
+			if err := os.WriteFile(tmp, []byte(watchedService(i, p)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i))); err != nil {
+				t.Fatal(err)
+			}
+		case "in place":
 			// Rewritten where it is, the same length in one write (one
 			// event: a truncation would bring a reload of an empty file):
 			// the directory's names stay as they were, so it is not
@@ -148,7 +161,7 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		} else {
+		default:
 			// Written elsewhere and renamed in: one event, so one reload.
 			tmp := filepath.Join(elsewhere, "new.yaml")
 			if err := os.WriteFile(tmp, []byte(watchedService(i, p)), 0o644); err != nil {
@@ -183,27 +196,82 @@ func TestAWatchedEditStatsOnlyTheEditedFile(t *testing.T) {
 			}
 		}
 	}
-	edit(7, 81, false)
-	edit(19, 82, false)
-	edit(11, 83, true)
-	edit(11, 84, true)
+	edit(7, 81, "renamed in")
+	edit(19, 82, "renamed in")
+	edit(11, 83, "in place")
+	edit(11, 84, "in place")
+	edit(5, 85, "beside")
 
+	// What a read looks at, given the events (a source of its own, not
+	// running, so nothing reads meanwhile).
+	plan := &ManifestSource{Path: dir}
+	plan.setWatching(true)
+	plan.takeTouched()
 	// The resync looks at every file.
-	src.touchAll()
-	if f, _ := src.takeTouched(); f != nil {
+	plan.touchAll()
+	if f, _ := plan.readPlan(); f != nil {
 		t.Fatal("after touchAll, a read would skip files")
 	}
-	// An event for another name: the next read looks at every file.
-	src.touch(filepath.Join(dir, "..data"))
-	if f, _ := src.takeTouched(); f != nil {
-		t.Fatal("after an event for ..data, a read would skip files")
+	// An editor's temporary file beside the one it saves: while no
+	// manifest file is a symbolic link, only the saved file is looked at.
+	plan.touch(filepath.Join(dir, "s03.yaml.swp"))
+	plan.touch(filepath.Join(dir, "s03.yaml"))
+	if f, _ := plan.readPlan(); f == nil || !f(filepath.Join(dir, "s03.yaml")) || f(filepath.Join(dir, "s04.yaml")) {
+		t.Fatal("events for s03.yaml and a temporary file: the read should look at s03.yaml alone")
 	}
-	src.touch(filepath.Join(dir, "s03.yaml"))
-	if f, _ := src.takeTouched(); f == nil || !f(filepath.Join(dir, "s03.yaml")) || f(filepath.Join(dir, "s04.yaml")) {
-		t.Fatal("an event for s03.yaml: the read should look at it alone")
+	// Once one is a link, such a name may be what it leads through (a
+	// ConfigMap's ..data): every file.
+	plan.cache.symlinks = 1
+	plan.touch(filepath.Join(dir, "..data"))
+	if f, _ := plan.readPlan(); f != nil {
+		t.Fatal("after an event for ..data with a symlinked manifest, a read would skip files")
 	}
 	if src.cache.stats != stats {
 		t.Fatal("stat'ed files without a read")
+	}
+}
+
+// A manifest that is a symbolic link to a file of another name in the
+// same directory: an edit of that file names only it, and is still seen.
+func TestAWatchedEditThroughASymlinkIsSeen(t *testing.T) {
+	dir := t.TempDir()
+	for i := 0; i < 3; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%02d.yaml", i)), []byte(watchedService(i, 80)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real := filepath.Join(dir, "s09.real")
+	if err := os.WriteFile(real, []byte(watchedService(9, 80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("s09.real", filepath.Join(dir, "s09.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	sink := newUnchangedSink()
+	src := &ManifestSource{Path: dir, Sink: sink, Coalesce: time.Millisecond, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	runSource(t, src, sink)
+	// In place, the same length: one event, for s09.real.
+	f, err := os.OpenFile(real, os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(watchedService(9, 81))
+		f.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := time.After(20 * time.Second)
+	for {
+		select {
+		case s := <-sink.snaps:
+			if sp := s.Ports.Get(lb.ServicePortName{Namespace: "x", Name: "s9", Protocol: lb.TCP}); sp != nil && sp.Port == 81 {
+				return
+			}
+		case <-sink.unchanged:
+		case err := <-sink.rejects:
+			t.Fatal(err)
+		case <-bound:
+			t.Fatal("the edit of the file a manifest links to was not seen")
+		}
 	}
 }
 

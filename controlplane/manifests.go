@@ -236,6 +236,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			}
 			return filepath.Join(path, name)
 		}
+		symlinks := 0
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ".") {
 				continue
@@ -250,11 +251,14 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			}
 			if slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(e.Name()))) {
 				files = append(files, join(e.Name()))
+				if !e.Type().IsRegular() {
+					symlinks++
+				}
 			}
 		}
 		sort.Strings(files)
 		if cache != nil {
-			cache.paths = files
+			cache.paths, cache.symlinks = files, symlinks
 		}
 	}
 	stats := make([]os.FileInfo, len(files))
@@ -525,6 +529,9 @@ type DocCache struct {
 	// so that listing (paths) is taken again instead of reading the
 	// directory.
 	SameListing bool
+	// symlinks counts the manifest files of the last listing that are
+	// not regular files (symbolic links to them).
+	symlinks int
 }
 
 // docSlot is the doc-th document of a file as the last load saw it: its

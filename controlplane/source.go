@@ -115,6 +115,11 @@ type ManifestSource struct {
 	// listing as it was: at 10k files a listing was a quarter of a
 	// reload's CPU and most of its garbage).
 	relisted bool
+	// others: the watch saw events for names that are no manifest file
+	// (an editor's temporary file, a ConfigMap's ..data). They matter only
+	// when a manifest file is a symbolic link, which may lead through
+	// them; see readPlan.
+	others bool
 }
 
 // touch records a watch event for name (a path in the watched directory).
@@ -124,7 +129,7 @@ func (s *ManifestSource) touch(name string) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
 	if !manifest {
-		s.touchedAll = true
+		s.others = true
 		return
 	}
 	if s.touched == nil {
@@ -158,15 +163,31 @@ func (s *ManifestSource) setWatching(on bool) {
 // takeTouched starts a read: what the watch saw until now, as
 // DocCache.Touched, and whether the listing is as the last read found it
 // (DocCache.SameListing); and a clean record for what it sees from now on.
-func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing bool) {
+func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing, others bool) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
-	t, all, relisted := s.touched, s.touchedAll || !s.watching, s.relisted || !s.watching
-	s.touched, s.touchedAll, s.relisted = nil, false, false
+	t, all, relisted, others := s.touched, s.touchedAll || !s.watching, s.relisted || !s.watching, s.others
+	s.touched, s.touchedAll, s.relisted, s.others = nil, false, false, false
 	if all {
+		return nil, false, others
+	}
+	return func(file string) bool { return t[file] }, !relisted, others
+}
+
+// readPlan is what the next read looks at: the files the watch saw events
+// for (nil: every file), and whether the directory's listing is as the
+// last read found it. An event for a name that is no manifest file (an
+// editor's temporary or backup file) changes nothing read while every
+// manifest file the last listing found is a regular file: their own
+// events name them. Once one is a symbolic link, such an event may be
+// the swap of what it leads to (a ConfigMap's ..data), and every file is
+// looked at, as before.
+func (s *ManifestSource) readPlan() (touched func(string) bool, sameListing bool) {
+	touched, sameListing, others := s.takeTouched()
+	if others && s.cache.symlinks > 0 {
 		return nil, false
 	}
-	return func(file string) bool { return t[file] }, !relisted
+	return touched, sameListing
 }
 
 // ErrWouldRemoveEveryService is why a reload that finds no Service, where
@@ -204,7 +225,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		limit = 0
 	}
 	s.cache.now = s.Now
-	s.cache.Touched, s.cache.SameListing = s.takeTouched()
+	s.cache.Touched, s.cache.SameListing = s.readPlan()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
