@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -177,6 +178,53 @@ func Culprits(err error) []string {
 	return out
 }
 
+// maxRenamed is how many names the watch may report made, removed or
+// renamed before a reload lists the directory rather than patch the last
+// listing name by name.
+const maxRenamed = 64
+
+// listable reports whether the directory entry name is a manifest file a
+// load reads (a regular file, or a link to one, with a manifest file's
+// ending, not hidden), and whether it is a link.
+func listable(dir, name string, typ fs.FileMode) (ok, link bool) {
+	if strings.HasPrefix(name, ".") || !slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(name))) {
+		return false, false
+	}
+	if typ.IsRegular() {
+		return true, false
+	}
+	// Symlinks to regular files are read: a ConfigMap mounted in a pod is
+	// a directory of them (name -> ..data/name).
+	fi, err := os.Stat(filepath.Join(dir, name))
+	return err == nil && fi.Mode().IsRegular(), true
+}
+
+// patchListing is the last listing with the names in Renamed added or
+// dropped as they are now. The count of links only grows (a dropped name
+// may have been one), which errs towards looking at every file.
+func (c *DocCache) patchListing(dir string) []string {
+	files := slices.Clone(c.paths)
+	for _, p := range c.Renamed {
+		c.patched++
+		i, present := slices.BinarySearch(files, p)
+		ok, link := false, false
+		if li, err := os.Lstat(p); err == nil {
+			ok, link = listable(dir, filepath.Base(p), li.Mode().Type())
+		}
+		switch {
+		case ok && !present:
+			files = slices.Insert(files, i, p)
+		case !ok && present:
+			files = slices.Delete(files, i, i+1)
+		}
+		if ok && link {
+			c.symlinks++
+		}
+	}
+	c.paths = files
+	return files
+}
+
 // manifestExtensions are the file name endings read from a directory, as kubectl does.
 var manifestExtensions = []string{".yaml", ".yml", ".json"}
 
@@ -207,8 +255,11 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		return nil, 0, fmt.Errorf("manifests: %w", err)
 	}
 	files := []string{path}
-	if fi.IsDir() && cache != nil && cache.Touched != nil && cache.SameListing && cache.paths != nil {
+	known := fi.IsDir() && cache != nil && cache.Touched != nil && cache.paths != nil
+	if known && cache.SameListing {
 		files = cache.paths
+	} else if known && cache.Renamed != nil && len(cache.Renamed) <= maxRenamed {
+		files = cache.patchListing(path)
 	} else if fi.IsDir() {
 		if cache != nil {
 			cache.listings++
@@ -238,20 +289,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		}
 		symlinks := 0
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), ".") {
-				continue
-			}
-			if !e.Type().IsRegular() {
-				// Symlinks to regular files are read: a ConfigMap mounted
-				// in a pod is a directory of them (name -> ..data/name).
-				fi, err := os.Stat(filepath.Join(path, e.Name()))
-				if err != nil || !fi.Mode().IsRegular() {
-					continue
-				}
-			}
-			if slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(e.Name()))) {
+			if ok, link := listable(path, e.Name(), e.Type()); ok {
 				files = append(files, join(e.Name()))
-				if !e.Type().IsRegular() {
+				if link {
 					symlinks++
 				}
 			}
@@ -508,9 +548,10 @@ type DocCache struct {
 	paths      []string
 	// now is the clock of the reads (time.Now when nil).
 	now func() time.Time
-	// reads, stats and listings count the files read and stat'ed and the
-	// directory listings, for tests.
-	reads, stats, listings int
+	// reads, stats, listings and patched count the files read and
+	// stat'ed, the directory listings and the names patched into the last
+	// one, for tests.
+	reads, stats, listings, patched int
 	// objects is how many objects the last load held, to size the next
 	// load's maps; slots keeps each file's documents by place.
 	objects          int
@@ -529,6 +570,11 @@ type DocCache struct {
 	// so that listing (paths) is taken again instead of reading the
 	// directory.
 	SameListing bool
+	// Renamed, with Touched, are the paths the watch saw made, removed or
+	// renamed since the last load listed the directory, when nothing else
+	// may have changed the listing: the last listing is patched with them
+	// (a listing of 10k entries was most of an editor's save by rename).
+	Renamed []string
 	// symlinks counts the manifest files of the last listing that are
 	// not regular files (symbolic links to them).
 	symlinks int

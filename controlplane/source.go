@@ -115,6 +115,10 @@ type ManifestSource struct {
 	// listing as it was: at 10k files a listing was a quarter of a
 	// reload's CPU and most of its garbage).
 	relisted bool
+	// renamed are the names made, removed or renamed, when that is all
+	// that may have changed the listing (relisted false): the next read
+	// patches the last listing with them instead of reading the directory.
+	renamed map[string]bool
 	// others: the watch saw events for names that are no manifest file
 	// (an editor's temporary file, a ConfigMap's ..data). They matter only
 	// when a manifest file is a symbolic link, which may lead through
@@ -143,7 +147,10 @@ func (s *ManifestSource) touch(name string) {
 func (s *ManifestSource) touchListing(name string) {
 	s.touch(name)
 	s.touchMu.Lock()
-	s.relisted = true
+	if s.renamed == nil {
+		s.renamed = map[string]bool{}
+	}
+	s.renamed[name] = true
 	s.touchMu.Unlock()
 }
 
@@ -164,14 +171,28 @@ func (s *ManifestSource) setWatching(on bool) {
 // DocCache.Touched, and whether the listing is as the last read found it
 // (DocCache.SameListing); and a clean record for what it sees from now on.
 func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing, others bool) {
+	touched, sameListing, _, others = s.takeWatched()
+	return touched, sameListing, others
+}
+
+// takeWatched is takeTouched, also giving the names that may have come or
+// gone since the last listing, when those are all that may have changed it
+// (nil: list the directory).
+func (s *ManifestSource) takeWatched() (touched func(string) bool, sameListing bool, renamed []string, others bool) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
 	t, all, relisted, others := s.touched, s.touchedAll || !s.watching, s.relisted || !s.watching, s.others
-	s.touched, s.touchedAll, s.relisted, s.others = nil, false, false, false
-	if all {
-		return nil, false, others
+	if !relisted && len(s.renamed) > 0 {
+		renamed = make([]string, 0, len(s.renamed))
+		for name := range s.renamed {
+			renamed = append(renamed, name)
+		}
 	}
-	return func(file string) bool { return t[file] }, !relisted, others
+	s.touched, s.touchedAll, s.relisted, s.others, s.renamed = nil, false, false, false, nil
+	if all {
+		return nil, false, nil, others
+	}
+	return func(file string) bool { return t[file] }, !relisted && renamed == nil, renamed, others
 }
 
 // readPlan is what the next read looks at: the files the watch saw events
@@ -182,12 +203,12 @@ func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing, 
 // events name them. Once one is a symbolic link, such an event may be
 // the swap of what it leads to (a ConfigMap's ..data), and every file is
 // looked at, as before.
-func (s *ManifestSource) readPlan() (touched func(string) bool, sameListing bool) {
-	touched, sameListing, others := s.takeTouched()
+func (s *ManifestSource) readPlan() (touched func(string) bool, sameListing bool, renamed []string) {
+	touched, sameListing, renamed, others := s.takeWatched()
 	if others && s.cache.symlinks > 0 {
-		return nil, false
+		return nil, false, nil
 	}
-	return touched, sameListing
+	return touched, sameListing, renamed
 }
 
 // ErrWouldRemoveEveryService is why a reload that finds no Service, where
@@ -225,7 +246,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		limit = 0
 	}
 	s.cache.now = s.Now
-	s.cache.Touched, s.cache.SameListing = s.readPlan()
+	s.cache.Touched, s.cache.SameListing, s.cache.Renamed = s.readPlan()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
