@@ -341,9 +341,11 @@ func TestWatchedDirectoryRandomWalk(t *testing.T) {
 			}
 		case op == 4: // a directory with a manifest's name comes or goes: nothing read changes
 			d := filepath.Join(dir, "d.yaml")
-			if err := os.Mkdir(d, 0o755); os.IsExist(err) {
+			err := os.Mkdir(d, 0o755)
+			if os.IsExist(err) {
 				err = os.Remove(d)
-			} else if err != nil {
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 			continue
