@@ -187,7 +187,7 @@ const maxRenamed = 64
 // load reads (a regular file, or a link to one, with a manifest file's
 // ending, not hidden), and whether it is a link.
 func listable(dir, name string, typ fs.FileMode) (ok, link bool) {
-	if strings.HasPrefix(name, ".") || !slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(name))) {
+	if !manifestName(name) {
 		return false, false
 	}
 	if typ.IsRegular() {
@@ -227,6 +227,12 @@ func (c *DocCache) patchListing(dir string) []string {
 
 // manifestExtensions are the file name endings read from a directory, as kubectl does.
 var manifestExtensions = []string{".yaml", ".yml", ".json"}
+
+// manifestName reports whether a directory entry's name is one a load
+// reads (a manifest file's ending, not hidden).
+func manifestName(name string) bool {
+	return !strings.HasPrefix(name, ".") && slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(name)))
+}
 
 // LoadManifests reads a file, or every .yaml/.yml/.json file of a directory
 // (not recursive, sorted by name), and returns the objects or every problem
@@ -396,7 +402,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 	}
 	cache.end()
 	if cache != nil {
-		cache.objects, cache.services, cache.slices = objs.count(), len(objs.Services), len(objs.EndpointSlices)
+		cache.services, cache.slices = len(objs.Services), len(objs.EndpointSlices)
 	}
 	if len(errs) > 0 {
 		return nil, objs.decoded, errors.Join(errs...)
@@ -552,10 +558,8 @@ type DocCache struct {
 	// stat'ed, the directory listings and the names patched into the last
 	// one, for tests.
 	reads, stats, listings, patched int
-	// objects is how many objects the last load held, to size the next
-	// load's maps; slots keeps each file's documents by place.
-	objects          int
-	services, slices int // of the last load, to size the next one's lists
+	services, slices                int // of the last load, to size the next one's lists
+	// slots keeps each file's documents by place.
 	slots, nextSlots map[string][]docSlot
 	buf              []byte // the read buffer, reused
 	// Touched, when set, reports whether the watch saw an event for a
@@ -600,8 +604,8 @@ type docEntry struct {
 // docKey is a document's text hashed under the cache's two seeds.
 type docKey [2]uint64
 
-// slots returns file's document slots as the last load left them, to be
-// this load's (see setSlots).
+// slotsOf returns file's document slots as the last load left them, to
+// be this load's (decode stores them in nextSlots).
 func (c *DocCache) slotsOf(file string) []docSlot {
 	if ss, ok := c.nextSlots[file]; ok {
 		return ss

@@ -9,9 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
-	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -110,14 +108,11 @@ type ManifestSource struct {
 	watching   bool
 	touched    map[string]bool
 	touchedAll bool
-	// relisted: a file may have been made, removed or renamed, so the
-	// directory must be listed again (an edit in place leaves the
-	// listing as it was: at 10k files a listing was a quarter of a
+	// renamed are the manifest names the watch saw made, removed or
+	// renamed: unless touchedAll, the next read patches the last listing
+	// with them instead of reading the directory (an edit in place leaves
+	// the listing as it was; at 10k files a listing was a quarter of a
 	// reload's CPU and most of its garbage).
-	relisted bool
-	// renamed are the names made, removed or renamed, when that is all
-	// that may have changed the listing (relisted false): the next read
-	// patches the last listing with them instead of reading the directory.
 	renamed map[string]bool
 	// others: the watch saw events for names that are no manifest file
 	// (an editor's temporary file, a ConfigMap's ..data). They matter only
@@ -127,12 +122,16 @@ type ManifestSource struct {
 }
 
 // touch records a watch event for name (a path in the watched directory).
-func (s *ManifestSource) touch(name string) {
-	base := filepath.Base(name)
-	manifest := !strings.HasPrefix(base, ".") && slices.Contains(manifestExtensions, strings.ToLower(filepath.Ext(base)))
+func (s *ManifestSource) touch(name string) { s.record(name, false) }
+
+// touchListing records a watch event that may have changed the
+// directory's listing (a file made, removed or renamed) for name.
+func (s *ManifestSource) touchListing(name string) { s.record(name, true) }
+
+func (s *ManifestSource) record(name string, listing bool) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
-	if !manifest {
+	if !manifestName(filepath.Base(name)) {
 		s.others = true
 		return
 	}
@@ -140,59 +139,48 @@ func (s *ManifestSource) touch(name string) {
 		s.touched = map[string]bool{}
 	}
 	s.touched[name] = true
-}
-
-// touchListing records a watch event that may have changed the
-// directory's listing (a file made, removed or renamed) for name.
-func (s *ManifestSource) touchListing(name string) {
-	s.touch(name)
-	s.touchMu.Lock()
-	if s.renamed == nil {
-		s.renamed = map[string]bool{}
+	if listing {
+		if s.renamed == nil {
+			s.renamed = map[string]bool{}
+		}
+		s.renamed[name] = true
 	}
-	s.renamed[name] = true
-	s.touchMu.Unlock()
 }
 
 // touchAll makes the next read list the directory and look at every file.
 func (s *ManifestSource) touchAll() {
 	s.touchMu.Lock()
-	s.touchedAll, s.relisted = true, true
+	s.touchedAll = true
 	s.touchMu.Unlock()
 }
 
 func (s *ManifestSource) setWatching(on bool) {
 	s.touchMu.Lock()
-	s.watching, s.touchedAll, s.touched, s.relisted = on, true, nil, true
+	s.watching, s.touchedAll, s.touched = on, true, nil
 	s.touchMu.Unlock()
 }
 
 // takeTouched starts a read: what the watch saw until now, as
-// DocCache.Touched, and whether the listing is as the last read found it
-// (DocCache.SameListing); and a clean record for what it sees from now on.
-func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing, others bool) {
-	touched, sameListing, _, others = s.takeWatched()
-	return touched, sameListing, others
-}
-
-// takeWatched is takeTouched, also giving the names that may have come or
-// gone since the last listing, when those are all that may have changed it
-// (nil: list the directory).
-func (s *ManifestSource) takeWatched() (touched func(string) bool, sameListing bool, renamed []string, others bool) {
+// DocCache.Touched (nil: every file), whether the listing is as the last
+// read found it (DocCache.SameListing), else the names that may have come
+// or gone since (DocCache.Renamed; nil: list the directory), and whether
+// it saw names that are no manifest file; and a clean record for what it
+// sees from now on.
+func (s *ManifestSource) takeTouched() (touched func(string) bool, sameListing bool, renamed []string, others bool) {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
-	t, all, relisted, others := s.touched, s.touchedAll || !s.watching, s.relisted || !s.watching, s.others
-	if !relisted && len(s.renamed) > 0 {
+	t, all, others := s.touched, s.touchedAll || !s.watching, s.others
+	if !all && len(s.renamed) > 0 {
 		renamed = make([]string, 0, len(s.renamed))
 		for name := range s.renamed {
 			renamed = append(renamed, name)
 		}
 	}
-	s.touched, s.touchedAll, s.relisted, s.others, s.renamed = nil, false, false, false, nil
+	s.touched, s.touchedAll, s.others, s.renamed = nil, false, false, nil
 	if all {
 		return nil, false, nil, others
 	}
-	return func(file string) bool { return t[file] }, !relisted && renamed == nil, renamed, others
+	return func(file string) bool { return t[file] }, renamed == nil, renamed, others
 }
 
 // readPlan is what the next read looks at: the files the watch saw events
@@ -204,7 +192,7 @@ func (s *ManifestSource) takeWatched() (touched func(string) bool, sameListing b
 // the swap of what it leads to (a ConfigMap's ..data), and every file is
 // looked at, as before.
 func (s *ManifestSource) readPlan() (touched func(string) bool, sameListing bool, renamed []string) {
-	touched, sameListing, renamed, others := s.takeWatched()
+	touched, sameListing, renamed, others := s.takeTouched()
 	if others && s.cache.symlinks > 0 {
 		return nil, false, nil
 	}
