@@ -135,9 +135,94 @@ func (w *writer) line(parts ...string) {
 
 func quote(s string) string { return strconv.Quote(s) }
 
+// rule starts the line "-A chain"; add and the others below append to it,
+// each word after a space, and end ends it.
+func (w *writer) rule(chain string) {
+	w.b.WriteString("-A ")
+	w.b.WriteString(chain)
+}
+
+func (w *writer) add(words ...string) {
+	for _, s := range words {
+		w.b.WriteByte(' ')
+		w.b.WriteString(s)
+	}
+}
+
+func (w *writer) end() { w.b.WriteByte('\n') }
+
+// declare writes a chain's declaration line, ":chain - [0:0]".
+func (w *writer) declare(chain string) {
+	w.b.WriteByte(':')
+	w.b.WriteString(chain)
+	w.b.WriteString(" - [0:0]\n")
+}
+
+func (w *writer) addr(a netip.Addr) {
+	w.b.WriteByte(' ')
+	w.b.Write(a.AppendTo(w.b.AvailableBuffer()))
+}
+
+func (w *writer) addrPort(a netip.AddrPort) {
+	w.b.WriteByte(' ')
+	w.b.Write(a.AppendTo(w.b.AvailableBuffer()))
+}
+
+func (w *writer) prefix(p netip.Prefix) {
+	w.b.WriteByte(' ')
+	w.b.Write(p.AppendTo(w.b.AvailableBuffer()))
+}
+
+// dest appends "-d addr --dport port".
+func (w *writer) dest(a netip.Addr, port string) {
+	w.b.WriteString(" -d")
+	w.addr(a)
+	w.add("--dport", port)
+}
+
+// probability appends kube-proxy's "%0.10f" of 1/n.
+func (w *writer) probability(n int) {
+	w.b.WriteByte(' ')
+	w.b.Write(strconv.AppendFloat(w.b.AvailableBuffer(), 1.0/float64(n), 'f', 10, 64))
+}
+
+// comment appends "-m comment --comment" and the parts as one string,
+// quoted as strconv.Quote quotes it (the parts are copied as they are
+// when no byte of them needs escaping).
+func (w *writer) comment(parts ...string) {
+	w.b.WriteString(" -m comment --comment ")
+	for _, p := range parts {
+		if !quotesAsIs(p) {
+			w.b.WriteString(strconv.Quote(strings.Join(parts, "")))
+			return
+		}
+	}
+	w.b.WriteByte('"')
+	for _, p := range parts {
+		w.b.WriteString(p)
+	}
+	w.b.WriteByte('"')
+}
+
+// quotesAsIs reports whether strconv.Quote leaves every byte of s as it
+// is: printable ASCII other than the quote and the backslash.
+func quotesAsIs(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
 func (o Options) family(a netip.Addr) bool { return a.Is6() == o.IPv6 }
 
+// filter is the addresses of o's family: addrs itself when all of them
+// are (the caller only reads it), else a copy of those that are.
 func (o Options) filter(addrs []netip.Addr) []netip.Addr {
+	if !slices.ContainsFunc(addrs, func(a netip.Addr) bool { return !o.family(a) }) {
+		return addrs
+	}
 	var out []netip.Addr
 	for _, a := range addrs {
 		if o.family(a) {
@@ -147,7 +232,11 @@ func (o Options) filter(addrs []netip.Addr) []netip.Addr {
 	return out
 }
 
+// filterEPs is filter for endpoints.
 func (o Options) filterEPs(eps []netip.AddrPort) []netip.AddrPort {
+	if !slices.ContainsFunc(eps, func(e netip.AddrPort) bool { return !o.family(e.Addr()) }) {
+		return eps
+	}
 	var out []netip.AddrPort
 	for _, e := range eps {
 		if o.family(e.Addr()) {
@@ -156,9 +245,6 @@ func (o Options) filterEPs(eps []netip.AddrPort) []netip.AddrPort {
 	}
 	return out
 }
-
-// probability is kube-proxy's "%0.10f" of 1/n.
-func probability(n int) string { return fmt.Sprintf("%0.10f", 1.0/float64(n)) }
 
 // Render returns the iptables-restore input for one family: the filter and
 // nat tables' chains, every rule of every service port in snap, and the
@@ -271,9 +357,13 @@ type portCache struct {
 func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums, hooks hookPlan) rendered {
 	mark := o.Mark()
 	skipped := 0
-	o = o.forSnapshot(snap)
+	o, endpoints := o.forSnapshot(snap)
 	var filterRules, natRules, natChains, bodyRules writer
-	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains)))
+	// Sized for every port's chains: an SVC, EXT and SEP per endpoint,
+	// as most ports have (a map grown from empty to 120k names was a
+	// tenth of a 10k-Service full render).
+	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains), endpoints+2*snap.Ports.Len()))
+	scratch := newPortScratch()
 	bodies := make(Bodies, snap.Ports.Len())
 	var portChains, declared []string
 	chain := func(name string) {
@@ -282,7 +372,6 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 			portChains = append(portChains, name)
 		}
 	}
-	var body writer
 	if applied == nil {
 		// A full sync writes every port's chains; a partial one only the
 		// changed ports' (reserving for all of them cost 40 MB per
@@ -318,11 +407,13 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 			}
 		}
 		portChains = portChains[:0]
-		body.b.Reset()
-		f0, n0 := filterRules.b.Len(), natRules.b.Len()
-		renderPort(sp, o, mark, &filterRules, &natRules, &body, chain)
-		sum := bodySum(portChains, body.b.Bytes())
-		nBody := rulesIn(body.b.Bytes())
+		// The port's own chains are written where they go, and taken
+		// back out when unchanged.
+		f0, n0, b0 := filterRules.b.Len(), natRules.b.Len(), bodyRules.b.Len()
+		renderPort(sp, o, mark, &filterRules, &natRules, &bodyRules, chain, scratch)
+		body := bodyRules.b.Bytes()[b0:]
+		sum := bodySum(portChains, body)
+		nBody := rulesIn(body)
 		if cache != nil {
 			cache.ports[sp] = portRender{filter: bytes.Clone(filterRules.b.Bytes()[f0:]), nat: bytes.Clone(natRules.b.Bytes()[n0:]),
 				chains: slices.Clone(portChains), sum: sum, bodyRules: nBody}
@@ -333,10 +424,10 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		bodies[sp.Name] = sum
 		if prev, ok := applied[sp.Name]; ok && prev == sum {
 			skipped += nBody
+			bodyRules.b.Truncate(b0)
 			continue // unchanged: the kernel has these chains as they are
 		}
 		declared = append(declared, portChains...)
-		bodyRules.b.Write(body.b.Bytes())
 	}
 	// Declared in order of name: iptables-legacy-restore creates chains
 	// in a list it keeps sorted, and fed them in the (hashed, so random)
@@ -344,7 +435,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	// Services x 10 endpoints, 60k chains: 4.5-4.8 s against 3.7-4.0 s).
 	slices.Sort(declared)
 	for _, c := range declared {
-		natChains.line(":" + c + " - [0:0]")
+		natChains.declare(c)
 	}
 
 	// The NodePort dispatch is the last rule of KUBE-SERVICES.
@@ -371,9 +462,9 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	var filter writer
 	filter.line("*filter")
 	for _, c := range []string{ChainServices, ChainExternalServices, ChainForward, ChainNodePorts, ChainProxyFirewall} {
-		filter.line(":" + c + " - [0:0]")
+		filter.declare(c)
 	}
-	filter.line(":" + ChainFirewall + " - [0:0]")
+	filter.declare(ChainFirewall)
 	if o.localhostFirewall() {
 		filter.line("-A", ChainFirewall, "-m", "comment", "--comment", quote("block incoming localnet connections"),
 			"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
@@ -425,7 +516,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	hooks.declare(&out.b, "nat")
 	if writeNATTop {
 		for _, c := range []string{ChainServices, ChainNodePorts, ChainPostrouting, ChainMarkMasq} {
-			out.line(":" + c + " - [0:0]")
+			out.declare(c)
 		}
 	}
 	out.b.Write(natChains.b.Bytes())
@@ -442,7 +533,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	slices.Sort(stale)
 	for _, c := range stale {
-		out.line(":" + c + " - [0:0]") // flushed first, so nothing it holds blocks the delete
+		out.declare(c) // flushed first, so nothing it holds blocks the delete
 	}
 	if writeNATTop {
 		out.b.Write(natTop.b.Bytes())
@@ -470,13 +561,13 @@ func topSum(b []byte) uint64 { return maphash.Bytes(fingerprintSeed, b) }
 // forSnapshot is o with what depends on the whole snapshot set: large
 // cluster mode, as kube-proxy's (more than LargeClusterEndpoints
 // endpoints in all).
-func (o Options) forSnapshot(snap *lb.Snapshot) Options {
+func (o Options) forSnapshot(snap *lb.Snapshot) (Options, int) {
 	total := 0
 	for _, sp := range snap.Ports.All() {
 		total += len(sp.Endpoints)
 	}
 	o.largeCluster = total > LargeClusterEndpoints
-	return o
+	return o, total
 }
 
 // bodySum is the fingerprint of a port's own chains and their rules (0
@@ -501,8 +592,9 @@ func bodySum(chains []string, body []byte) uint64 {
 // own render, they leave those chains out of it. The first restore also
 // writes KUBE-MARK-MASQ, which the chains jump to, as the full render does.
 func ServiceChainBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bodies) {
-	o = o.forSnapshot(snap)
+	o, _ = o.forSnapshot(snap)
 	mark := o.Mark()
+	scratch := newPortScratch()
 	var restores [][]byte
 	bodies := make(Bodies, snap.Ports.Len())
 	var discard, body, decls, rules writer
@@ -537,12 +629,12 @@ func ServiceChainBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bod
 		chains = chains[:0]
 		body.b.Reset()
 		discard.b.Reset()
-		renderPort(sp, o, mark, &discard, &discard, &body, chain)
+		renderPort(sp, o, mark, &discard, &discard, &body, chain, scratch)
 		if len(chains) == 0 {
 			continue
 		}
 		for _, c := range chains {
-			decls.line(":" + c + " - [0:0]")
+			decls.declare(c)
 		}
 		rules.b.Write(body.b.Bytes())
 		bodies[sp.Name] = bodySum(chains, body.b.Bytes())
@@ -554,10 +646,28 @@ func ServiceChainBatches(snap *lb.Snapshot, o Options, batch int) ([][]byte, Bod
 	return restores, bodies
 }
 
+// portScratch is what renderPort reuses from one port to the next: the
+// port's name as hashed into its chain names, and its endpoints' KUBE-SEP-
+// names. One per render; a render is single-threaded.
+type portScratch struct {
+	hashed []byte
+	seps   map[netip.AddrPort]string
+	done   map[netip.AddrPort]bool
+}
+
+func newPortScratch() *portScratch {
+	return &portScratch{seps: map[netip.AddrPort]string{}, done: map[netip.AddrPort]bool{}}
+}
+
 // renderPort writes a service port's rules in the top-level chains to
 // filterRules and natRules, and the rules of its own chains (named through
 // chain) to body.
-func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRules, body *writer, chain func(string)) {
+//
+// Lines are written a word at a time (writer.rule, add, comment, ...):
+// building each rule as a []string, its comments with strconv.Quote and
+// string concatenation, and its names with fmt was most of a 10k-Service
+// full render's 2.7M allocations.
+func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRules, body *writer, chain func(string), sc *portScratch) {
 	cips := o.filter(sp.ClusterIPs)
 	if len(cips) == 0 {
 		return // kube-proxy skips a service without a cluster IP of this family
@@ -566,7 +676,7 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	s := name.String()
 	proto := strings.ToLower(string(name.Protocol))
 	port := strconv.Itoa(int(sp.Port))
-	match := []string{"-m", proto, "-p", proto}
+	match := [4]string{"-m", proto, "-p", proto}
 	eips, lbips := o.filter(sp.ExternalIPs), o.filter(sp.LoadBalancerIPs)
 	externallyAccessible := sp.NodePort != 0 || len(eips) > 0 || len(lbips) > 0
 
@@ -575,7 +685,10 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	usesCluster := len(cluster) > 0 && (!sp.InternalLocal || externallyAccessible)
 	usesLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal)
 
-	svc, svl, ext := ServiceChain(name), LocalServiceChain(name), ExternalChain(name)
+	sc.hashed = appendPortProto(sc.hashed[:0], name)
+	var hash [16]byte
+	appendHash16(hash[:0], sc.hashed)
+	svc, svl, ext, fw := prefixSVC+string(hash[:]), prefixSVL+string(hash[:]), prefixEXT+string(hash[:]), prefixFW+string(hash[:])
 	internalChain, hasInternal := svc, len(cluster) > 0
 	if sp.InternalLocal {
 		internalChain, hasInternal = svl, len(local) > 0
@@ -586,28 +699,31 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	}
 	usesExt := hasEndpoints && externallyAccessible
 
+	// refuse is the target and the comment's ending of a rule for a
+	// service with no endpoints to send to.
 	refuse := func() (string, string) {
 		if !hasEndpoints {
-			return "REJECT", quote(s + " has no endpoints")
+			return "REJECT", " has no endpoints"
 		}
-		return "DROP", quote(s + " has no local endpoints")
-	}
-	comment := func(c string) []string { return []string{"-m", "comment", "--comment", c} }
-	// The comments of the per-endpoint rules go in large clusters, as
-	// kube-proxy's appendServiceCommentLocked drops them.
-	epComment := func(c string) []string {
-		if o.largeCluster {
-			return nil
-		}
-		return comment(c)
+		return "DROP", " has no local endpoints"
 	}
 
 	for _, cip := range cips {
 		if hasInternal {
-			natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" cluster IP")), match, []string{"-d", cip.String(), "--dport", port, "-j", internalChain})...)
+			natRules.rule(ChainServices)
+			natRules.comment(s, " cluster IP")
+			natRules.add(match[:]...)
+			natRules.dest(cip, port)
+			natRules.add("-j", internalChain)
+			natRules.end()
 		} else {
 			target, c := refuse()
-			filterRules.line(slices.Concat([]string{"-A", ChainServices}, comment(c), match, []string{"-d", cip.String(), "--dport", port, "-j", target})...)
+			filterRules.rule(ChainServices)
+			filterRules.comment(s, c)
+			filterRules.add(match[:]...)
+			filterRules.dest(cip, port)
+			filterRules.add("-j", target)
+			filterRules.end()
 		}
 	}
 	var ranges []netip.Prefix
@@ -616,9 +732,8 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 			ranges = append(ranges, r)
 		}
 	}
-	fw := FirewallChain(name)
 	usesFW := hasEndpoints && len(lbips) > 0 && len(ranges) > 0
-	for _, set := range []struct {
+	for _, set := range [2]struct {
 		ips  []netip.Addr
 		what string
 	}{{eips, "external IP"}, {lbips, "loadbalancer IP"}} {
@@ -627,69 +742,116 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 				to := ext
 				if usesFW && set.what == "loadbalancer IP" {
 					to = fw
-					filterRules.line(slices.Concat([]string{"-A", ChainProxyFirewall}, comment(quote(s+" traffic not accepted by "+fw)), match, []string{"-d", ip.String(), "--dport", port, "-j", "DROP"})...)
+					filterRules.rule(ChainProxyFirewall)
+					filterRules.comment(s, " traffic not accepted by ", fw)
+					filterRules.add(match[:]...)
+					filterRules.dest(ip, port)
+					filterRules.add("-j", "DROP")
+					filterRules.end()
 				}
-				natRules.line(slices.Concat([]string{"-A", ChainServices}, comment(quote(s+" "+set.what)), match, []string{"-d", ip.String(), "--dport", port, "-j", to})...)
+				natRules.rule(ChainServices)
+				natRules.comment(s, " ", set.what)
+				natRules.add(match[:]...)
+				natRules.dest(ip, port)
+				natRules.add("-j", to)
+				natRules.end()
 			}
 			if !hasExternal {
 				target, c := refuse()
-				filterRules.line(slices.Concat([]string{"-A", ChainExternalServices}, comment(c), match, []string{"-d", ip.String(), "--dport", port, "-j", target})...)
+				filterRules.rule(ChainExternalServices)
+				filterRules.comment(s, c)
+				filterRules.add(match[:]...)
+				filterRules.dest(ip, port)
+				filterRules.add("-j", target)
+				filterRules.end()
 			}
 		}
 	}
 	if sp.HealthCheckNodePort != 0 {
-		filterRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(quote(s+" health check node port")), []string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(sp.HealthCheckNodePort)), "-j", "ACCEPT"})...)
+		filterRules.rule(ChainNodePorts)
+		filterRules.comment(s, " health check node port")
+		filterRules.add("-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(sp.HealthCheckNodePort)), "-j", "ACCEPT")
+		filterRules.end()
 	}
 	if sp.NodePort != 0 {
 		np := strconv.Itoa(int(sp.NodePort))
 		if usesExt {
 			if o.LocalhostNodePortCounter != "" && o.LocalhostNodePorts && !o.IPv6 {
-				natRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(s), match, []string{"-d", "127.0.0.0/8", "--dport", np, "-m", "nfacct", "--nfacct-name", o.LocalhostNodePortCounter, "-j", ext})...)
+				natRules.rule(ChainNodePorts)
+				natRules.add("-m", "comment", "--comment", s)
+				natRules.add(match[:]...)
+				natRules.add("-d", "127.0.0.0/8", "--dport", np, "-m", "nfacct", "--nfacct-name", o.LocalhostNodePortCounter, "-j", ext)
+				natRules.end()
 			}
-			natRules.line(slices.Concat([]string{"-A", ChainNodePorts}, comment(s), match, []string{"--dport", np, "-j", ext})...)
+			natRules.rule(ChainNodePorts)
+			natRules.add("-m", "comment", "--comment", s)
+			natRules.add(match[:]...)
+			natRules.add("--dport", np, "-j", ext)
+			natRules.end()
 		}
 		if !hasExternal {
 			target, c := refuse()
-			filterRules.line(slices.Concat([]string{"-A", ChainExternalServices}, comment(c), []string{"-m", "addrtype", "--dst-type", "LOCAL"}, match, []string{"--dport", np, "-j", target})...)
+			filterRules.rule(ChainExternalServices)
+			filterRules.comment(s, c)
+			filterRules.add("-m", "addrtype", "--dst-type", "LOCAL")
+			filterRules.add(match[:]...)
+			filterRules.add("--dport", np, "-j", target)
+			filterRules.end()
 		}
 	}
 
-	sepNames := map[netip.AddrPort]string{}
+	clear(sc.seps)
 	sepOf := func(ep netip.AddrPort) string {
-		n, ok := sepNames[ep]
+		n, ok := sc.seps[ep]
 		if !ok {
-			n = EndpointChain(name, ep)
-			sepNames[ep] = n
+			n = endpointChain(sc.hashed, ep)
+			sc.seps[ep] = n
 		}
 		return n
 	}
+	// epComment writes a per-endpoint rule's comment, which large
+	// clusters leave out, as kube-proxy's appendServiceCommentLocked does.
+	epComment := func(w *writer, ep netip.AddrPort) {
+		if !o.largeCluster {
+			w.comment(s, " -> ", ep.String())
+		}
+	}
 	endpointRules := func(c string, eps []netip.AddrPort) {
 		chain(c)
-		if c == internalChain && hasInternal {
+		if c == internalChain && hasInternal && (o.MasqueradeAll || o.ClusterCIDR.IsValid()) {
 			for _, cip := range cips {
-				base := slices.Concat([]string{"-A", c}, comment(quote(s+" cluster IP")), match, []string{"-d", cip.String(), "--dport", port})
-				switch {
-				case o.MasqueradeAll:
-					body.line(append(base, "-j", ChainMarkMasq)...)
-				case o.ClusterCIDR.IsValid():
-					body.line(append(base, "!", "-s", o.ClusterCIDR.String(), "-j", ChainMarkMasq)...)
+				body.rule(c)
+				body.comment(s, " cluster IP")
+				body.add(match[:]...)
+				body.dest(cip, port)
+				if !o.MasqueradeAll {
+					body.add("!", "-s")
+					body.prefix(o.ClusterCIDR)
 				}
+				body.add("-j", ChainMarkMasq)
+				body.end()
 			}
 		}
 		if sp.Affinity.ClientIP {
 			secs := strconv.Itoa(int(sp.Affinity.Timeout.Seconds()))
 			for _, ep := range eps {
 				sep := sepOf(ep)
-				body.line(slices.Concat([]string{"-A", c}, epComment(quote(s+" -> "+ep.String())), []string{"-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep})...)
+				body.rule(c)
+				epComment(body, ep)
+				body.add("-m", "recent", "--name", sep, "--rcheck", "--seconds", secs, "--reap", "-j", sep)
+				body.end()
 			}
 		}
 		for i, ep := range eps {
 			sep := sepOf(ep)
-			args := slices.Concat([]string{"-A", c}, epComment(quote(s+" -> "+ep.String())))
+			body.rule(c)
+			epComment(body, ep)
 			if i < len(eps)-1 {
-				args = append(args, "-m", "statistic", "--mode", "random", "--probability", probability(len(eps)-i))
+				body.add("-m", "statistic", "--mode", "random", "--probability")
+				body.probability(len(eps) - i)
 			}
-			body.line(append(args, "-j", sep)...)
+			body.add("-j", sep)
+			body.end()
 		}
 	}
 	if usesCluster {
@@ -701,14 +863,28 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	if usesExt {
 		chain(ext)
 		if !sp.ExternalLocal {
-			body.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade traffic for "+s+" external destinations")), []string{"-j", ChainMarkMasq})...)
+			body.rule(ext)
+			body.comment("masquerade traffic for ", s, " external destinations")
+			body.add("-j", ChainMarkMasq)
+			body.end()
 		} else {
 			if o.ClusterCIDR.IsValid() && usesCluster {
-				body.line(slices.Concat([]string{"-A", ext}, comment(quote("pod traffic for "+s+" external destinations")), []string{"-s", o.ClusterCIDR.String(), "-j", svc})...)
+				body.rule(ext)
+				body.comment("pod traffic for ", s, " external destinations")
+				body.add("-s")
+				body.prefix(o.ClusterCIDR)
+				body.add("-j", svc)
+				body.end()
 			}
-			body.line(slices.Concat([]string{"-A", ext}, comment(quote("masquerade LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", ChainMarkMasq})...)
+			body.rule(ext)
+			body.comment("masquerade LOCAL traffic for ", s, " external destinations")
+			body.add("-m", "addrtype", "--src-type", "LOCAL", "-j", ChainMarkMasq)
+			body.end()
 			if usesCluster {
-				body.line(slices.Concat([]string{"-A", ext}, comment(quote("route LOCAL traffic for "+s+" external destinations")), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", svc})...)
+				body.rule(ext)
+				body.comment("route LOCAL traffic for ", s, " external destinations")
+				body.add("-m", "addrtype", "--src-type", "LOCAL", "-j", svc)
+				body.end()
 			}
 		}
 		if hasExternal {
@@ -718,7 +894,12 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	if usesExt && usesFW {
 		chain(fw)
 		for _, r := range ranges {
-			body.line(slices.Concat([]string{"-A", fw}, comment(quote(s+" loadbalancer IP")), []string{"-s", r.String(), "-j", ext})...)
+			body.rule(fw)
+			body.comment(s, " loadbalancer IP")
+			body.add("-s")
+			body.prefix(r)
+			body.add("-j", ext)
+			body.end()
 		}
 		// Traffic the node itself hairpins to the LB IP comes from the LB
 		// IP when the node is inside an allowed range.
@@ -730,32 +911,55 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		}
 		if nodeAllowed {
 			for _, ip := range lbips {
-				body.line(slices.Concat([]string{"-A", fw}, comment(quote(s+" loadbalancer IP")), []string{"-s", ip.String(), "-j", ext})...)
+				body.rule(fw)
+				body.comment(s, " loadbalancer IP")
+				body.add("-s")
+				body.addr(ip)
+				body.add("-j", ext)
+				body.end()
 			}
 		}
-		body.line(slices.Concat([]string{"-A", fw}, comment(quote("other traffic to "+s+" will be dropped by KUBE-PROXY-FIREWALL")))...)
+		body.rule(fw)
+		body.comment("other traffic to ", s, " will be dropped by KUBE-PROXY-FIREWALL")
+		body.end()
 	}
 	// One KUBE-SEP chain per endpoint, shared by SVC and SVL.
-	seps := map[netip.AddrPort]bool{}
-	var all []netip.AddrPort
-	if usesCluster {
-		all = append(all, cluster...)
-	}
-	if usesLocal {
-		all = append(all, local...)
-	}
-	for _, ep := range all {
-		if seps[ep] {
-			continue
+	clear(sc.done)
+	sepChain := func(ep netip.AddrPort) {
+		if sc.done[ep] {
+			return
 		}
-		seps[ep] = true
+		sc.done[ep] = true
 		sep := sepOf(ep)
 		chain(sep)
-		body.line(slices.Concat([]string{"-A", sep}, epComment(s), []string{"-s", ep.Addr().String(), "-j", ChainMarkMasq})...)
-		args := slices.Concat([]string{"-A", sep}, epComment(s))
-		if sp.Affinity.ClientIP {
-			args = append(args, "-m", "recent", "--name", sep, "--set")
+		body.rule(sep)
+		if !o.largeCluster {
+			body.add("-m", "comment", "--comment", s)
 		}
-		body.line(slices.Concat(args, match, []string{"-j", "DNAT", "--to-destination", ep.String()})...)
+		body.add("-s")
+		body.addr(ep.Addr())
+		body.add("-j", ChainMarkMasq)
+		body.end()
+		body.rule(sep)
+		if !o.largeCluster {
+			body.add("-m", "comment", "--comment", s)
+		}
+		if sp.Affinity.ClientIP {
+			body.add("-m", "recent", "--name", sep, "--set")
+		}
+		body.add(match[:]...)
+		body.add("-j", "DNAT", "--to-destination")
+		body.addrPort(ep)
+		body.end()
+	}
+	if usesCluster {
+		for _, ep := range cluster {
+			sepChain(ep)
+		}
+	}
+	if usesLocal {
+		for _, ep := range local {
+			sepChain(ep)
+		}
 	}
 }
