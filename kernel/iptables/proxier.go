@@ -41,6 +41,7 @@ type Proxier struct {
 	top      TopSums // the top-level chains as last applied (valid with applied)
 	cache    portCache
 	chains   map[string]bool // the per-service chains after the last sync
+	delta    deltaState
 	optsKey  string
 	lastFull time.Time
 	// unbatched makes the next full sync one restore: the last one in
@@ -123,7 +124,14 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if !full {
 		lastTop = &p.top
 	}
-	r := renderPartial(snap, o, prev, &p.cache, known, lastTop, hooks)
+	var r rendered
+	delta := false
+	if !full {
+		r, delta = p.renderDelta(snap, o, lastTop)
+	}
+	if !delta {
+		r = renderPartial(snap, o, prev, &p.cache, known, lastTop, hooks)
+	}
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
 	_, st.NATRules = RuleCounts(data)
@@ -149,6 +157,7 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 		p.lastFull = now
 	}
 	p.chains = r.active
+	p.delta.snap, p.delta.order, p.delta.endpoints, p.delta.bodyRulesAll = snap, r.sorted, r.endpoints, r.bodyRulesAll
 	return st, nil
 }
 

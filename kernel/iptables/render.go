@@ -292,6 +292,11 @@ type rendered struct {
 	// not.
 	top         TopSums
 	filterRules int
+	// sorted, endpoints and bodyRulesAll are the ports in name order,
+	// their endpoints and their own chains' rules, for a delta next.
+	sorted       []*lb.ServicePort
+	endpoints    int
+	bodyRulesAll int
 }
 
 // TopSums fingerprint the top-level chains of a render: the filter
@@ -356,15 +361,41 @@ type portCache struct {
 // they go (the fingerprints leave them out).
 func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums, hooks hookPlan) rendered {
 	mark := o.Mark()
-	skipped := 0
 	o, endpoints := o.forSnapshot(snap)
-	var filterRules, natRules, natChains, bodyRules writer
-	// Sized for every port's chains: an SVC, EXT and SEP per endpoint,
-	// as most ports have (a map grown from empty to 120k names was a
-	// tenth of a 10k-Service full render).
-	active := make(map[string]bool, max(len(known), len(o.ExistingNATChains), endpoints+2*snap.Ports.Len()))
+	pr := renderPorts(snap, o, mark, endpoints, applied, cache, known)
+	r := assemble(pr, o, mark, lastTop, hooks)
+	r.sorted, r.endpoints, r.bodyRulesAll = pr.sorted, endpoints, pr.bodyRulesAll
+	return r
+}
+
+// portsRendered is the per-port half of a render: every port's lines in
+// the top-level chains (in name order), the own chains it writes and
+// their declarations, the chains that exist once it is applied and the
+// stale ones it deletes.
+type portsRendered struct {
+	filterRules, natRules, natChains, bodyRules writer
+	active                                      map[string]bool
+	bodies                                      Bodies
+	stale                                       []string
+	// skipped are the rules of the own chains left out as unchanged;
+	// bodyRulesAll those of every port's own chains, written or not.
+	skipped, bodyRulesAll int
+	// sorted are the snapshot's ports in name order (a full walk only).
+	sorted []*lb.ServicePort
+}
+
+// renderPorts renders every port of snap, or takes it from cache when it
+// is the very port rendered and applied before.
+func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, applied Bodies, cache *portCache, known map[string]bool) *portsRendered {
+	pr := &portsRendered{
+		// Sized for every port's chains: an SVC, EXT and SEP per
+		// endpoint, as most ports have (a map grown from empty to 120k
+		// names was a tenth of a 10k-Service full render).
+		active: make(map[string]bool, max(len(known), len(o.ExistingNATChains), endpoints+2*snap.Ports.Len())),
+		bodies: make(Bodies, snap.Ports.Len()),
+	}
+	active := pr.active
 	scratch := newPortScratch()
-	bodies := make(Bodies, snap.Ports.Len())
 	var portChains, declared []string
 	chain := func(name string) {
 		if !active[name] {
@@ -376,68 +407,108 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 		// A full sync writes every port's chains; a partial one only the
 		// changed ports' (reserving for all of them cost 40 MB per
 		// partial sync at 10k, the most of what one allocated).
-		bodyRules.b.Grow(snap.Ports.Len() * 4096)
+		pr.bodyRules.b.Grow(snap.Ports.Len() * 4096)
 	}
-	natRules.b.Grow(snap.Ports.Len() * 256)
-	natChains.b.Grow(snap.Ports.Len() * 512)
+	pr.natRules.b.Grow(snap.Ports.Len() * 256)
+	pr.natChains.b.Grow(snap.Ports.Len() * 512)
 	var cached map[*lb.ServicePort]portRender
 	if cache != nil {
-		key := fmt.Sprint(o.withoutExisting(), o.largeCluster)
+		key := o.cacheKey()
 		if cache.key == key {
 			cached = cache.ports
 		}
 		cache.key, cache.ports = key, make(map[*lb.ServicePort]portRender, snap.Ports.Len())
 	}
-	for _, sp := range snap.Sorted() {
+	pr.sorted = snap.Sorted()
+	for _, sp := range pr.sorted {
 		if c, ok := cached[sp]; ok {
 			if prev, ok := applied[sp.Name]; ok && prev == c.sum {
 				// The same port as last time, applied as rendered.
-				filterRules.b.Write(c.filter)
-				natRules.b.Write(c.nat)
+				pr.filterRules.b.Write(c.filter)
+				pr.natRules.b.Write(c.nat)
 				for _, ch := range c.chains {
 					active[ch] = true
 				}
 				if len(c.chains) > 0 {
-					bodies[sp.Name] = c.sum
+					pr.bodies[sp.Name] = c.sum
 				}
-				skipped += c.bodyRules
+				pr.skipped += c.bodyRules
+				pr.bodyRulesAll += c.bodyRules
 				cache.ports[sp] = c
 				cache.hits++
 				continue
 			}
 		}
 		portChains = portChains[:0]
-		// The port's own chains are written where they go, and taken
-		// back out when unchanged.
-		f0, n0, b0 := filterRules.b.Len(), natRules.b.Len(), bodyRules.b.Len()
-		renderPort(sp, o, mark, &filterRules, &natRules, &bodyRules, chain, scratch)
-		body := bodyRules.b.Bytes()[b0:]
-		sum := bodySum(portChains, body)
-		nBody := rulesIn(body)
+		c, written := pr.renderPort(sp, o, mark, applied, &portChains, chain, scratch)
 		if cache != nil {
-			cache.ports[sp] = portRender{filter: bytes.Clone(filterRules.b.Bytes()[f0:]), nat: bytes.Clone(natRules.b.Bytes()[n0:]),
-				chains: slices.Clone(portChains), sum: sum, bodyRules: nBody}
+			cache.ports[sp] = c
 		}
-		if len(portChains) == 0 {
-			continue
+		if written {
+			declared = append(declared, portChains...)
 		}
-		bodies[sp.Name] = sum
-		if prev, ok := applied[sp.Name]; ok && prev == sum {
-			skipped += nBody
-			bodyRules.b.Truncate(b0)
-			continue // unchanged: the kernel has these chains as they are
-		}
-		declared = append(declared, portChains...)
 	}
+	pr.declare(declared)
+	for _, c := range o.ExistingNATChains {
+		if IsServiceChain(c) && !active[c] {
+			pr.stale = append(pr.stale, c)
+		}
+	}
+	for c := range known {
+		if !active[c] {
+			pr.stale = append(pr.stale, c)
+		}
+	}
+	return pr
+}
+
+// renderPort renders one port into pr: its lines in the top-level chains,
+// and its own chains unless they are as applied (then only counted as
+// skipped). It returns the port's rendering, for the cache, and whether
+// its own chains were written; their names are left in *portChains.
+func (pr *portsRendered) renderPort(sp *lb.ServicePort, o Options, mark string, applied Bodies, portChains *[]string, chain func(string), scratch *portScratch) (portRender, bool) {
+	// The port's own chains are written where they go, and taken back
+	// out when unchanged.
+	f0, n0, b0 := pr.filterRules.b.Len(), pr.natRules.b.Len(), pr.bodyRules.b.Len()
+	renderPort(sp, o, mark, &pr.filterRules, &pr.natRules, &pr.bodyRules, chain, scratch)
+	body := pr.bodyRules.b.Bytes()[b0:]
+	sum := bodySum(*portChains, body)
+	nBody := rulesIn(body)
+	c := portRender{filter: bytes.Clone(pr.filterRules.b.Bytes()[f0:]), nat: bytes.Clone(pr.natRules.b.Bytes()[n0:]),
+		chains: slices.Clone(*portChains), sum: sum, bodyRules: nBody}
+	pr.bodyRulesAll += nBody
+	if len(*portChains) == 0 {
+		return c, false
+	}
+	prev, ok := applied[sp.Name] // before the line below: applied may be pr.bodies
+	pr.bodies[sp.Name] = sum
+	if ok && prev == sum {
+		pr.skipped += nBody
+		pr.bodyRules.b.Truncate(b0)
+		return c, false // unchanged: the kernel has these chains as they are
+	}
+	return c, true
+}
+
+// declare writes the declarations of the own chains written.
+func (pr *portsRendered) declare(chains []string) {
 	// Declared in order of name: iptables-legacy-restore creates chains
 	// in a list it keeps sorted, and fed them in the (hashed, so random)
 	// order of the ports it took 15-20 % longer for the same rules (5k
 	// Services x 10 endpoints, 60k chains: 4.5-4.8 s against 3.7-4.0 s).
-	slices.Sort(declared)
-	for _, c := range declared {
-		natChains.declare(c)
+	slices.Sort(chains)
+	for _, c := range chains {
+		pr.natChains.declare(c)
 	}
+}
 
+// cacheKey is what a port's rendering depends on besides the port.
+func (o Options) cacheKey() string { return fmt.Sprint(o.withoutExisting(), o.largeCluster) }
+
+// assemble is the other half of a render: the tables' top-level chains
+// around the ports' lines, and the restore input of them all.
+func assemble(pr *portsRendered, o Options, mark string, lastTop *TopSums, hooks hookPlan) rendered {
+	natRules, skipped := &pr.natRules, pr.skipped
 	// The NodePort dispatch is the last rule of KUBE-SERVICES.
 	npComment := []string{"-m", "comment", "--comment", quote("kubernetes service nodeports; NOTE: this must be the last rule in this chain")}
 	if o.NodePortAddresses == nil {
@@ -478,7 +549,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 	filter.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding rules"), "-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
 	filter.line("-A", ChainForward, "-m", "comment", "--comment", quote("kubernetes forwarding conntrack rule"), "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
-	filter.b.Write(filterRules.b.Bytes())
+	filter.b.Write(pr.filterRules.b.Bytes())
 	filter.line("COMMIT")
 
 	// The nat table's top-level chains: their rules, fingerprinted.
@@ -500,7 +571,7 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	}
 
 	var out writer
-	out.b.Grow(filter.b.Len() + natTop.b.Len() + natChains.b.Len() + bodyRules.b.Len() + 4096)
+	out.b.Grow(filter.b.Len() + natTop.b.Len() + pr.natChains.b.Len() + pr.bodyRules.b.Len() + 4096)
 	if writeFilter {
 		f := filter.b.Bytes()
 		head, commit := len("*filter\n"), len("COMMIT\n")
@@ -519,18 +590,8 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 			out.declare(c)
 		}
 	}
-	out.b.Write(natChains.b.Bytes())
-	var stale []string
-	for _, c := range o.ExistingNATChains {
-		if IsServiceChain(c) && !active[c] {
-			stale = append(stale, c)
-		}
-	}
-	for c := range known {
-		if !active[c] {
-			stale = append(stale, c)
-		}
-	}
+	out.b.Write(pr.natChains.b.Bytes())
+	stale := pr.stale
 	slices.Sort(stale)
 	for _, c := range stale {
 		out.declare(c) // flushed first, so nothing it holds blocks the delete
@@ -538,14 +599,14 @@ func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCach
 	if writeNATTop {
 		out.b.Write(natTop.b.Bytes())
 	}
-	out.b.Write(bodyRules.b.Bytes())
+	out.b.Write(pr.bodyRules.b.Bytes())
 	for _, c := range stale {
 		out.line("-X", c)
 	}
 	hooks.insert(&out.b, "nat")
 	out.line("COMMIT")
 	hooks.block(&out.b, "mangle")
-	return rendered{data: out.b.Bytes(), bodies: bodies, active: active, skippedNAT: skipped, top: top, filterRules: rulesIn(filter.b.Bytes())}
+	return rendered{data: out.b.Bytes(), bodies: pr.bodies, active: pr.active, skippedNAT: skipped, top: top, filterRules: rulesIn(filter.b.Bytes())}
 }
 
 // fingerprintSeed seeds the fingerprints below. They are compared only
