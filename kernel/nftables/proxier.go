@@ -5,7 +5,7 @@ package nftables
 import (
 	"context"
 	"fmt"
-	"maps"
+	"slices"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -36,12 +36,18 @@ type Proxier struct {
 	chains, sets map[string]bool
 	// applied is each port's bundle as last applied (nil: the next sync
 	// is full), with the options it was rendered with.
-	applied    map[lb.ServicePortName]*portBundle
-	clusterIPs map[string]bool
+	applied map[lb.ServicePortName]*portBundle
 	// from is the ServicePort each applied bundle was rendered from: a
 	// snapshot shares unchanged ports with the one before (they are never
 	// mutated), so the same pointer needs no rendering to compare.
-	from     map[lb.ServicePortName]*lb.ServicePort
+	from map[lb.ServicePortName]*lb.ServicePort
+	// snapID is the snapshot last applied (0: unnamed or none), and
+	// clusterIPRefs how many of its ports have each cluster IP: a partial
+	// sync from a snapshot's delta over it touches only the changed ports.
+	snapID        uint64
+	clusterIPRefs map[string]int
+	// deltas counts the partial syncs done from a delta (for tests).
+	deltas   int
 	optsKey  string
 	lastFull time.Time
 	// unbatched makes the next full sync one transaction: the last one in
@@ -86,52 +92,126 @@ func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, 
 	return SyncStats{Full: true, Changed: len(p.applied)}, err
 }
 
-// partial writes only what changed since the last sync.
+// partial writes only what changed since the last sync. When snap says
+// it is the snapshot applied last with some ports changed, only those are
+// rendered and compared (issue 16: O(changed) per update); otherwise every
+// port is, its pointer first.
 func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
 	tx := p.NFT.NewTransaction()
-	next := make(map[lb.ServicePortName]*portBundle, snap.Ports.Len())
 	type change struct{ old, new *portBundle }
 	var changes []change
-	from := make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
-	for _, sp := range snap.Sorted() {
-		from[sp.Name] = sp
-		old := p.applied[sp.Name]
-		if old != nil && p.from[sp.Name] == sp {
-			next[sp.Name] = old // the very same port: the same bundle
-			continue
+	// consider compares a port with what was applied of it, recording its
+	// bundle in next.
+	next := p.applied
+	consider := func(name lb.ServicePortName, sp *lb.ServicePort) {
+		old := p.applied[name]
+		if sp == nil {
+			if old != nil {
+				changes = append(changes, change{old, nil})
+				delete(next, name)
+			}
+			return
+		}
+		if old != nil && p.from[name] == sp {
+			next[name] = old // the very same port: the same bundle
+			return
 		}
 		b := renderPort(sp, p.Options)
 		if b != nil {
-			next[sp.Name] = b
+			next[name] = b
+		} else {
+			delete(next, name)
 		}
 		switch {
 		case b == nil && old == nil:
 		case b != nil && old != nil && b.fp == old.fp:
-			next[sp.Name] = old
+			next[name] = old
 		default:
 			changes = append(changes, change{old, b})
 		}
 	}
-	for name, old := range p.applied {
-		if snap.Ports.Get(name) == nil {
-			changes = append(changes, change{old, nil})
+	var from map[lb.ServicePortName]*lb.ServicePort
+	var cips map[string]int
+	var addIPs, delIPs []string
+	if names, ok := p.delta(snap); ok {
+		// In place: a failed transaction makes the next sync full, which
+		// rebuilds them.
+		from, cips = p.from, p.clusterIPRefs
+		touched := map[string]bool{} // cluster IPs, with whether they were in the set
+		refs := func(sp *lb.ServicePort, d int) {
+			if sp == nil {
+				return
+			}
+			for _, a := range sp.ClusterIPs {
+				if p.Options.family(a) {
+					s := a.String()
+					if _, ok := touched[s]; !ok {
+						touched[s] = cips[s] > 0
+					}
+					if cips[s] += d; cips[s] == 0 {
+						delete(cips, s)
+					}
+				}
+			}
+		}
+		for _, name := range names {
+			sp, was := snap.Ports.Get(name), p.from[name]
+			if sp == was {
+				continue
+			}
+			refs(was, -1)
+			refs(sp, +1)
+			consider(name, sp)
+			if sp == nil {
+				delete(from, name)
+			} else {
+				from[name] = sp
+			}
+		}
+		for s, was := range touched {
+			switch is := cips[s] > 0; {
+			case is && !was:
+				addIPs = append(addIPs, s)
+			case was && !is:
+				delIPs = append(delIPs, s)
+			}
+		}
+		p.deltas++
+	} else {
+		next = make(map[lb.ServicePortName]*portBundle, snap.Ports.Len())
+		from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
+		for _, sp := range snap.Sorted() {
+			from[sp.Name] = sp
+			consider(sp.Name, sp)
+		}
+		for name := range p.applied {
+			if snap.Ports.Get(name) == nil {
+				consider(name, nil)
+			}
+		}
+		cips = clusterIPRefs(snap, p.Options)
+		for a := range cips {
+			if p.clusterIPRefs[a] == 0 {
+				addIPs = append(addIPs, a)
+			}
+		}
+		for a := range p.clusterIPRefs {
+			if cips[a] == 0 {
+				delIPs = append(delIPs, a)
+			}
 		}
 	}
-	cips := clusterIPs(snap, p.Options)
-	if len(changes) == 0 && maps.Equal(cips, p.clusterIPs) {
-		p.from = from
+	if len(changes) == 0 && len(addIPs) == 0 && len(delIPs) == 0 {
+		p.from, p.clusterIPRefs, p.snapID = from, cips, snap.ID
 		return SyncStats{}, nil
 	}
-	chains, sets := maps.Clone(p.chains), maps.Clone(p.sets)
-	for a := range cips {
-		if !p.clusterIPs[a] {
-			tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
-		}
+	// In place, as above.
+	chains, sets := p.chains, p.sets
+	for _, a := range addIPs {
+		tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
 	}
-	for a := range p.clusterIPs {
-		if !cips[a] {
-			tx.Delete(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
-		}
+	for _, a := range delIPs {
+		tx.Delete(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
 	}
 	// 1. New and changed chains and sets, so that elements can point at them.
 	for _, c := range changes {
@@ -190,10 +270,10 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		delete(chains, ch)
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
-		p.chains, p.sets, p.applied = nil, nil, nil // a full sync next
+		p.chains, p.sets, p.applied, p.snapID = nil, nil, nil, 0 // a full sync next
 		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
 	}
-	p.applied, p.chains, p.sets, p.clusterIPs, p.from = next, chains, sets, cips, from
+	p.applied, p.chains, p.sets, p.clusterIPRefs, p.from, p.snapID = next, chains, sets, cips, from, snap.ID
 	return SyncStats{Changed: len(changes)}, nil
 }
 
@@ -343,7 +423,8 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 
 // record records d, rendered from snap, as what the table holds.
 func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
-	p.chains, p.sets, p.applied, p.clusterIPs = d.Chains, d.Sets, d.Ports, d.ClusterIPs
+	p.chains, p.sets, p.applied = d.Chains, d.Sets, d.Ports
+	p.clusterIPRefs, p.snapID = clusterIPRefs(snap, p.Options), snap.ID
 	p.from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
 	for name, sp := range snap.Ports.All() {
 		p.from[name] = sp
@@ -458,4 +539,19 @@ func Cleanup(ctx context.Context, nft knftables.Interface) error {
 		}
 	}
 	return nil
+}
+
+// delta returns the ports snap says changed since the snapshot applied
+// last, sorted, and true; false when it does not say so.
+func (p *Proxier) delta(snap *lb.Snapshot) ([]lb.ServicePortName, bool) {
+	if p.snapID == 0 || p.from == nil || p.clusterIPRefs == nil {
+		return nil, false
+	}
+	names, ok := snap.DeltaSince(p.snapID)
+	if !ok {
+		return nil, false
+	}
+	names = slices.Clone(names)
+	slices.SortFunc(names, lb.ServicePortName.Compare)
+	return slices.Compact(names), true
 }

@@ -180,10 +180,20 @@ type Desired struct {
 // family.
 func clusterIPs(snap *lb.Snapshot, o Options) map[string]bool {
 	out := map[string]bool{}
+	for a := range clusterIPRefs(snap, o) {
+		out[a] = true
+	}
+	return out
+}
+
+// clusterIPRefs counts the ports of snap that have each cluster IP of o's
+// family.
+func clusterIPRefs(snap *lb.Snapshot, o Options) map[string]int {
+	out := map[string]int{}
 	for _, sp := range snap.Ports.All() {
 		for _, a := range sp.ClusterIPs {
 			if o.family(a) {
-				out[a.String()] = true
+				out[a.String()]++
 			}
 		}
 	}
