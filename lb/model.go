@@ -104,6 +104,17 @@ func (sp *ServicePort) SplitPolicy() bool { return sp.InternalLocal != sp.Extern
 // otherwise all ready ones (else all serving terminating ones).
 func (sp *ServicePort) Select(localOnly bool) []netip.AddrPort { return sp.usable(localOnly) }
 
+// HasUsable reports whether Select(localOnly) would return any endpoint,
+// without building the list.
+func (sp *ServicePort) HasUsable(localOnly bool) bool {
+	for _, ep := range sp.Endpoints {
+		if (!localOnly || ep.Local) && (ep.Ready || ep.Serving && ep.Terminating) {
+			return true
+		}
+	}
+	return false
+}
+
 func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 	var ready, terminating []netip.AddrPort
 	for _, ep := range sp.Endpoints {

@@ -125,19 +125,36 @@ type loopbackWarner struct {
 	mode   string
 	log    *slog.Logger
 	warned map[lb.ServicePortName]bool
+	// checked is the snapshot checked last: the next one's delta over it
+	// names the only ports to check (6 ms for every endpoint at 10k
+	// Services x 10).
+	checked uint64
 }
 
 func (w *loopbackWarner) check(snap *lb.Snapshot) {
 	if w.warned == nil {
 		w.warned = map[lb.ServicePortName]bool{}
 	}
-	for name, sp := range snap.Ports.All() {
-		for _, ep := range sp.Endpoints {
-			if ep.Addr.Addr().IsLoopback() && !w.warned[name] {
-				w.warned[name] = true
-				w.log.Warn("endpoints on loopback addresses are not reachable in "+w.mode+" mode (use userspace mode for them)",
-					"service", name.String(), "endpoint", ep.Addr.String())
+	defer func() { w.checked = snap.ID }()
+	if names, ok := snap.DeltaSince(w.checked); ok && w.checked != 0 {
+		for _, name := range names {
+			if sp := snap.Ports.Get(name); sp != nil {
+				w.checkPort(name, sp)
 			}
+		}
+		return
+	}
+	for name, sp := range snap.Ports.All() {
+		w.checkPort(name, sp)
+	}
+}
+
+func (w *loopbackWarner) checkPort(name lb.ServicePortName, sp *lb.ServicePort) {
+	for _, ep := range sp.Endpoints {
+		if ep.Addr.Addr().IsLoopback() && !w.warned[name] {
+			w.warned[name] = true
+			w.log.Warn("endpoints on loopback addresses are not reachable in "+w.mode+" mode (use userspace mode for them)",
+				"service", name.String(), "endpoint", ep.Addr.String())
 		}
 	}
 }
@@ -157,6 +174,7 @@ type iptablesPlane struct {
 	latestState
 	failed   bool
 	loopback loopbackWarner
+	noLocal  noLocalTally
 	backoff  syncBackoff
 }
 
@@ -253,6 +271,7 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 		return fmt.Errorf("iptables mode: %w", errBackingOff{p.backoff.failures, d})
 	}
 	p.loopback.check(snap)
+	p.noLocal.update(snap)
 	var errs []error
 	nodeIPs := p.local.list()
 	for _, px := range p.proxiers {
@@ -265,7 +284,7 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
 			continue
 		}
-		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
+		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
 		p.metrics.IPTablesRules(family(px), st.FilterRules, st.NATRules, st.NATRulesTotal)
 		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
 	}
@@ -291,20 +310,73 @@ func ensureNFAcct(name, metric, help string, m *admin.Metrics, log *slog.Logger)
 // sync_proxy_rules_no_local_endpoints_total (internal and external).
 func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
 	for _, sp := range snap.Ports.All() {
-		if !slices.ContainsFunc(sp.ClusterIPs, func(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == v6 }) {
-			continue
-		}
-		if len(sp.Select(false)) == 0 || len(sp.Select(true)) > 0 {
-			continue
-		}
-		if sp.InternalLocal {
-			internal++
-		}
-		if sp.ExternalLocal && (sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0) {
-			external++
-		}
+		in, ex := noLocalEndpoint(sp, v6)
+		internal += in
+		external += ex
 	}
 	return internal, external
+}
+
+// noLocalEndpoint is noLocalEndpoints' count of one port (nil: none).
+func noLocalEndpoint(sp *lb.ServicePort, v6 bool) (internal, external int) {
+	if sp == nil || !slices.ContainsFunc(sp.ClusterIPs, func(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == v6 }) {
+		return 0, 0
+	}
+	if !sp.HasUsable(false) || sp.HasUsable(true) {
+		return 0, 0
+	}
+	if sp.InternalLocal {
+		internal = 1
+	}
+	if sp.ExternalLocal && (sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0) {
+		external = 1
+	}
+	return internal, external
+}
+
+// noLocalTally keeps noLocalEndpoints' counts for both families in step
+// with the snapshots a kernel plane applies: from each snapshot's delta
+// over the one before (issue 16: O(changed) per sync, where the walk took
+// 17 ms per family at 10k Services), else by walking every port.
+type noLocalTally struct {
+	snap   *lb.Snapshot
+	counts [2][2]int // IPv4, IPv6: internal, external
+}
+
+func (t *noLocalTally) update(snap *lb.Snapshot) {
+	defer func() { t.snap = snap }()
+	if t.snap != nil {
+		if names, ok := snap.DeltaSince(t.snap.ID); ok {
+			names = slices.Clone(names)
+			slices.SortFunc(names, lb.ServicePortName.Compare)
+			for _, n := range slices.Compact(names) {
+				t.add(t.snap.Ports.Get(n), -1)
+				t.add(snap.Ports.Get(n), +1)
+			}
+			return
+		}
+	}
+	t.counts = [2][2]int{}
+	for _, sp := range snap.Ports.All() {
+		t.add(sp, +1)
+	}
+}
+
+func (t *noLocalTally) add(sp *lb.ServicePort, sign int) {
+	for f, v6 := range []bool{false, true} {
+		in, ex := noLocalEndpoint(sp, v6)
+		t.counts[f][0] += sign * in
+		t.counts[f][1] += sign * ex
+	}
+}
+
+// get returns one family's counts.
+func (t *noLocalTally) get(v6 bool) (internal, external int) {
+	f := 0
+	if v6 {
+		f = 1
+	}
+	return t.counts[f][0], t.counts[f][1]
 }
 
 func family(px *iptables.Proxier) string { return familyName(px.Options.IPv6) }
@@ -322,10 +394,11 @@ func familyName(v6 bool) string {
 func (p *iptablesPlane) perFamilySyncs() {}
 
 // familySynced records a kernel mode's sync of one family: its duration,
-// full or partial, and the Local ports left without a local endpoint.
-func familySynced(m *admin.Metrics, snap *lb.Snapshot, v6, full bool, took time.Duration) {
+// full or partial, and the Local ports left without a local endpoint (as
+// counted by noLocal, brought to the snapshot synced).
+func familySynced(m *admin.Metrics, noLocal *noLocalTally, v6, full bool, took time.Duration) {
 	m.FamilySynced(familyName(v6), full, took)
-	in, ex := noLocalEndpoints(snap, v6)
+	in, ex := noLocal.get(v6)
 	m.NoLocalEndpoints(familyName(v6), in, ex)
 }
 

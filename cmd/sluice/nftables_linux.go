@@ -37,6 +37,7 @@ type nftablesPlane struct {
 	latestState
 	failed   bool
 	loopback loopbackWarner
+	noLocal  noLocalTally
 	backoff  syncBackoff
 
 	cidrMu       sync.Mutex
@@ -111,6 +112,7 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 		return fmt.Errorf("nftables mode: %w", errBackingOff{p.backoff.failures, d})
 	}
 	p.loopback.check(snap)
+	p.noLocal.update(snap)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hung nft, not a slow one
 	defer cancel()
 	nodeIPs := p.local.list()
@@ -129,7 +131,7 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 			errs = append(errs, err)
 			continue
 		}
-		familySynced(p.metrics, snap, px.Options.IPv6, st.Full, time.Since(start))
+		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
 		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
 	}
 	p.failed = len(errs) > 0
