@@ -98,7 +98,7 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 			continue
 		}
 		portChains = portChains[:0]
-		c, w := pr.renderPort(sp, o, mark, pr.bodies, &portChains, chain, scratch)
+		c, w := pr.renderPort(sp, o, mark, pr.bodies, &portChains, chain, scratch, true)
 		p.cache.ports[sp] = c
 		if len(c.chains) == 0 {
 			delete(pr.bodies, n)

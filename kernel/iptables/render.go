@@ -180,6 +180,18 @@ func (w *writer) dest(a netip.Addr, port string) {
 	w.add("--dport", port)
 }
 
+// toService writes a whole rule for traffic to one of a service's
+// addresses: "-A chain", the comment, the protocol match, "-d ip --dport
+// port" and "-j target".
+func (w *writer) toService(chain string, match []string, ip netip.Addr, port, target string, comment ...string) {
+	w.rule(chain)
+	w.comment(comment...)
+	w.add(match...)
+	w.dest(ip, port)
+	w.add("-j", target)
+	w.end()
+}
+
 // probability appends kube-proxy's "%0.10f" of 1/n.
 func (w *writer) probability(n int) {
 	w.b.WriteByte(' ')
@@ -440,7 +452,7 @@ func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, appli
 			}
 		}
 		portChains = portChains[:0]
-		c, written := pr.renderPort(sp, o, mark, applied, &portChains, chain, scratch)
+		c, written := pr.renderPort(sp, o, mark, applied, &portChains, chain, scratch, cache != nil)
 		if cache != nil {
 			cache.ports[sp] = c
 		}
@@ -464,9 +476,10 @@ func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, appli
 
 // renderPort renders one port into pr: its lines in the top-level chains,
 // and its own chains unless they are as applied (then only counted as
-// skipped). It returns the port's rendering, for the cache, and whether
-// its own chains were written; their names are left in *portChains.
-func (pr *portsRendered) renderPort(sp *lb.ServicePort, o Options, mark string, applied Bodies, portChains *[]string, chain func(string), scratch *portScratch) (portRender, bool) {
+// skipped). It returns the port's rendering (its lines copied only when
+// keep is set, for a cache) and whether its own chains were written;
+// their names are left in *portChains.
+func (pr *portsRendered) renderPort(sp *lb.ServicePort, o Options, mark string, applied Bodies, portChains *[]string, chain func(string), scratch *portScratch, keep bool) (portRender, bool) {
 	// The port's own chains are written where they go, and taken back
 	// out when unchanged.
 	f0, n0, b0 := pr.filterRules.b.Len(), pr.natRules.b.Len(), pr.bodyRules.b.Len()
@@ -474,8 +487,11 @@ func (pr *portsRendered) renderPort(sp *lb.ServicePort, o Options, mark string, 
 	body := pr.bodyRules.b.Bytes()[b0:]
 	sum := bodySum(*portChains, body)
 	nBody := rulesIn(body)
-	c := portRender{filter: bytes.Clone(pr.filterRules.b.Bytes()[f0:]), nat: bytes.Clone(pr.natRules.b.Bytes()[n0:]),
-		chains: slices.Clone(*portChains), sum: sum, bodyRules: nBody}
+	c := portRender{sum: sum, bodyRules: nBody}
+	if keep {
+		c.filter, c.nat = bytes.Clone(pr.filterRules.b.Bytes()[f0:]), bytes.Clone(pr.natRules.b.Bytes()[n0:])
+		c.chains = slices.Clone(*portChains)
+	}
 	pr.bodyRulesAll += nBody
 	if len(*portChains) == 0 {
 		return c, false
@@ -771,20 +787,10 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 
 	for _, cip := range cips {
 		if hasInternal {
-			natRules.rule(ChainServices)
-			natRules.comment(s, " cluster IP")
-			natRules.add(match[:]...)
-			natRules.dest(cip, port)
-			natRules.add("-j", internalChain)
-			natRules.end()
+			natRules.toService(ChainServices, match[:], cip, port, internalChain, s, " cluster IP")
 		} else {
 			target, c := refuse()
-			filterRules.rule(ChainServices)
-			filterRules.comment(s, c)
-			filterRules.add(match[:]...)
-			filterRules.dest(cip, port)
-			filterRules.add("-j", target)
-			filterRules.end()
+			filterRules.toService(ChainServices, match[:], cip, port, target, s, c)
 		}
 	}
 	var ranges []netip.Prefix
@@ -803,28 +809,13 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 				to := ext
 				if usesFW && set.what == "loadbalancer IP" {
 					to = fw
-					filterRules.rule(ChainProxyFirewall)
-					filterRules.comment(s, " traffic not accepted by ", fw)
-					filterRules.add(match[:]...)
-					filterRules.dest(ip, port)
-					filterRules.add("-j", "DROP")
-					filterRules.end()
+					filterRules.toService(ChainProxyFirewall, match[:], ip, port, "DROP", s, " traffic not accepted by ", fw)
 				}
-				natRules.rule(ChainServices)
-				natRules.comment(s, " ", set.what)
-				natRules.add(match[:]...)
-				natRules.dest(ip, port)
-				natRules.add("-j", to)
-				natRules.end()
+				natRules.toService(ChainServices, match[:], ip, port, to, s, " ", set.what)
 			}
 			if !hasExternal {
 				target, c := refuse()
-				filterRules.rule(ChainExternalServices)
-				filterRules.comment(s, c)
-				filterRules.add(match[:]...)
-				filterRules.dest(ip, port)
-				filterRules.add("-j", target)
-				filterRules.end()
+				filterRules.toService(ChainExternalServices, match[:], ip, port, target, s, c)
 			}
 		}
 	}
