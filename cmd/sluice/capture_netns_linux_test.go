@@ -125,6 +125,21 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		want2("ClusterIP after a flush", b.tries("tcp", "10.96.0.10:80", 10))
 	}
 
+	if method == "nftables" || method == "iptables" {
+		// A Service added while sluice runs is captured (its portal a
+		// new map element, with nftables), and released when it goes.
+		writeFile(t, filepath.Join(dir, "added.yaml"), addedManifest)
+		p.waitLog("state applied", "e2e/added")
+		want2("an added ClusterIP", b.tries("tcp", "10.96.0.20:80", 10))
+		want2("the first ClusterIP beside it", b.tries("tcp", "10.96.0.10:80", 10))
+		if err := os.Remove(filepath.Join(dir, "added.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		p.waitLog("state applied", "e2e/added")
+		if d := distinct(b.tries("tcp", "10.96.0.20:80", 1)); d["error"] != 1 {
+			t.Fatalf("a removed ClusterIP reached %v", d)
+		}
+	}
 	if method == "nftables" {
 		// A `nft flush ruleset` or another tool drops the table; the
 		// portals come back.
@@ -144,3 +159,23 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		}
 	}
 }
+
+// addedManifest is a Service and its endpoints added to a running sluice.
+const addedManifest = `apiVersion: v1
+kind: Service
+metadata: {name: added, namespace: e2e}
+spec:
+  clusterIP: 10.96.0.20
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: added-1, namespace: e2e, labels: {kubernetes.io/service-name: added}}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- addresses: [10.244.0.5]
+- addresses: [10.244.0.6]
+`

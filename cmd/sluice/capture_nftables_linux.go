@@ -22,7 +22,11 @@ func (f nftablesPortals) sync(ps []portals.Portal) error {
 
 func (f nftablesPortals) present() bool {
 	ok, err := f.Present(context.Background())
-	return err == nil && ok
+	if err != nil || !ok {
+		f.Invalidate() // the resync that follows writes the table whole
+		return false
+	}
+	return true
 }
 
 // newNFTablesCapture keeps the sluice-portals table for each family nft
