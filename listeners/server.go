@@ -92,6 +92,9 @@ type Server struct {
 	appliedID        uint64
 	appliedNodeAddrs []netip.Addr
 	unserved         int // frontends in the ports' failed lists
+	// frontendsVersion counts the changes to the open frontends: a
+	// listener opened or closed (FrontendsVersion).
+	frontendsVersion uint64
 
 	// Ejections are logged off the data path: a bounded queue drained by
 	// one goroutine, started with the first; what does not fit is counted.
@@ -386,6 +389,7 @@ func (s *Server) openPort(p *servedPort) []error {
 		fe.Addr = ln.Addr()
 		p.frontends = append(p.frontends, fe)
 		p.listeners = append(p.listeners, ln)
+		s.frontendsVersion++
 		return true
 	}
 	bind := s.bindAddress()
@@ -508,6 +512,7 @@ func (s *Server) RetryFailed() (int, error) {
 			fe.Addr = ln.Addr()
 			p.frontends = append(p.frontends, fe)
 			p.listeners = append(p.listeners, ln)
+			s.frontendsVersion++
 			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 		}
 		p.failed = kept
@@ -535,7 +540,20 @@ func (s *Server) closePort(p *servedPort) {
 		}
 	}
 	s.unserved -= len(p.failed)
+	if len(p.frontends) > 0 {
+		s.frontendsVersion++
+	}
 	p.listeners, p.frontends, p.proxyPorts, p.failed = nil, nil, nil, nil
+}
+
+// FrontendsVersion changes whenever the open frontends do (a listener
+// opened or closed, on an update or a retry) and at no other time: an
+// update that changes only endpoints leaves it as it was, so what is
+// worked out from Frontends (the VIP capture's portals) need not be again.
+func (s *Server) FrontendsVersion() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.frontendsVersion
 }
 
 // FrontendCount is how many listeners are open, without listing them.

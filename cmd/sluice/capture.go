@@ -23,7 +23,8 @@ import (
 // have flushed it).
 type vipCapture interface {
 	before(snap *lb.Snapshot) error
-	after(snap *lb.Snapshot, fes func() []listeners.Frontend) error
+	// after is told the listeners' FrontendsVersion and how to list them.
+	after(snap *lb.Snapshot, version uint64, fes func() []listeners.Frontend) error
 	resync() error
 	close()
 }
@@ -102,10 +103,10 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 
 type noCapture struct{}
 
-func (noCapture) before(*lb.Snapshot) error                             { return nil }
-func (noCapture) after(*lb.Snapshot, func() []listeners.Frontend) error { return nil }
-func (noCapture) resync() error                                         { return nil }
-func (noCapture) close()                                                {}
+func (noCapture) before(*lb.Snapshot) error                                     { return nil }
+func (noCapture) after(*lb.Snapshot, uint64, func() []listeners.Frontend) error { return nil }
+func (noCapture) resync() error                                                 { return nil }
+func (noCapture) close()                                                        {}
 
 // portalFamily is one family's portals through the iptables or the
 // nftables method: sync makes them exactly ps, present says whether they
@@ -128,6 +129,10 @@ type portalCapture struct {
 
 	mu   sync.Mutex
 	last []portals.Portal
+	// The frontends' and local addresses' versions last worked out
+	// (valid when worked).
+	worked                bool
+	frontsSeen, localSeen uint64
 }
 
 func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
@@ -202,12 +207,31 @@ func (c *portalCapture) families() string {
 
 func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 
-func (c *portalCapture) after(snap *lb.Snapshot, fes func() []listeners.Frontend) error {
+// after works out the portals again when a listener opened or closed or
+// the node's addresses changed since it last did; otherwise they are as
+// they were (portalsFor reads nothing of a port that a change keeping its
+// listeners can change: lb.ServicePort.SameFrontend), and an update of
+// endpoints alone costs nothing here (issue 16: it cost a listing and a
+// sort of every frontend, then a walk of every port).
+func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []listeners.Frontend) error {
+	local := c.local.version()
+	c.mu.Lock()
+	same := c.worked && version == c.frontsSeen && local == c.localSeen
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
 	ps := portalsFor(snap, fes(), c.local.has)
 	c.mu.Lock()
-	c.last = ps
+	c.last, c.worked, c.frontsSeen, c.localSeen = ps, true, version, local
 	c.mu.Unlock()
-	return c.resync()
+	err := c.resync()
+	if err != nil {
+		c.mu.Lock()
+		c.worked = false // the next update tries again, as Tick does
+		c.mu.Unlock()
+	}
+	return err
 }
 
 func (c *portalCapture) resync() error {
@@ -300,7 +324,7 @@ func (c *bindCapture) before(snap *lb.Snapshot) error {
 	return c.binder.Ensure(c.last)
 }
 
-func (c *bindCapture) after(*lb.Snapshot, func() []listeners.Frontend) error {
+func (c *bindCapture) after(*lb.Snapshot, uint64, func() []listeners.Frontend) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.binder.Prune(c.last)

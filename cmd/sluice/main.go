@@ -849,6 +849,15 @@ type localAddrs struct {
 	mu     sync.Mutex
 	set    map[netip.Addr]bool
 	listed bool // the last refresh listed the addresses (not failed)
+	// changes counts the refreshes that found another set (version).
+	changes uint64
+}
+
+// version changes whenever the set of addresses does.
+func (l *localAddrs) version() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changes
 }
 
 func (l *localAddrs) refresh() {
@@ -872,6 +881,9 @@ func (l *localAddrs) refresh() {
 		}
 	}
 	l.mu.Lock()
+	if !maps.Equal(set, l.set) {
+		l.changes++
+	}
 	l.set, l.listed = set, err == nil
 	l.mu.Unlock()
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
 )
@@ -118,4 +119,60 @@ func BenchmarkFirstPublishAt10k(b *testing.B) {
 			}
 		})
 	}
+}
+
+// countingPortals is a portalFamily that only counts its syncs.
+type countingPortals struct{ syncs int }
+
+func (c *countingPortals) sync([]portals.Portal) error { c.syncs++; return nil }
+func (c *countingPortals) present() bool               { return true }
+
+// BenchmarkPublishEndpointChangeAt10kWithCapture is BenchmarkPublishOneChangeAt10k
+// with each ClusterIP on a proxy port of its own and the nftables or
+// iptables VIP capture in front (its kernel side counted, not run), as
+// userspace mode runs on a node with nft by default: an endpoint change
+// opens and closes no listener, so no portal changes either.
+func BenchmarkPublishEndpointChangeAt10kWithCapture(b *testing.B) {
+	const n = 10000
+	name := func(i int) lb.ServicePortName {
+		return lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
+	}
+	port := func(i, ep int) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
+		for j := 0; j < 10; j++ {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
+		}
+		return sp
+	}
+	all := map[lb.ServicePortName]*lb.ServicePort{}
+	for i := 0; i < n; i++ {
+		all[name(i)] = port(i, 0)
+	}
+	metrics := admin.NewMetrics()
+	log := slog.New(slog.DiscardHandler)
+	health := admin.NewHealth(time.Minute, nil)
+	local := &localAddrs{}
+	local.refresh()
+	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+		ProxyPorts: listeners.NewPortAllocator(0, 0)}
+	defer srv.Close()
+	fam := &countingPortals{}
+	capture := newPortalCapture([]portalFamily{fam}, local, log)
+	a := &applier{plane: userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log},
+		local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+	snap := lb.NewSnapshot(all)
+	snap.ID = 1
+	a.Publish(snap)
+	if got := srv.FrontendCount(); got != n {
+		b.Fatalf("%d frontends, want %d", got, n)
+	}
+	first := fam.syncs
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sp := port(i%n, i%200+1)
+		next := &lb.Snapshot{Ports: snap.Ports.With(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}, nil), ID: snap.ID + 1, Base: snap.ID, Changed: []lb.ServicePortName{sp.Name}}
+		a.Publish(next)
+		snap = next
+	}
+	b.ReportMetric(float64(fam.syncs-first)/float64(b.N), "portal-syncs/op")
 }

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/kernel/portals"
+	"github.com/sluice-proxy/sluice/lb"
+	"github.com/sluice-proxy/sluice/listeners"
+)
+
+// recordingPortals is a portalFamily that keeps what it was given.
+type recordingPortals struct {
+	syncs int
+	last  []portals.Portal
+	fail  bool
+}
+
+func (r *recordingPortals) sync(ps []portals.Portal) error {
+	r.syncs++
+	if r.fail {
+		return errors.New("refused")
+	}
+	r.last = ps
+	return nil
+}
+
+func (r *recordingPortals) present() bool { return true }
+
+// The portals are worked out again only when the listeners' frontends or
+// the node's addresses changed: an update of endpoints alone lists no
+// frontend and syncs nothing; a frontend change, an address becoming
+// local and a failed sync all lead to a sync of what is wanted.
+func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) {
+	addrs := []net.Addr{&net.IPNet{IP: net.ParseIP("192.168.10.1"), Mask: net.CIDRMask(24, 32)}}
+	local := &localAddrs{dump: func() ([]net.Addr, error) { return addrs, nil }}
+	local.refresh()
+	fam := &recordingPortals{}
+	c := newPortalCapture([]portalFamily{fam}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"),
+		ProxyPorts: listeners.NewPortAllocator(0, 0), Retry: lb.DefaultRetryPolicy()}
+	defer srv.Close()
+	listed := 0
+	fes := func() []listeners.Frontend { listed++; return srv.Frontends() }
+	port := func(ep string, externalIP string) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: lb.TCP},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 80,
+			Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort(ep), Ready: true, Serving: true}}}
+		if externalIP != "" {
+			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr(externalIP)}
+		}
+		return sp
+	}
+	apply := func(sp *lb.ServicePort) error {
+		ports := map[lb.ServicePortName]*lb.ServicePort{}
+		if sp != nil {
+			ports[sp.Name] = sp
+		}
+		snap := lb.NewSnapshot(ports)
+		if err := srv.Apply(snap); err != nil {
+			t.Fatal(err)
+		}
+		return c.after(snap, srv.FrontendsVersion(), fes)
+	}
+	captured := func() map[string]bool {
+		out := map[string]bool{}
+		for _, p := range fam.last {
+			out[netip.AddrPortFrom(p.IP, p.Port).String()] = true
+		}
+		return out
+	}
+	step := func(what string, sp *lb.ServicePort, wantListed, wantSyncs int, want ...string) {
+		t.Helper()
+		if err := apply(sp); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		got := captured()
+		if listed != wantListed || fam.syncs != wantSyncs || len(got) != len(want) {
+			t.Fatalf("%s: frontends listed %d times, %d syncs, captured %v; want %d, %d, %v", what, listed, fam.syncs, got, wantListed, wantSyncs, want)
+		}
+		for _, w := range want {
+			if !got[w] {
+				t.Fatalf("%s: %s not captured: %v", what, w, got)
+			}
+		}
+	}
+	step("first", port("127.0.0.1:8080", "203.0.113.10"), 1, 1, "10.96.0.10:80", "203.0.113.10:80")
+	step("endpoints only", port("127.0.0.1:8081", "203.0.113.10"), 1, 1, "10.96.0.10:80", "203.0.113.10:80")
+	step("endpoints only, again", port("127.0.0.1:8082", "203.0.113.10"), 1, 1, "10.96.0.10:80", "203.0.113.10:80")
+	step("an external IP gone", port("127.0.0.1:8082", ""), 2, 2, "10.96.0.10:80")
+	step("an external IP back", port("127.0.0.1:8082", "203.0.113.10"), 3, 3, "10.96.0.10:80", "203.0.113.10:80")
+	// The external IP becomes an address of the node: it is listened on
+	// directly and captured no more.
+	addrs = append(addrs, &net.IPNet{IP: net.ParseIP("203.0.113.10"), Mask: net.CIDRMask(32, 32)})
+	local.refresh()
+	step("the external IP local", port("127.0.0.1:8083", "203.0.113.10"), 4, 4, "10.96.0.10:80")
+	fam.fail = true
+	if err := apply(port("127.0.0.1:8083", "")); err == nil {
+		t.Fatal("a failed sync was not reported")
+	}
+	fam.fail = false
+	step("after a failed sync, endpoints only", port("127.0.0.1:8084", ""), 6, 6, "10.96.0.10:80")
+	step("the Service gone", nil, 7, 7)
+}
