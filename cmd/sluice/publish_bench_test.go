@@ -20,20 +20,7 @@ import (
 // last snapshot (issue 16). go test -bench PublishOneChange ./cmd/sluice
 func BenchmarkPublishOneChangeAt10k(b *testing.B) {
 	const n = 10000
-	name := func(i int) lb.ServicePortName {
-		return lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
-	}
-	port := func(i, ep int) *lb.ServicePort {
-		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
-		for j := 0; j < 10; j++ {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
-		}
-		return sp
-	}
-	all := map[lb.ServicePortName]*lb.ServicePort{}
-	for i := 0; i < n; i++ {
-		all[name(i)] = port(i, 0)
-	}
+	port, all := benchPorts(n)
 	metrics := admin.NewMetrics()
 	log := slog.New(slog.DiscardHandler)
 	health := admin.NewHealth(time.Minute, nil)
@@ -134,20 +121,7 @@ func (c *countingPortals) present() bool               { return true }
 // opens and closes no listener, so no portal changes either.
 func BenchmarkPublishEndpointChangeAt10kWithCapture(b *testing.B) {
 	const n = 10000
-	name := func(i int) lb.ServicePortName {
-		return lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
-	}
-	port := func(i, ep int) *lb.ServicePort {
-		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
-		for j := 0; j < 10; j++ {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
-		}
-		return sp
-	}
-	all := map[lb.ServicePortName]*lb.ServicePort{}
-	for i := 0; i < n; i++ {
-		all[name(i)] = port(i, 0)
-	}
+	port, all := benchPorts(n)
 	metrics := admin.NewMetrics()
 	log := slog.New(slog.DiscardHandler)
 	health := admin.NewHealth(time.Minute, nil)
@@ -175,4 +149,23 @@ func BenchmarkPublishEndpointChangeAt10kWithCapture(b *testing.B) {
 		snap = next
 	}
 	b.ReportMetric(float64(fam.syncs-first)/float64(b.N), "portal-syncs/op")
+}
+
+// benchPorts is n ClusterIP service ports of 10 endpoints each, and how to
+// make port i with its endpoints in the ep-th /24.
+func benchPorts(n int) (port func(i, ep int) *lb.ServicePort, all map[lb.ServicePortName]*lb.ServicePort) {
+	port = func(i, ep int) *lb.ServicePort {
+		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
+		for j := 0; j < 10; j++ {
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
+		}
+		return sp
+	}
+	all = map[lb.ServicePortName]*lb.ServicePort{}
+	for i := 0; i < n; i++ {
+		sp := port(i, 0)
+		all[sp.Name] = sp
+	}
+	return port, all
 }

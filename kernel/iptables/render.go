@@ -945,13 +945,18 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	}
 	if usesExt && usesFW {
 		chain(fw)
-		for _, r := range ranges {
+		// allow writes a rule that lets a source (written by from) on to
+		// the external chain.
+		allow := func(from func()) {
 			body.rule(fw)
 			body.comment(s, " loadbalancer IP")
 			body.add("-s")
-			body.prefix(r)
+			from()
 			body.add("-j", ext)
 			body.end()
+		}
+		for _, r := range ranges {
+			allow(func() { body.prefix(r) })
 		}
 		// Traffic the node itself hairpins to the LB IP comes from the LB
 		// IP when the node is inside an allowed range.
@@ -963,12 +968,7 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		}
 		if nodeAllowed {
 			for _, ip := range lbips {
-				body.rule(fw)
-				body.comment(s, " loadbalancer IP")
-				body.add("-s")
-				body.addr(ip)
-				body.add("-j", ext)
-				body.end()
+				allow(func() { body.addr(ip) })
 			}
 		}
 		body.rule(fw)
