@@ -133,6 +133,8 @@ type portalCapture struct {
 	// (valid when worked).
 	worked                bool
 	frontsSeen, localSeen uint64
+	// failed: the last sync of the portals failed (Tick tries again).
+	failed bool
 }
 
 func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
@@ -185,7 +187,7 @@ func (c *portalCapture) watch(every time.Duration) {
 			continue
 		}
 		c.log.Warn("VIP capture: portals are gone (rules flushed); resyncing")
-		if err := c.resync(); err != nil {
+		if err := c.syncAll(); err != nil {
 			c.log.Error("VIP capture resync failed", "err", err)
 		} else {
 			c.log.Info("VIP capture: portals resynced")
@@ -225,7 +227,7 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []li
 	c.mu.Lock()
 	c.last, c.worked, c.frontsSeen, c.localSeen = ps, true, version, local
 	c.mu.Unlock()
-	err := c.resync()
+	err := c.syncAll()
 	if err != nil {
 		c.mu.Lock()
 		c.worked = false // the next update tries again, as Tick does
@@ -234,7 +236,23 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []li
 	return err
 }
 
+// resync is the plane's Tick (once a minute): it syncs the portals again
+// only when the last sync failed. A flush behind sluice's back is the
+// watch's (every --iptables-sync-period); syncing every family each
+// minute anyway was a whole iptables-restore of the portal chains a
+// minute with the iptables method.
 func (c *portalCapture) resync() error {
+	c.mu.Lock()
+	failed := c.failed
+	c.mu.Unlock()
+	if !failed {
+		return nil
+	}
+	return c.syncAll()
+}
+
+// syncAll makes every family's portals the last worked out.
+func (c *portalCapture) syncAll() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
@@ -243,6 +261,7 @@ func (c *portalCapture) resync() error {
 			errs = append(errs, err)
 		}
 	}
+	c.failed = len(errs) > 0
 	return errors.Join(errs...)
 }
 

@@ -105,4 +105,20 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 	fam.fail = false
 	step("after a failed sync, endpoints only", port("127.0.0.1:8084", ""), 6, 6, "10.96.0.10:80")
 	step("the Service gone", nil, 7, 7)
+
+	// The plane's Tick syncs again only after a failed sync.
+	if err := c.resync(); err != nil || fam.syncs != 7 {
+		t.Fatalf("Tick after a good sync: %v, %d syncs, want none more", err, fam.syncs)
+	}
+	fam.fail = true
+	if err := apply(port("127.0.0.1:8085", "")); err == nil {
+		t.Fatal("a failed sync was not reported")
+	}
+	fam.fail = false
+	if err := c.resync(); err != nil || fam.syncs != 9 || len(captured()) != 1 {
+		t.Fatalf("Tick after a failed sync: %v, %d syncs, captured %v; want one more sync of the port", err, fam.syncs, captured())
+	}
+	if err := c.resync(); err != nil || fam.syncs != 9 {
+		t.Fatalf("Tick after the retry: %v, %d syncs, want none more", err, fam.syncs)
+	}
 }
