@@ -210,7 +210,8 @@ func (c *portalCapture) families() string {
 func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 
 // after works out the portals again when a listener opened or closed or
-// the node's addresses changed since it last did; otherwise they are as
+// the node's addresses changed since it last did, or its last sync
+// failed; otherwise they are as
 // they were (portalsFor reads nothing of a port that a change keeping its
 // listeners can change: lb.ServicePort.SameFrontend), and an update of
 // endpoints alone costs nothing here (issue 16: it cost a listing and a
@@ -218,7 +219,7 @@ func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []listeners.Frontend) error {
 	local := c.local.version()
 	c.mu.Lock()
-	same := c.worked && version == c.frontsSeen && local == c.localSeen
+	same := c.worked && !c.failed && version == c.frontsSeen && local == c.localSeen
 	c.mu.Unlock()
 	if same {
 		return nil
@@ -227,13 +228,7 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []li
 	c.mu.Lock()
 	c.last, c.worked, c.frontsSeen, c.localSeen = ps, true, version, local
 	c.mu.Unlock()
-	err := c.syncAll()
-	if err != nil {
-		c.mu.Lock()
-		c.worked = false // the next update tries again, as Tick does
-		c.mu.Unlock()
-	}
-	return err
+	return c.syncAll() // on failure the next update tries again, as Tick does
 }
 
 // resync is the plane's Tick (once a minute): it syncs the portals again

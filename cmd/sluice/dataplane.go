@@ -136,7 +136,7 @@ func (w *loopbackWarner) check(snap *lb.Snapshot) {
 		w.warned = map[lb.ServicePortName]bool{}
 	}
 	defer func() { w.checked = snap.ID }()
-	if names, ok := snap.DeltaSince(w.checked); ok && w.checked != 0 {
+	if names, ok := snap.DeltaSince(w.checked); ok {
 		for _, name := range names {
 			if sp := snap.Ports.Get(name); sp != nil {
 				w.checkPort(name, sp)
@@ -356,9 +356,8 @@ func (t *noLocalTally) update(snap *lb.Snapshot) {
 			return
 		}
 	}
-	t.counts = [2][2]int{}
-	for _, sp := range snap.Ports.All() {
-		t.add(sp, +1)
+	for f, v6 := range []bool{false, true} {
+		t.counts[f][0], t.counts[f][1] = noLocalEndpoints(snap, v6)
 	}
 }
 

@@ -175,9 +175,9 @@ type NFTables struct {
 	IPv6 bool
 
 	applied *nftRendered
-	// Writes counts the transactions run, and Whole those that wrote
+	// writes counts the transactions run, and whole those that wrote
 	// the table whole (for tests).
-	Writes, Whole int
+	writes, whole int
 }
 
 // Invalidate makes the next Sync write the table whole (it was flushed
@@ -192,16 +192,27 @@ func (c *NFTables) Sync(ctx context.Context, ps []Portal) error {
 	if whole {
 		writeNFT(tx, want, c.IPv6)
 	} else {
+		// Only the changed elements are sorted (so equal changes make
+		// equal transactions), not every one.
 		old := c.applied
-		for _, k := range slices.SortedFunc(maps.Keys(old.elements), compareNFTKeys) {
-			if port, ok := want.elements[k]; !ok || port != old.elements[k] {
-				tx.Delete(nftElement(k, old.elements[k]))
+		var gone, come []nftKey
+		for k, port := range old.elements {
+			if p, ok := want.elements[k]; !ok || p != port {
+				gone = append(gone, k)
 			}
 		}
-		for _, k := range slices.SortedFunc(maps.Keys(want.elements), compareNFTKeys) {
-			if port, ok := old.elements[k]; !ok || port != want.elements[k] {
-				tx.Add(nftElement(k, want.elements[k]))
+		for k, port := range want.elements {
+			if p, ok := old.elements[k]; !ok || p != port {
+				come = append(come, k)
 			}
+		}
+		slices.SortFunc(gone, compareNFTKeys)
+		slices.SortFunc(come, compareNFTKeys)
+		for _, k := range gone {
+			tx.Delete(nftElement(k, old.elements[k]))
+		}
+		for _, k := range come {
+			tx.Add(nftElement(k, want.elements[k]))
 		}
 		if !slices.Equal(old.rules, want.rules) {
 			for _, ch := range []string{nftChainPrerouting, nftChainOutput} {
@@ -213,9 +224,9 @@ func (c *NFTables) Sync(ctx context.Context, ps []Portal) error {
 			return nil
 		}
 	}
-	c.Writes++
+	c.writes++
 	if whole {
-		c.Whole++
+		c.whole++
 	}
 	if err := c.NFT.Run(ctx, tx); err != nil {
 		c.applied = nil

@@ -157,17 +157,17 @@ func TestNFTablesPortalSyncsWriteOnlyWhatChanged(t *testing.T) {
 				ps = slices.CompactFunc(ps, func(a, b Portal) bool { return a.IP == b.IP && a.Port == b.Port && a.Protocol == b.Protocol })
 			}
 		}
-		whole, writes := c.Whole, c.Writes
+		whole, writes := c.whole, c.writes
 		failing := fake.fail
 		err := c.Sync(ctx, ps)
-		if ran := c.Writes > writes; (err != nil) != (failing && ran) {
+		if ran := c.writes > writes; (err != nil) != (failing && ran) {
 			t.Fatalf("step %d: failing %v, a transaction run %v, error %v", step, failing, ran, err)
 		}
 		fake.fail = false // a sync with nothing to write ran none to fail
 		if err != nil {
 			continue
 		}
-		if c.Whole == whole {
+		if c.whole == whole {
 			partial++
 		}
 		fresh := knftables.NewFake(knftables.IPv4Family, NFTablesTable)
@@ -175,12 +175,12 @@ func TestNFTablesPortalSyncsWriteOnlyWhatChanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got, want := elementsSorted(fake.Dump()), elementsSorted(fresh.Dump()); got != want {
-			t.Fatalf("step %d (whole=%v): the table differs from a whole write:\n%s\nwant:\n%s", step, c.Whole > whole, got, want)
+			t.Fatalf("step %d (whole=%v): the table differs from a whole write:\n%s\nwant:\n%s", step, c.whole > whole, got, want)
 		}
 		// Nothing changed: no transaction.
-		writes = c.Writes
-		if err := c.Sync(ctx, ps); err != nil || c.Writes != writes {
-			t.Fatalf("step %d: a sync with nothing changed ran a transaction (%d -> %d) or failed: %v", step, writes, c.Writes, err)
+		writes = c.writes
+		if err := c.Sync(ctx, ps); err != nil || c.writes != writes {
+			t.Fatalf("step %d: a sync with nothing changed ran a transaction (%d -> %d) or failed: %v", step, writes, c.writes, err)
 		}
 	}
 	if partial < 100 {
