@@ -212,3 +212,43 @@ func TestPortalSourceRanges(t *testing.T) {
 		t.Fatalf("source outside the ranges was captured: %+v", got)
 	}
 }
+
+// Change adds and removes without listing, never removes an address it
+// did not assign (lo's own, or one already there when it was asked to
+// add it), and knows what an earlier run left from Init.
+func TestBinderChangeTouchesOnlyItsOwn(t *testing.T) {
+	tbl := NewFakeAddrTable()
+	lo := netip.MustParseAddr("127.0.0.1")
+	tbl.NoDummy = true
+	b := &Binder{Table: tbl}
+	if _, err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Change([]netip.Addr{vip, lo}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Has(vip) || b.Has(lo) {
+		t.Fatalf("Has: vip %v, lo %v; want true, false", b.Has(vip), b.Has(lo))
+	}
+	if err := b.Change([]netip.Addr{eip}, []netip.Addr{vip, lo, vip6}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tbl.All("lo"); !slices.Equal(got, []netip.Addr{lo, eip, netip.MustParseAddr("::1")}) {
+		t.Fatalf("lo holds %v", got)
+	}
+	// A new Binder on the same table (a restart) knows eip is its own.
+	again := &Binder{Table: tbl}
+	if _, err := again.Init(); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Change(nil, []netip.Addr{eip}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tbl.All("lo"); len(got) != 2 {
+		t.Fatalf("after a restart's Change lo holds %v", got)
+	}
+	// An address in both lists stays.
+	if err := again.Change([]netip.Addr{vip}, []netip.Addr{vip}); err != nil || !slices.Contains(tbl.All("lo"), vip) {
+		t.Fatalf("add and delete of one address: %v, lo holds %v", err, tbl.All("lo"))
+	}
+}
