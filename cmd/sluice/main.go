@@ -899,6 +899,20 @@ func (l *localAddrs) list() []netip.Addr {
 	return out
 }
 
+// listExcept is list without the addresses skip reports.
+func (l *localAddrs) listExcept(skip func(netip.Addr) bool) []netip.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []netip.Addr
+	for a := range l.set {
+		if !skip(a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
 // selectNodePortAddrs applies --nodeport-addresses: the local addresses
 // inside any of the CIDRs, plus for "primary" the first global unicast
 // address of each family. Empty means "not restricted" (nil).

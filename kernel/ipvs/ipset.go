@@ -58,7 +58,8 @@ func (e *IPSetExec) Destroy(name string) error {
 }
 
 // FakeIPSet keeps sets as the kernel does and refuses what ipset refuses:
-// adding to a missing set, an entry that does not fit the set's type or
+// adding to or deleting from a missing set, adding an entry the set has
+// or deleting one it lacks (without -exist), an entry that does not fit the set's type or
 // family, creating an existing set of another type, swapping sets of
 // different types, and destroying a missing set or one iptables still
 // references (Referenced). Like ipset restore it stops at the first bad
@@ -149,7 +150,21 @@ func (f *FakeIPSet) Restore(data []byte) error {
 			if len(w) < 3 || !validEntry(s, w[2]) {
 				return bad("entry does not fit %s", s.typ)
 			}
+			if s.entries[w[2]] && !slices.Contains(w, "-exist") {
+				return bad("element cannot be added to the set: it's already added")
+			}
 			s.entries[w[2]] = true
+		case "del":
+			if s == nil {
+				return bad("set %s does not exist", w[1])
+			}
+			if len(w) < 3 || !validEntry(s, w[2]) {
+				return bad("entry does not fit %s", s.typ)
+			}
+			if !s.entries[w[2]] && !slices.Contains(w, "-exist") {
+				return bad("element cannot be deleted from the set: it's not added")
+			}
+			delete(s.entries, w[2])
 		case "flush":
 			if s == nil {
 				return bad("set %s does not exist", w[1])

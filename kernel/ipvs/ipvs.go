@@ -95,68 +95,86 @@ type Desired struct {
 // function. As in kube-proxy, a port under a Local traffic policy with no
 // local endpoint falls back to all endpoints (unlike iptables' DROP).
 func Render(snap *lb.Snapshot, o Options) Desired {
+	d, _ := render(snap, o)
+	return d
+}
+
+// render is Render, with the table SyncChanged keeps (its id and node IPs
+// unset). Where two ports render one virtual server, the later in name
+// order has it, in both.
+func render(snap *lb.Snapshot, o Options) (Desired, appliedTable) {
 	d := Desired{Servers: map[Key]*VirtualServer{}}
+	t := newAppliedTable()
+	for _, sp := range snap.Sorted() {
+		t.setPort(sp.Name, renderedPort(sp, o))
+	}
+	for k, vs := range t.servers {
+		d.Servers[k] = vs
+	}
+	for a := range t.bindRefs {
+		d.Bind = append(d.Bind, a)
+	}
+	slices.SortFunc(d.Bind, netip.Addr.Compare)
+	return d, t
+}
+
+// renderPort is Render for one service port: it passes each virtual
+// server to server and each address kube-ipvs0 must hold to bind (an
+// address may come more than once).
+func renderPort(sp *lb.ServicePort, o Options, server func(*VirtualServer), bind func(netip.Addr)) {
 	sched := o.Scheduler
 	if sched == "" {
 		sched = "rr"
 	}
-	bind := map[netip.Addr]bool{}
 	fam := func(a netip.Addr) bool { return a.Is6() == o.IPv6 }
-	for _, sp := range snap.Sorted() {
-		flags := uint32(0)
-		var timeout uint32
-		if sp.Affinity.ClientIP {
-			flags |= FlagPersistent
-			timeout = uint32(sp.Affinity.Timeout.Seconds())
+	flags := uint32(0)
+	var timeout uint32
+	if sp.Affinity.ClientIP {
+		flags |= FlagPersistent
+		timeout = uint32(sp.Affinity.Timeout.Seconds())
+	}
+	if sched == "mh" {
+		flags |= FlagSourceHash
+	}
+	pick := func(local bool) []netip.AddrPort {
+		eps := sp.Select(local)
+		if local && len(eps) == 0 {
+			eps = sp.Select(false)
 		}
-		if sched == "mh" {
-			flags |= FlagSourceHash
-		}
-		pick := func(local bool) []netip.AddrPort {
-			eps := sp.Select(local)
-			if local && len(eps) == 0 {
-				eps = sp.Select(false)
-			}
-			var out []netip.AddrPort
-			for _, ep := range eps {
-				if fam(ep.Addr()) {
-					out = append(out, ep)
-				}
-			}
-			return out
-		}
-		internal, external := pick(sp.InternalLocal), pick(sp.ExternalLocal)
-		add := func(a netip.Addr, port uint16, reals []netip.AddrPort) {
-			k := Key{Addr: a, Port: port, Proto: sp.Name.Protocol}
-			d.Servers[k] = &VirtualServer{Service: Service{Key: k, Scheduler: sched, Flags: flags, Timeout: timeout}, Name: sp.Name, Reals: reals}
-		}
-		for _, ip := range sp.ClusterIPs {
-			if fam(ip) {
-				add(ip, sp.Port, internal)
-				bind[ip] = true
+		var out []netip.AddrPort
+		for _, ep := range eps {
+			if fam(ep.Addr()) {
+				out = append(out, ep)
 			}
 		}
-		for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
-			if fam(ip) {
-				add(ip, sp.Port, external)
-				if o.IsLocal == nil || !o.IsLocal(ip) {
-					bind[ip] = true
-				}
-			}
+		return out
+	}
+	internal, external := pick(sp.InternalLocal), pick(sp.ExternalLocal)
+	add := func(a netip.Addr, port uint16, reals []netip.AddrPort) {
+		k := Key{Addr: a, Port: port, Proto: sp.Name.Protocol}
+		server(&VirtualServer{Service: Service{Key: k, Scheduler: sched, Flags: flags, Timeout: timeout}, Name: sp.Name, Reals: reals})
+	}
+	for _, ip := range sp.ClusterIPs {
+		if fam(ip) {
+			add(ip, sp.Port, internal)
+			bind(ip)
 		}
-		if sp.NodePort != 0 {
-			for _, ip := range o.NodeIPs {
-				if fam(ip) {
-					add(ip, sp.NodePort, external)
-				}
+	}
+	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		if fam(ip) {
+			add(ip, sp.Port, external)
+			if o.IsLocal == nil || !o.IsLocal(ip) {
+				bind(ip)
 			}
 		}
 	}
-	for a := range bind {
-		d.Bind = append(d.Bind, a)
+	if sp.NodePort != 0 {
+		for _, ip := range o.NodeIPs {
+			if fam(ip) {
+				add(ip, sp.NodePort, external)
+			}
+		}
 	}
-	slices.SortFunc(d.Bind, netip.Addr.Compare)
-	return d
 }
 
 // ErrUnavailable is returned (wrapped) by Detect when IPVS does not work.

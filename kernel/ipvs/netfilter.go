@@ -69,90 +69,30 @@ func SetName(name string, ipv6 bool) string {
 // Sets renders every set of one family with its entries: a pure function
 // of the snapshot, the bound addresses and the node IPs.
 func Sets(snap *lb.Snapshot, o Options, bound []netip.Addr) (specs []SetSpec, entries map[string][]string) {
+	specs, entries, _ = sets(snap, o, bound)
+	return specs, entries
+}
+
+// setEntry is one entry of one set (by its name in the family).
+type setEntry struct{ set, entry string }
+
+// sets is Sets, with each port's entries for SyncChanged.
+func sets(snap *lb.Snapshot, o Options, bound []netip.Addr) (specs []SetSpec, entries map[string][]string, byPort map[lb.ServicePortName][]setEntry) {
 	entries = map[string][]string{}
-	name := func(n string) string { return SetName(n, o.IPv6) }
-	add := func(set, e string) { entries[name(set)] = append(entries[name(set)], e) }
-	fam := func(a netip.Addr) bool { return a.Is6() == o.IPv6 }
+	byPort = map[lb.ServicePortName][]setEntry{}
 	for _, sp := range snap.Sorted() {
-		proto := strings.ToLower(string(sp.Name.Protocol))
-		ipPort := func(a netip.Addr, port uint16) string { return fmt.Sprintf("%s,%s:%d", a, proto, port) }
-		for _, ip := range sp.ClusterIPs {
-			if fam(ip) {
-				add(SetClusterIP, ipPort(ip, sp.Port))
-			}
+		es := portEntries(sp, o)
+		for _, e := range es {
+			entries[e.set] = append(entries[e.set], e.entry)
 		}
-		for _, ip := range sp.ExternalIPs {
-			if fam(ip) {
-				add(SetExternalIP, ipPort(ip, sp.Port))
-				if sp.ExternalLocal {
-					add(SetExternalIPLocal, ipPort(ip, sp.Port))
-				}
-			}
-		}
-		var ranges []netip.Prefix
-		for _, r := range sp.SourceRanges {
-			if fam(r.Addr()) {
-				ranges = append(ranges, r)
-			}
-		}
-		nodeInRange := false
-		for _, r := range ranges {
-			for _, n := range o.NodeIPs {
-				nodeInRange = nodeInRange || r.Contains(n)
-			}
-		}
-		for _, ip := range sp.LoadBalancerIPs {
-			if fam(ip) {
-				add(SetLoadBalancer, ipPort(ip, sp.Port))
-				if sp.ExternalLocal {
-					add(SetLoadBalancerLocal, ipPort(ip, sp.Port))
-				}
-				if len(ranges) > 0 {
-					add(SetLoadBalancerFW, ipPort(ip, sp.Port))
-					for _, r := range ranges {
-						add(SetLBSourceCIDR, ipPort(ip, sp.Port)+","+r.String())
-					}
-					if nodeInRange { // the node's own hairpin comes from the LB IP
-						add(SetLBSourceIP, ipPort(ip, sp.Port)+","+ip.String())
-					}
-				}
-			}
-		}
-		hasFamily := slices.ContainsFunc(sp.ClusterIPs, fam)
-		if sp.NodePort != 0 && hasFamily {
-			switch sp.Name.Protocol {
-			case lb.TCP, lb.UDP:
-				set, local := SetNodePortTCP, SetNodePortLocalTCP
-				if sp.Name.Protocol == lb.UDP {
-					set, local = SetNodePortUDP, SetNodePortLocalUDP
-				}
-				add(set, fmt.Sprint(sp.NodePort))
-				if sp.ExternalLocal {
-					add(local, fmt.Sprint(sp.NodePort))
-				}
-			case lb.SCTP:
-				for _, ip := range o.NodeIPs {
-					if fam(ip) {
-						add(SetNodePortSCTP, ipPort(ip, sp.NodePort))
-						if sp.ExternalLocal {
-							add(SetNodePortLocalSCTP, ipPort(ip, sp.NodePort))
-						}
-					}
-				}
-			}
-		}
-		if sp.HealthCheckNodePort != 0 && hasFamily {
-			add(SetHealthCheck, fmt.Sprint(sp.HealthCheckNodePort))
-		}
-		for _, ep := range sp.Endpoints {
-			if ep.Local && fam(ep.Addr.Addr()) {
-				add(SetLoopBack, fmt.Sprintf("%s,%s:%d,%s", ep.Addr.Addr(), proto, ep.Addr.Port(), ep.Addr.Addr()))
-			}
+		if len(es) > 0 {
+			byPort[sp.Name] = es
 		}
 	}
 	for _, a := range bound {
-		if fam(a) {
-			add(SetIPVSIPs, a.String())
+		if a.Is6() == o.IPv6 {
+			n := SetName(SetIPVSIPs, o.IPv6)
+			entries[n] = append(entries[n], a.String())
 		}
 	}
 	for set, es := range entries {
@@ -160,9 +100,101 @@ func Sets(snap *lb.Snapshot, o Options, bound []netip.Addr) (specs []SetSpec, en
 		entries[set] = slices.Compact(es)
 	}
 	for _, s := range setTypes {
-		specs = append(specs, SetSpec{Name: name(s.Name), Type: s.Type})
+		specs = append(specs, SetSpec{Name: SetName(s.Name, o.IPv6), Type: s.Type})
 	}
-	return specs, entries
+	return specs, entries, byPort
+}
+
+// portEntries renders the set entries of one service port (nil: none),
+// each once.
+func portEntries(sp *lb.ServicePort, o Options) []setEntry {
+	if sp == nil {
+		return nil
+	}
+	var out []setEntry
+	add := func(set, e string) {
+		se := setEntry{SetName(set, o.IPv6), e}
+		if !slices.Contains(out, se) {
+			out = append(out, se)
+		}
+	}
+	fam := func(a netip.Addr) bool { return a.Is6() == o.IPv6 }
+	proto := strings.ToLower(string(sp.Name.Protocol))
+	ipPort := func(a netip.Addr, port uint16) string { return fmt.Sprintf("%s,%s:%d", a, proto, port) }
+	for _, ip := range sp.ClusterIPs {
+		if fam(ip) {
+			add(SetClusterIP, ipPort(ip, sp.Port))
+		}
+	}
+	for _, ip := range sp.ExternalIPs {
+		if fam(ip) {
+			add(SetExternalIP, ipPort(ip, sp.Port))
+			if sp.ExternalLocal {
+				add(SetExternalIPLocal, ipPort(ip, sp.Port))
+			}
+		}
+	}
+	var ranges []netip.Prefix
+	for _, r := range sp.SourceRanges {
+		if fam(r.Addr()) {
+			ranges = append(ranges, r)
+		}
+	}
+	nodeInRange := false
+	for _, r := range ranges {
+		for _, n := range o.NodeIPs {
+			nodeInRange = nodeInRange || r.Contains(n)
+		}
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		if fam(ip) {
+			add(SetLoadBalancer, ipPort(ip, sp.Port))
+			if sp.ExternalLocal {
+				add(SetLoadBalancerLocal, ipPort(ip, sp.Port))
+			}
+			if len(ranges) > 0 {
+				add(SetLoadBalancerFW, ipPort(ip, sp.Port))
+				for _, r := range ranges {
+					add(SetLBSourceCIDR, ipPort(ip, sp.Port)+","+r.String())
+				}
+				if nodeInRange { // the node's own hairpin comes from the LB IP
+					add(SetLBSourceIP, ipPort(ip, sp.Port)+","+ip.String())
+				}
+			}
+		}
+	}
+	hasFamily := slices.ContainsFunc(sp.ClusterIPs, fam)
+	if sp.NodePort != 0 && hasFamily {
+		switch sp.Name.Protocol {
+		case lb.TCP, lb.UDP:
+			set, local := SetNodePortTCP, SetNodePortLocalTCP
+			if sp.Name.Protocol == lb.UDP {
+				set, local = SetNodePortUDP, SetNodePortLocalUDP
+			}
+			add(set, fmt.Sprint(sp.NodePort))
+			if sp.ExternalLocal {
+				add(local, fmt.Sprint(sp.NodePort))
+			}
+		case lb.SCTP:
+			for _, ip := range o.NodeIPs {
+				if fam(ip) {
+					add(SetNodePortSCTP, ipPort(ip, sp.NodePort))
+					if sp.ExternalLocal {
+						add(SetNodePortLocalSCTP, ipPort(ip, sp.NodePort))
+					}
+				}
+			}
+		}
+	}
+	if sp.HealthCheckNodePort != 0 && hasFamily {
+		add(SetHealthCheck, fmt.Sprint(sp.HealthCheckNodePort))
+	}
+	for _, ep := range sp.Endpoints {
+		if ep.Local && fam(ep.Addr.Addr()) {
+			add(SetLoopBack, fmt.Sprintf("%s,%s:%d,%s", ep.Addr.Addr(), proto, ep.Addr.Port(), ep.Addr.Addr()))
+		}
+	}
+	return out
 }
 
 // RestoreSets renders `ipset restore` input that makes each set hold
@@ -304,12 +336,23 @@ type Netfilter struct {
 	MasqueradeAll bool
 	ClusterCIDR   netip.Prefix
 	RandomFully   bool // --random-fully on the SNAT rule
+
+	applied setTable // for SyncChanged
+}
+
+// setTable is what the syncs so far left in the sets, by service port.
+type setTable struct {
+	id      uint64 // the snapshot applied; 0: the next sync writes everything
+	nodeIPs []netip.Addr
+	refs    map[setEntry]int // how many ports want each entry
+	ports   map[lb.ServicePortName][]setEntry
 }
 
 // Sync applies the sets, then the rules that match on them, then the jumps.
 func (n *Netfilter) Sync(snap *lb.Snapshot, o Options, bound []netip.Addr) error {
 	o.IPv6 = n.IPv6
-	specs, entries := Sets(snap, o, bound)
+	n.applied = setTable{}
+	specs, entries, byPort := sets(snap, o, bound)
 	if err := n.Sets.Restore(RestoreSets(specs, entries, n.IPv6)); err != nil {
 		return fmt.Errorf("ipsets: %w", err)
 	}
@@ -321,7 +364,76 @@ func (n *Netfilter) Sync(snap *lb.Snapshot, o Options, bound []netip.Addr) error
 			return fmt.Errorf("hook %s into %s/%s: %w", j.Args[len(j.Args)-1], j.Table, j.Chain, err)
 		}
 	}
+	t := setTable{id: snap.ID, nodeIPs: slices.Clone(o.NodeIPs), refs: map[setEntry]int{}, ports: byPort}
+	for _, es := range byPort {
+		for _, e := range es {
+			t.refs[e]++
+		}
+	}
+	n.applied = t
 	return nil
+}
+
+// SyncChanged brings the sets to snap. When snap says which ports changed
+// since the snapshot the last sync applied, that sync succeeded with the
+// same node IPs, and bc is a change (not a full list), it writes only the
+// entries those ports and bc add and delete, in one ipset restore (none
+// when there are none), and leaves the rules, which do not depend on
+// the snapshot, to the full syncs; otherwise it is Sync with bound(). It
+// reports whether it was Sync.
+func (n *Netfilter) SyncChanged(snap *lb.Snapshot, o Options, bc BindChange, bound func() []netip.Addr) (full bool, err error) {
+	o.IPv6 = n.IPv6
+	t := &n.applied
+	names, ok := snap.DeltaSince(t.id)
+	if !ok || t.id == 0 || bc.Full || !slices.Equal(t.nodeIPs, o.NodeIPs) {
+		return true, n.Sync(snap, o, bound())
+	}
+	names = slices.Clone(names)
+	slices.SortFunc(names, lb.ServicePortName.Compare)
+	var b strings.Builder
+	line := func(op, set, e string) { b.WriteString(op + " " + set + " " + e + " -exist\n") }
+	for _, name := range slices.Compact(names) {
+		old, es := t.ports[name], portEntries(snap.Ports.Get(name), o)
+		for _, e := range old {
+			if t.refs[e]--; t.refs[e] == 0 {
+				delete(t.refs, e)
+				if !slices.Contains(es, e) {
+					line("del", e.set, e.entry)
+				}
+			}
+		}
+		for _, e := range es {
+			if t.refs[e]++; t.refs[e] == 1 && !slices.Contains(old, e) {
+				line("add", e.set, e.entry)
+			}
+		}
+		if len(es) > 0 {
+			t.ports[name] = es
+		} else {
+			delete(t.ports, name)
+		}
+	}
+	ips := SetName(SetIPVSIPs, n.IPv6)
+	for _, a := range bc.Del {
+		if a.Is6() == n.IPv6 {
+			line("del", ips, a.String())
+		}
+	}
+	for _, a := range bc.Add {
+		if a.Is6() == n.IPv6 {
+			line("add", ips, a.String())
+		}
+	}
+	if b.Len() == 0 {
+		t.id = snap.ID
+		return false, nil
+	}
+	t.id = 0 // until the restore succeeds
+	if err := n.Sets.Restore([]byte(b.String())); err != nil {
+		return false, fmt.Errorf("ipsets: %w", err)
+	}
+	t.id = snap.ID
+	return false, nil
 }
 
 // CleanupNetfilter removes what only IPVS mode installs in iptables (its

@@ -24,6 +24,7 @@ type Proxier struct {
 	mu       sync.Mutex
 	draining map[Key]map[netip.AddrPort]bool
 	synced   bool
+	table    appliedTable // what the syncs so far left, for SyncChanged
 }
 
 // Sync makes the table match snap and returns the addresses kube-ipvs0
@@ -34,7 +35,8 @@ func (p *Proxier) Sync(snap *lb.Snapshot) ([]netip.Addr, error) {
 	if p.draining == nil {
 		p.draining = map[Key]map[netip.AddrPort]bool{}
 	}
-	d := Render(snap, p.Options)
+	d, table := render(snap, p.Options)
+	p.table.reset() // until this sync succeeds, the next one compares everything
 	current, err := p.Kernel.Services()
 	if err != nil {
 		return nil, fmt.Errorf("list virtual servers: %w", err)
@@ -76,6 +78,10 @@ func (p *Proxier) Sync(snap *lb.Snapshot) ([]netip.Addr, error) {
 		delete(p.draining, s.Key)
 	}
 	p.synced = true
+	if len(errs) == 0 {
+		table.id, table.nodeIPs = snap.ID, slices.Clone(p.Options.NodeIPs)
+		p.table = table
+	}
 	return d.Bind, errors.Join(errs...)
 }
 
