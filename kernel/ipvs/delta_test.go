@@ -22,14 +22,22 @@ type countingKernel struct {
 	failReals bool
 }
 
-func newCountingKernel() *countingKernel { return &countingKernel{Fake: NewFake(), calls: map[string]int{}} }
+func newCountingKernel() *countingKernel {
+	return &countingKernel{Fake: NewFake(), calls: map[string]int{}}
+}
 
-func (k *countingKernel) Services() ([]Service, error) { k.calls["Services"]++; return k.Fake.Services() }
+func (k *countingKernel) Services() ([]Service, error) {
+	k.calls["Services"]++
+	return k.Fake.Services()
+}
 func (k *countingKernel) Reals(key Key) ([]Real, error) {
 	k.calls["Reals"]++
 	return k.Fake.Reals(key)
 }
-func (k *countingKernel) AddService(s Service) error { k.calls["AddService"]++; return k.Fake.AddService(s) }
+func (k *countingKernel) AddService(s Service) error {
+	k.calls["AddService"]++
+	return k.Fake.AddService(s)
+}
 func (k *countingKernel) DeleteService(key Key) error {
 	k.calls["DeleteService"]++
 	return k.Fake.DeleteService(key)
