@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/sluice-proxy/sluice/lb"
@@ -160,17 +161,28 @@ func (f *Fake) SetConns(k Key, a netip.AddrPort, active, inactive int) {
 }
 
 // Dump is the whole table as text, sorted, for comparing states.
-func (f *Fake) Dump() string {
-	svcs, _ := f.Services()
-	out := ""
+func (f *Fake) Dump() string { return Dump(f) }
+
+// Dump is a kernel's whole table as text, sorted, for comparing states.
+func Dump(k Kernel) string {
+	svcs, err := k.Services()
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	slices.SortFunc(svcs, func(a, b Service) int { return compareKeys(a.Key, b.Key) })
+	var out strings.Builder
 	for _, s := range svcs {
-		out += fmt.Sprintf("%s %s flags=%#x timeout=%d\n", s.Key, s.Scheduler, s.Flags, s.Timeout)
-		rs, _ := f.Reals(s.Key)
+		fmt.Fprintf(&out, "%s %s flags=%#x timeout=%d\n", s.Key, s.Scheduler, s.Flags, s.Timeout)
+		rs, err := k.Reals(s.Key)
+		if err != nil {
+			fmt.Fprintf(&out, "  error: %v\n", err)
+		}
+		slices.SortFunc(rs, func(a, b Real) int { return a.Addr.Compare(b.Addr) })
 		for _, r := range rs {
-			out += fmt.Sprintf("  -> %s weight %d\n", r.Addr, r.Weight)
+			fmt.Fprintf(&out, "  -> %s weight %d\n", r.Addr, r.Weight)
 		}
 	}
-	return out
+	return out.String()
 }
 
 // Unavailable is a Kernel with no IPVS as moby/ipvs sees it: every call
