@@ -93,6 +93,11 @@ type Config struct {
 	// UserspaceCapture is the userspace VIP capture: auto, iptables, bind
 	// or none.
 	UserspaceCapture string
+	// UserspaceCapturePort, when not 0, is the one TCP port the VIP
+	// capture redirects every TCP service port to (each connection's
+	// original destination picks the service), instead of a proxy port
+	// per service port.
+	UserspaceCapturePort int
 	// ModeFallback lets an unavailable kernel mode fall back (ipvs to
 	// iptables to userspace) instead of failing start-up.
 	ModeFallback bool
@@ -528,6 +533,17 @@ func (c *Config) Validate() error {
 	case "", "auto", "nftables", "iptables", "bind", "none":
 	default:
 		p.add("userspace-capture", "", c.UserspaceCapture, "want auto, nftables, iptables, bind or none")
+	}
+	if c.UserspaceCapturePort < 0 || c.UserspaceCapturePort > 65535 {
+		p.add("userspace-capture-port", "", c.UserspaceCapturePort, "must be 0-65535")
+	} else if c.UserspaceCapturePort != 0 {
+		switch c.UserspaceCapture {
+		case "bind", "none":
+			p.add("userspace-capture-port", "", c.UserspaceCapturePort, "needs a redirecting capture (--userspace-capture=nftables, iptables or auto), not %s", c.UserspaceCapture)
+		}
+		if r, err := ParsePortRange(kp.PortRange); err == nil && r.Base != 0 && c.UserspaceCapturePort >= r.Base && c.UserspaceCapturePort < r.Base+r.Size {
+			p.add("userspace-capture-port", "", c.UserspaceCapturePort, "is inside --proxy-port-range %s, whose ports are handed to proxy ports", kp.PortRange)
+		}
 	}
 	switch c.Engine {
 	case "eventloop":

@@ -57,6 +57,7 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		"--connect-timeouts":         {"--connect-timeouts=-2s"},
 		"--busy-poll":                {"--busy-poll=2s"},
 		"--event-loops":              {"--event-loops=-1"},
+		"--userspace-capture-port":   {"--userspace-capture-port=70000"},
 	}
 	for flag, args := range cases {
 		_, _, err := Parse(args)
@@ -71,6 +72,21 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 	}
 	if _, _, err := Parse([]string{"stray"}); err == nil {
 		t.Error("positional argument accepted")
+	}
+	// A capture port needs a capture that redirects, outside the proxy ports.
+	for _, tc := range []struct {
+		args []string
+		why  string
+	}{
+		{[]string{"--userspace-capture-port=15001", "--userspace-capture=bind"}, "not bind"},
+		{[]string{"--userspace-capture-port=30050", "--proxy-port-range=30000-30100"}, "inside --proxy-port-range 30000-30100"},
+	} {
+		if _, _, err := Parse(tc.args); err == nil || !strings.Contains(err.Error(), "userspace-capture-port") || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%v: %v, want an error naming the flag and %q", tc.args, err, tc.why)
+		}
+	}
+	if c, _, err := Parse([]string{"--userspace-capture-port=15001", "--userspace-capture=nftables"}); err != nil || c.UserspaceCapturePort != 15001 {
+		t.Errorf("a capture port with the nftables capture: %v", err)
 	}
 }
 

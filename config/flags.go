@@ -110,6 +110,7 @@ var flagModes = map[string][]string{
 	"event-loops":                  {ModeUserspace},
 	"iptables-backend":             {ModeIPTables, ModeUserspace, ModeIPVS},
 	"userspace-capture":            {ModeUserspace},
+	"userspace-capture-port":       {ModeUserspace},
 	"mode-fallback":                {ModeIPVS, ModeIPTables, ModeNFTables},
 	"ipvs-drain-interval":          {ModeIPVS},
 	"connect-timeouts":             {ModeUserspace},
@@ -243,6 +244,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	// sluice's own flags.
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "A file or directory of Service, EndpointSlice and Endpoints manifests (YAML or JSON, as kubectl apply -f takes them), watched for changes.")
 	fs.StringVar(&c.IPTablesBackend, "iptables-backend", c.IPTablesBackend, "iptables mode and --cleanup: auto (the iptables command, as the system's alternatives choose), nft (iptables-nft) or legacy (iptables-legacy).")
+	fs.IntVar(&c.UserspaceCapturePort, "userspace-capture-port", c.UserspaceCapturePort, "One TCP port (on --bind-address) that the nftables or iptables VIP capture redirects every TCP service port to; each connection's original destination (SO_ORIGINAL_DST) picks its service. 0 (the default): a proxy port and a listener per service port, as kube-proxy's userspace mode. Set it for tens of thousands of Services, where a listener each would exceed the descriptor limit. UDP and SCTP keep their proxy ports.")
 	fs.StringVar(&c.UserspaceCapture, "userspace-capture", c.UserspaceCapture, "How userspace mode captures traffic to ClusterIPs and non-local external IPs: nftables (redirects in sluice's own table, sluice-portals; no iptables binaries needed), iptables (REDIRECT rules in KUBE-PORTALS-CONTAINER/HOST), bind (the VIPs are assigned to a dummy interface, or lo, and listened on directly), none, or auto (nftables if nft works, else iptables, else bind, else none; the choice is logged).")
 	fs.BoolVar(&c.ModeFallback, "mode-fallback", c.ModeFallback, "When the kernel lacks what --proxy-mode needs, fall back (ipvs to iptables to userspace) with one log line saying why; false makes it a start-up error.")
 	fs.DurationVar(&c.IPVSDrainInterval, "ipvs-drain-interval", c.IPVSDrainInterval, "IPVS mode: how often a removed TCP real server (weight 0) is checked for remaining connections before it is deleted.")

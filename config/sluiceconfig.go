@@ -39,8 +39,10 @@ type SluiceConfiguration struct {
 	BusyPoll         *metav1.Duration `json:"busyPoll,omitempty"`         // --busy-poll
 	UDPTimeout       *metav1.Duration `json:"udpTimeout,omitempty"`       // --udp-timeout
 	UserspaceCapture *string          `json:"userspaceCapture,omitempty"` // --userspace-capture
-	IPTablesBackend  *string          `json:"iptablesBackend,omitempty"`  // --iptables-backend
-	ModeFallback     *bool            `json:"modeFallback,omitempty"`     // --mode-fallback
+	// UserspaceCapturePort is --userspace-capture-port.
+	UserspaceCapturePort *int    `json:"userspaceCapturePort,omitempty"`
+	IPTablesBackend      *string `json:"iptablesBackend,omitempty"` // --iptables-backend
+	ModeFallback         *bool   `json:"modeFallback,omitempty"`    // --mode-fallback
 	// IPVSDrainInterval is --ipvs-drain-interval.
 	IPVSDrainInterval *metav1.Duration `json:"ipvsDrainInterval,omitempty"`
 	Connect           *SluiceConnect   `json:"connect,omitempty"`
@@ -68,7 +70,7 @@ type SluiceEjection struct {
 var sluiceFields = map[string]string{
 	"manifests": "manifests", "manifest-coalesce": "manifestCoalesce", "manifest-max-bytes": "manifestMaxBytes",
 	"engine": "engine", "event-loops": "eventLoops", "busy-poll": "busyPoll", "udp-timeout": "udpTimeout",
-	"userspace-capture": "userspaceCapture", "iptables-backend": "iptablesBackend", "mode-fallback": "modeFallback",
+	"userspace-capture": "userspaceCapture", "userspace-capture-port": "userspaceCapturePort", "iptables-backend": "iptablesBackend", "mode-fallback": "modeFallback",
 	"ipvs-drain-interval": "ipvsDrainInterval", "connect-timeouts": "connect.timeouts", "connect-attempts": "connect.attempts",
 	"connect-budget": "connect.budget", "eject-after": "ejection.after", "eject-backoff": "ejection.backoff",
 	"eject-max-backoff": "ejection.maxBackoff", "drain-timeout": "drainTimeout", "handover-socket": "handoverSocket",
@@ -101,6 +103,7 @@ func (s *SluiceConfiguration) apply(c *Config) {
 	d(&c.BusyPoll, s.BusyPoll)
 	d(&c.UDPTimeout, s.UDPTimeout)
 	str(&c.UserspaceCapture, s.UserspaceCapture)
+	num(&c.UserspaceCapturePort, s.UserspaceCapturePort)
 	str(&c.IPTablesBackend, s.IPTablesBackend)
 	if s.ModeFallback != nil {
 		c.ModeFallback = *s.ModeFallback
@@ -136,22 +139,23 @@ func sluiceConfigurationOf(c *Config) SluiceConfiguration {
 	}
 	mb, fb := c.ManifestMaxBytes, c.ModeFallback
 	return SluiceConfiguration{
-		TypeMeta:          metav1.TypeMeta{APIVersion: SluiceAPIVersion, Kind: SluiceKind},
-		Manifests:         ptr(c.Manifests),
-		ManifestCoalesce:  md(c.ManifestCoalesce),
-		ManifestMaxBytes:  &mb,
-		Engine:            ptr(c.Engine),
-		EventLoops:        num(c.EventLoops),
-		BusyPoll:          md(c.BusyPoll),
-		UDPTimeout:        md(c.UDPTimeout),
-		UserspaceCapture:  ptr(c.UserspaceCapture),
-		IPTablesBackend:   ptr(c.IPTablesBackend),
-		ModeFallback:      &fb,
-		IPVSDrainInterval: md(c.IPVSDrainInterval),
-		Connect:           &SluiceConnect{Timeouts: timeouts, Attempts: num(c.ConnectAttempts), Budget: md(c.ConnectBudget)},
-		Ejection:          &SluiceEjection{After: num(c.EjectAfter), Backoff: md(c.EjectBackoff), MaxBackoff: md(c.EjectMaxBackoff)},
-		DrainTimeout:      md(c.DrainTimeout),
-		HandoverSocket:    ptr(c.HandoverSocket),
+		TypeMeta:             metav1.TypeMeta{APIVersion: SluiceAPIVersion, Kind: SluiceKind},
+		Manifests:            ptr(c.Manifests),
+		ManifestCoalesce:     md(c.ManifestCoalesce),
+		ManifestMaxBytes:     &mb,
+		Engine:               ptr(c.Engine),
+		EventLoops:           num(c.EventLoops),
+		BusyPoll:             md(c.BusyPoll),
+		UDPTimeout:           md(c.UDPTimeout),
+		UserspaceCapture:     ptr(c.UserspaceCapture),
+		UserspaceCapturePort: num(c.UserspaceCapturePort),
+		IPTablesBackend:      ptr(c.IPTablesBackend),
+		ModeFallback:         &fb,
+		IPVSDrainInterval:    md(c.IPVSDrainInterval),
+		Connect:              &SluiceConnect{Timeouts: timeouts, Attempts: num(c.ConnectAttempts), Budget: md(c.ConnectBudget)},
+		Ejection:             &SluiceEjection{After: num(c.EjectAfter), Backoff: md(c.EjectBackoff), MaxBackoff: md(c.EjectMaxBackoff)},
+		DrainTimeout:         md(c.DrainTimeout),
+		HandoverSocket:       ptr(c.HandoverSocket),
 	}
 }
 

@@ -54,6 +54,14 @@ type Target struct {
 	// (loadBalancerSourceRanges); others are refused like a port with no
 	// endpoints.
 	Admit func(netip.Addr) bool
+	// Resolve, when set, makes this the target of a capture listener: one
+	// TCP port that the VIP capture redirects many service ports to. Each
+	// accepted connection's original destination (SO_ORIGINAL_DST) picks
+	// the Target that serves it; nil, or no original destination (a
+	// connection to the port itself), resets the connection. Only Resolve
+	// is read of such a target. It runs on the data path: it must not
+	// block.
+	Resolve func(orig netip.AddrPort) *Target
 }
 
 // errNotAdmitted refuses a client outside the frontend's source ranges.
@@ -65,6 +73,21 @@ func (t *Target) order(src netip.Addr) ([]netip.AddrPort, error) {
 		return nil, errNotAdmitted
 	}
 	return t.Picker.Order(src)
+}
+
+// resolved is the target that serves a connection accepted on fd by a
+// listener of this target (on a socket of family v6): t itself, or for a
+// capture listener the one its original destination resolves to (nil:
+// none).
+func (t *Target) resolved(fd int, v6 bool) *Target {
+	if t.Resolve == nil {
+		return t
+	}
+	orig, err := originalDst(fd, v6)
+	if err != nil {
+		return nil
+	}
+	return t.Resolve(orig)
 }
 
 func (t *Target) counters() Counters {

@@ -532,6 +532,7 @@ func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDB
 type elTCPListener struct {
 	e     *EventLoop
 	addr  netip.AddrPort
+	v6    bool // an IPv6 socket (for the original destination's level)
 	t     *Target
 	socks []*elTCPSocket
 	once  sync.Once
@@ -592,6 +593,7 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		}
 		fds = append(fds, fd)
 	}
+	ln.v6 = ln.addr.Addr().Is6() && !ln.addr.Addr().Is4In6()
 	first := 0
 	if len(fds) < len(e.loops) {
 		first = int(e.next.Add(1) - 1) // spread single sockets over the loops
@@ -693,7 +695,13 @@ func (s *elTCPSocket) event(uint32) {
 			s.pause()
 			return
 		}
-		s.l.startConn(nfd, client, s.ln.t)
+		t := s.ln.t.resolved(nfd, s.ln.v6)
+		if t == nil {
+			resetClose(nfd)
+			fds.give(2)
+			continue
+		}
+		s.l.startConn(nfd, client, t)
 	}
 	s.l.again = append(s.l.again, s.retryAccept)
 }

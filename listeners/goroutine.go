@@ -308,7 +308,22 @@ func (l *goTCPListener) handle(gc *goConn) {
 	defer l.g.untrack(gc)
 	defer gc.cancel()
 	client := gc.client
-	t, ctr := l.t, l.t.counters()
+	t := l.t
+	if t.Resolve != nil {
+		t = nil
+		if rc, err := client.SyscallConn(); err == nil {
+			v6 := false
+			if la, ok := client.LocalAddr().(*net.TCPAddr); ok {
+				v6 = la.IP.To4() == nil
+			}
+			rc.Control(func(fd uintptr) { t = l.t.resolved(int(fd), v6) })
+		}
+		if t == nil {
+			refuse(client)
+			return
+		}
+	}
+	ctr := t.counters()
 	ctr.Opened()
 	var up, down uint64
 	defer func() { ctr.Closed(up, down) }() // refusals too

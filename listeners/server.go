@@ -69,6 +69,15 @@ type Server struct {
 	// local are redirected to a proxy port (the "iptables" capture), so a
 	// port whose traffic policies differ gets an external proxy port.
 	CaptureExternal bool
+	// CapturePort, when not 0, is the one TCP port that every TCP service
+	// port's captured ClusterIPs (and, with CaptureExternal, non-local
+	// external and load-balancer IPs) are redirected to, once OpenCapture
+	// has opened it: each connection's original destination picks its
+	// service port (SO_ORIGINAL_DST), instead of a proxy port and a
+	// listener per service port, which at 50,000 Services would be more
+	// descriptors than the process may hold (--userspace-capture-port).
+	// UDP and SCTP ports keep their proxy ports.
+	CapturePort uint16
 	// NodePortAddrs lists the addresses NodePorts listen on
 	// (--nodeport-addresses). A nil result (or a nil func) means BindAddress;
 	// an empty non-nil one means none. It is asked once per Apply; a change
@@ -84,6 +93,11 @@ type Server struct {
 
 	mu    sync.Mutex
 	ports map[lb.ServicePortName]*servedPort
+	// capture is the CapturePort listener (nil: none); captured maps each
+	// original destination it serves to its Target, read without a lock
+	// by the data path.
+	capture  Listener
+	captured sync.Map // netip.AddrPort -> *Target
 	// sctpPorts counts the SCTP entries of ports, kept by setPort and
 	// dropPort: the SCTPSkipped count without a walk of every port per
 	// update (issue 16).
@@ -171,6 +185,7 @@ type servedPort struct {
 	listeners  []Listener
 	proxyPorts []int        // allocated from ProxyPorts
 	nodeAddrs  []netip.Addr // where its NodePort listens
+	captured   []netip.AddrPort // its destinations in Server.captured
 	// failed are the frontends whose listener could not be opened (a port
 	// busy with another process, an address not yet assigned); RetryFailed
 	// tries them again.
@@ -398,7 +413,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(a, sp.NodePort)})
 		}
 	}
-	nonLocal := false
+	var nonLocal []netip.Addr
 	for _, set := range []struct {
 		role Role
 		ips  []netip.Addr
@@ -407,7 +422,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			if s.ListenOnVIPs || (s.IsLocal != nil && s.IsLocal(ip)) {
 				open(Frontend{Service: sp.Name, Role: set.role, Addr: netip.AddrPortFrom(ip, sp.Port)})
 			} else {
-				nonLocal = true
+				nonLocal = append(nonLocal, ip)
 			}
 		}
 	}
@@ -415,6 +430,10 @@ func (s *Server) openPort(p *servedPort) []error {
 		for _, vip := range sp.ClusterIPs {
 			open(Frontend{Service: sp.Name, Role: RoleClusterIP, Addr: netip.AddrPortFrom(vip, sp.Port)})
 		}
+		return errs
+	}
+	if s.capture != nil && sp.Name.Protocol == lb.TCP {
+		s.openCaptured(p, nonLocal)
 		return errs
 	}
 	// openProxyPort opens a listener on a port of the proxy range (or a
@@ -461,7 +480,7 @@ func (s *Server) openPort(p *servedPort) []error {
 		openProxyPort(RoleProxyPort, vip)
 		break // one proxy port serves every ClusterIP of the port
 	}
-	if s.CaptureExternal && nonLocal && p.ext != p.target {
+	if s.CaptureExternal && len(nonLocal) > 0 && p.ext != p.target {
 		openProxyPort(RoleExternalProxyPort, netip.Addr{})
 	}
 	return errs
@@ -539,11 +558,82 @@ func (s *Server) closePort(p *servedPort) {
 			s.ProxyPorts.Release(port)
 		}
 	}
+	for _, dst := range p.captured {
+		if v, ok := s.captured.Load(dst); ok && (v == p.target || v == p.ext) {
+			s.captured.Delete(dst)
+		}
+	}
 	s.unserved -= len(p.failed)
 	if len(p.frontends) > 0 {
 		s.frontendsVersion++
 	}
-	p.listeners, p.frontends, p.proxyPorts, p.failed = nil, nil, nil, nil
+	p.listeners, p.frontends, p.proxyPorts, p.failed, p.captured = nil, nil, nil, nil, nil
+}
+
+// OpenCapture opens the CapturePort listener on BindAddress; from then on
+// TCP service ports opened are served through it. It is an error to call
+// it twice.
+func (s *Server) OpenCapture() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.capture != nil {
+		return errors.New("capture port already open")
+	}
+	addr := netip.AddrPortFrom(s.bindAddress(), s.CapturePort)
+	ln, err := s.Engine.Listen(lb.TCP, addr, &Target{Resolve: s.resolveCaptured})
+	if err != nil {
+		return fmt.Errorf("capture port: listen on %s: %w", addr, err)
+	}
+	s.capture = ln
+	return nil
+}
+
+// resolveCaptured is the capture listener's Resolve.
+func (s *Server) resolveCaptured(orig netip.AddrPort) *Target {
+	if v, ok := s.captured.Load(orig); ok {
+		return v.(*Target)
+	}
+	return nil
+}
+
+// openCaptured serves a TCP service port through the capture listener:
+// its ClusterIPs of the listener's family (and, with CaptureExternal, its
+// non-local external and load-balancer IPs) resolve to its targets, and
+// it gets the frontends the VIP capture maps to the capture port.
+func (s *Server) openCaptured(p *servedPort, nonLocalExternal []netip.Addr) {
+	sp := p.sp
+	to := s.capture.Addr()
+	capturable := func(ip netip.Addr) bool { return ip.Is4() == to.Addr().Is4() } // as the capture maps them
+	register := func(ip netip.Addr, t *Target) {
+		dst := netip.AddrPortFrom(ip, sp.Port)
+		s.captured.Store(dst, t)
+		p.captured = append(p.captured, dst)
+	}
+	var vip netip.Addr
+	for _, ip := range sp.ClusterIPs {
+		if capturable(ip) {
+			register(ip, p.target)
+			if !vip.IsValid() {
+				vip = ip
+			}
+		}
+	}
+	if vip.IsValid() {
+		p.frontends = append(p.frontends, Frontend{Service: sp.Name, Role: RoleProxyPort, VIP: vip, Addr: to})
+		s.frontendsVersion++
+	}
+	if !s.CaptureExternal || len(nonLocalExternal) == 0 {
+		return
+	}
+	for _, ip := range nonLocalExternal {
+		if capturable(ip) {
+			register(ip, p.ext)
+		}
+	}
+	if p.ext != p.target {
+		p.frontends = append(p.frontends, Frontend{Service: sp.Name, Role: RoleExternalProxyPort, Addr: to})
+		s.frontendsVersion++
+	}
 }
 
 // FrontendsVersion changes whenever the open frontends do (a listener
@@ -615,6 +705,10 @@ func (s *Server) Close() {
 	for name, p := range s.ports {
 		s.closePort(p)
 		s.dropPort(name)
+	}
+	if s.capture != nil {
+		s.capture.Close()
+		s.capture = nil
 	}
 	s.mu.Unlock()
 	s.ejectMu.Lock()

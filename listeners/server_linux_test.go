@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -650,4 +651,127 @@ func TestServerProxyPortsFromTheEphemeralRange(t *testing.T) {
 			t.Fatalf("after the Service went: Next gave %d and %d, want %d and %d", p1, p2, lo, lo+1)
 		}
 	})
+}
+
+// With a capture port, 1,000 TCP service ports are served by one
+// listener: each port's captured destinations (its ClusterIP, and a
+// non-local external IP, on the external target when the policies split)
+// resolve to its own target, removed ports stop resolving, UDP keeps its
+// proxy port, and a connection straight to the capture port (not
+// redirected: no original destination) is reset.
+func TestServerServesTCPPortsThroughOneCapturePort(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		srv := &Server{Engine: e, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+			CapturePort: freePort(t), CaptureExternal: true, UDPTimeout: time.Second}
+		defer srv.Close()
+		if err := srv.OpenCapture(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.OpenCapture(); err == nil {
+			t.Fatal("a second OpenCapture succeeded")
+		}
+		capture := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), srv.CapturePort)
+		ep := serveTCP(t, nameHandler("b"))
+		fdsBefore := openFDs(t)
+		ports := map[lb.ServicePortName]*lb.ServicePort{}
+		for i := range 1000 {
+			sp := webPort(0, ep)
+			sp.Name.Name = fmt.Sprintf("web%d", i)
+			sp.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}
+			if i == 7 {
+				sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+				sp.ExternalLocal = true // its own external target
+				sp.Endpoints[0].Local = true
+			}
+			ports[sp.Name] = sp
+		}
+		dns := webPort(0, ep)
+		dns.Name = lb.ServicePortName{Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP}
+		dns.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.9.9")}
+		dns.Port = 53
+		ports[dns.Name] = dns
+		cur := lb.NewSnapshot(ports)
+		cur.ID = 1
+		if err := srv.Apply(cur); err != nil {
+			t.Fatal(err)
+		}
+		if opened := openFDs(t) - fdsBefore; opened > 10 {
+			t.Fatalf("%d descriptors opened for 1,000 TCP ports and one UDP port, want the UDP proxy port's few", opened)
+		}
+		byRole := map[Role]int{}
+		for _, fe := range srv.Frontends() {
+			byRole[fe.Role]++
+			if fe.Service.Protocol == lb.TCP && fe.Addr != capture {
+				t.Fatalf("TCP frontend %+v not on the capture port %s", fe, capture)
+			}
+			if fe.Service.Protocol == lb.UDP && (fe.Role != RoleProxyPort || fe.Addr == capture) {
+				t.Fatalf("UDP frontend %+v, want a proxy port of its own", fe)
+			}
+		}
+		if byRole[RoleProxyPort] != 1001 || byRole[RoleExternalProxyPort] != 1 {
+			t.Fatalf("frontends by role %v, want 1001 proxy ports and 1 external", byRole)
+		}
+		srv.mu.Lock()
+		for name, sp := range ports {
+			if name.Protocol != lb.TCP {
+				continue
+			}
+			p := srv.ports[name]
+			if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ClusterIPs[0], 80)); got != p.target {
+				t.Fatalf("%s's ClusterIP resolves to %p, want its target %p", name, got, p.target)
+			}
+			if len(sp.ExternalIPs) > 0 {
+				if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ExternalIPs[0], 80)); got != p.ext || p.ext == p.target {
+					t.Fatalf("%s's external IP resolves to %p, want its external target %p", name, got, p.ext)
+				}
+			}
+		}
+		srv.mu.Unlock()
+		if srv.resolveCaptured(netip.MustParseAddrPort("10.96.0.1:81")) != nil || srv.resolveCaptured(netip.MustParseAddrPort("10.96.9.9:53")) != nil {
+			t.Fatal("a destination no TCP port has resolves")
+		}
+		// Half the ports go (a delta); theirs stop resolving.
+		var del []lb.ServicePortName
+		for name := range ports {
+			if name.Protocol == lb.TCP && len(del) < 500 {
+				del = append(del, name)
+			}
+		}
+		next := cur.With(nil, del)
+		next.ID = 2
+		if err := srv.Apply(next); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range del {
+			if got := srv.resolveCaptured(netip.AddrPortFrom(ports[name].ClusterIPs[0], 80)); got != nil {
+				t.Fatalf("removed %s still resolves", name)
+			}
+		}
+		if got := srv.resolveCaptured(netip.AddrPortFrom(keptTCPClusterIP(t, next), 80)); got == nil {
+			t.Fatal("a kept port stopped resolving")
+		}
+		if got, err := dialName(t, capture); err == nil && got != "" {
+			t.Fatalf("straight to the capture port: %q, want a reset", got)
+		}
+	})
+}
+
+// keptTCPClusterIP returns a ClusterIP of a TCP port still in snap.
+func keptTCPClusterIP(t *testing.T, snap *lb.Snapshot) netip.Addr {
+	for _, sp := range snap.Ports.All() {
+		if sp.Name.Protocol == lb.TCP {
+			return sp.ClusterIPs[0]
+		}
+	}
+	t.Fatal("no TCP port left")
+	return netip.Addr{}
+}
+
+// openFDs counts the process's open descriptors.
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

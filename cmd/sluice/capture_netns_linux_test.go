@@ -18,21 +18,27 @@ func TestUserspaceCaptureInNetns(t *testing.T) {
 		name, method, backend string
 		env                   []string
 		logs                  []string
+		args                  []string
 	}{
-		{"iptables-nft", "iptables", "nft", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
-		{"iptables-legacy", "iptables", "legacy", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}},
-		{"nftables", "nftables", "nft", nil, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}},
+		{"iptables-nft", "iptables", "nft", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}, nil},
+		{"iptables-legacy", "iptables", "legacy", nil, []string{"userspace VIP capture: iptables", "forced by --userspace-capture"}, nil},
+		{"nftables", "nftables", "nft", nil, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}, nil},
 		// A restricted node: nft and no iptables binary at all.
-		{"nftables-without-iptables", "nftables", "nft", []string{"PATH=" + nftOnlyDir(t)}, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}},
-		{"auto", "auto", "nft", nil, []string{"userspace VIP capture: nftables", "nft can program the sluice-portals table"}},
+		{"nftables-without-iptables", "nftables", "nft", []string{"PATH=" + nftOnlyDir(t)}, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}, nil},
+		{"auto", "auto", "nft", nil, []string{"userspace VIP capture: nftables", "nft can program the sluice-portals table"}, nil},
 		// With neither nft nor iptables on PATH, auto falls back to bind
 		// and says why.
-		{"auto-without-nft-or-iptables", "auto", "nft", []string{"PATH=/var/empty"}, []string{"userspace VIP capture: bind", "nftables unusable", "iptables unusable"}},
-		{"bind-nft", "bind", "nft", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
-		{"bind-legacy", "bind", "legacy", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}},
-		{"none", "none", "legacy", nil, []string{"userspace VIP capture: none", "forced by --userspace-capture"}},
+		{"auto-without-nft-or-iptables", "auto", "nft", []string{"PATH=/var/empty"}, []string{"userspace VIP capture: bind", "nftables unusable", "iptables unusable"}, nil},
+		{"bind-nft", "bind", "nft", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}, nil},
+		{"bind-legacy", "bind", "legacy", nil, []string{"userspace VIP capture: bind", "forced by --userspace-capture"}, nil},
+		{"none", "none", "legacy", nil, []string{"userspace VIP capture: none", "forced by --userspace-capture"}, nil},
+		// One capture port for every TCP service port (issue 16's 50k
+		// Services): the original destination picks the service.
+		{"nftables-capture-port", "nftables", "nft", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001"}},
+		{"iptables-capture-port", "iptables", "legacy", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001"}},
+		{"nftables-capture-port-goroutine", "nftables", "nft", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001", "--engine=goroutine"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.env, tc.logs) })
+		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.env, tc.logs, tc.args...) })
 	}
 }
 
@@ -49,7 +55,7 @@ func nftOnlyDir(t *testing.T) string {
 	return dir
 }
 
-func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine []string) {
+func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine []string, args ...string) {
 	b := newNetnsBed(t)
 	b.startBackends("b", "10.244.0.5", "10.244.0.6", "fd00:244::5", "fd00:244::6")
 	for _, cmd := range []string{"iptables-" + backend, "ip6tables-" + backend} {
@@ -64,8 +70,8 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
-	p := b.start(b.node, env, sluiceBin, "--proxy-mode=userspace", "--userspace-capture="+method, "--iptables-backend="+backend,
-		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
+	p := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
+		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)...)
 	p.waitLog(logLine...)
 	p.waitLog("state applied")
 	if method == "auto" {
@@ -102,6 +108,12 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		}
 		if got := b.tries("tcp", "10.96.0.12:80", 1)[0]; !strings.HasPrefix(got, "error: ") {
 			t.Fatalf("no endpoints: %q, want an error", got)
+		}
+	}
+	if len(args) > 0 {
+		// The capture port serves only what was redirected to it.
+		if d := distinct(b.tries("tcp", "192.168.10.1:15001", 1)); d["error"] != 1 {
+			t.Fatalf("a connection straight to the capture port reached %v", d)
 		}
 	}
 	if method == "bind" {

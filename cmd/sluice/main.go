@@ -385,6 +385,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			return err
 		}
 		defer capture.close()
+		if port := cfg.UserspaceCapturePort; port != 0 {
+			if !srv.CaptureExternal { // bind or none: nothing redirects to a port
+				return fmt.Errorf("--userspace-capture-port=%d: the VIP capture in use does not redirect (it needs nftables or iptables)", port)
+			}
+			srv.CapturePort = uint16(port)
+			if err := srv.OpenCapture(); err != nil {
+				return fmt.Errorf("--userspace-capture-port=%d: %w", port, err)
+			}
+			log.Info("userspace capture port: every TCP service port is served on one listener", "port", port)
+		}
 		plane = userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log}
 		drain = func() {
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
