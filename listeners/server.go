@@ -183,8 +183,8 @@ type servedPort struct {
 	ext        *Target
 	frontends  []Frontend
 	listeners  []Listener
-	proxyPorts []int        // allocated from ProxyPorts
-	nodeAddrs  []netip.Addr // where its NodePort listens
+	proxyPorts []int            // allocated from ProxyPorts
+	nodeAddrs  []netip.Addr     // where its NodePort listens
 	captured   []netip.AddrPort // its destinations in Server.captured
 	// failed are the frontends whose listener could not be opened (a port
 	// busy with another process, an address not yet assigned); RetryFailed
