@@ -96,8 +96,9 @@ type Server struct {
 	// capture is the CapturePort listener (nil: none); captured maps each
 	// original destination it serves to its Target, read without a lock
 	// by the data path.
-	capture  Listener
-	captured sync.Map // netip.AddrPort -> *Target
+	capture     Listener
+	captureAddr netip.AddrPort // BindAddress and the capture listener's port
+	captured    sync.Map       // netip.AddrPort -> *Target
 	// sctpPorts counts the SCTP entries of ports, kept by setPort and
 	// dropPort: the SCTPSkipped count without a walk of every port per
 	// update (issue 16).
@@ -584,7 +585,9 @@ func (s *Server) OpenCapture() error {
 	if err != nil {
 		return fmt.Errorf("capture port: listen on %s: %w", addr, err)
 	}
-	s.capture = ln
+	// The address asked for, not the listener's: Go's engine listens
+	// on [::] for 0.0.0.0, and the capture maps by the bind family.
+	s.capture, s.captureAddr = ln, netip.AddrPortFrom(addr.Addr(), ln.Addr().Port())
 	return nil
 }
 
@@ -602,7 +605,7 @@ func (s *Server) resolveCaptured(orig netip.AddrPort) *Target {
 // it gets the frontends the VIP capture maps to the capture port.
 func (s *Server) openCaptured(p *servedPort, nonLocalExternal []netip.Addr) {
 	sp := p.sp
-	to := s.capture.Addr()
+	to := s.captureAddr
 	capturable := func(ip netip.Addr) bool { return ip.Is4() == to.Addr().Is4() } // as the capture maps them
 	register := func(ip netip.Addr, t *Target) {
 		dst := netip.AddrPortFrom(ip, sp.Port)
