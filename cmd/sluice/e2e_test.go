@@ -158,6 +158,7 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	p := &proc{t: t, cmd: cmd, lines: make(chan string, 1000), stdout: make(chan string, 100), done: make(chan error, 1)}
 	scan := func(r io.Reader, ch chan string) {
 		s := bufio.NewScanner(r)
+		s.Buffer(nil, 64<<20) // an error line that names thousands of listeners
 		for s.Scan() {
 			ch <- s.Text()
 		}
@@ -181,7 +182,14 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 // waitLog consumes log lines until one contains all of subs.
 func (p *proc) waitLog(subs ...string) string {
 	p.t.Helper()
-	deadline := time.After(30 * time.Second) // a safety net, never a synchronisation
+	return p.waitLogWithin(30*time.Second, subs...) // a safety net, never a synchronisation
+}
+
+// waitLogWithin is waitLog with another safety net (a start-up that reads
+// tens of thousands of Services).
+func (p *proc) waitLogWithin(d time.Duration, subs ...string) string {
+	p.t.Helper()
+	deadline := time.After(d)
 	for {
 		select {
 		case l, ok := <-p.lines:
