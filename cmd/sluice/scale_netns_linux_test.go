@@ -41,7 +41,7 @@ func scaleIP(i int) string { return fmt.Sprintf("10.96.%d.%d", i/250, i%250+1) }
 // 20,000; issue 16 asks for 50,000) with 10 endpoints each, from
 // manifests, captured by nftables. Probed through the first, a middle and
 // the last ClusterIP from the client namespace; then one Service's
-// endpoint moves by a manifest edit. It logs the time to ready, the
+// endpoint moves by a manifest edit, and a Service is added. It logs the time to ready, the
 // resident memory and the edit's time to effect.
 func TestUserspaceCapturePortAtScale(t *testing.T) {
 	n := 20000
@@ -81,11 +81,22 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 		}
 	}
 	tookEdit := time.Since(edited)
+	// A Service comes: a new file with it. Timed to sluice's log line
+	// (a probe sent before the capture has its portal is lost and waits
+	// for the client's timeout), then probed.
+	scaleManifest(t, dir, n, n+1, "10.244.0.6")
+	added := time.Now()
+	addLine := p.waitLogWithin(time.Minute, "state applied", fmt.Sprintf("scale/s%d:", n))
+	tookAdd := time.Since(added)
+	if d := distinct(b.tries("tcp", scaleIP(n)+":80", 2)); d["b@10.244.0.6"] != 2 {
+		t.Fatalf("the added service %d: %v", n, d)
+	}
+	t.Log(addLine)
 	if d := distinct(b.tries("tcp", scaleIP(0)+":80", 2)); d["b@10.244.0.5"] != 2 {
 		t.Fatalf("after the edit, service 0: %v", d)
 	}
-	t.Logf("%d Services x 10 endpoints in userspace mode, one capture port: first state applied %s after start (%s), %d MiB resident, a one-Service edit served in %s (probe included)",
-		n, tookReady.Round(time.Millisecond), applied, rss/1024, tookEdit.Round(time.Millisecond))
+	t.Logf("%d Services x 10 endpoints in userspace mode, one capture port: first state applied %s after start (%s), %d MiB resident, a one-Service edit served in %s (probe included), an added Service applied in %s",
+		n, tookReady.Round(time.Millisecond), applied, rss/1024, tookEdit.Round(time.Millisecond), tookAdd.Round(time.Millisecond))
 }
 
 // residentKiB is a process's VmRSS.
