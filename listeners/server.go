@@ -660,6 +660,17 @@ func (s *Server) FrontendCount() int {
 	return n
 }
 
+// PortFrontends lists the open listeners of one service port (none when
+// it is not served), without listing every port's.
+func (s *Server) PortFrontends(name lb.ServicePortName) []Frontend {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.ports[name]; p != nil {
+		return slices.Clone(p.frontends)
+	}
+	return nil
+}
+
 // Frontends lists every open listener, sorted by service and address.
 func (s *Server) Frontends() []Frontend {
 	s.mu.Lock()

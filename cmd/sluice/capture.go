@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -23,8 +24,8 @@ import (
 // have flushed it).
 type vipCapture interface {
 	before(snap *lb.Snapshot) error
-	// after is told the listeners' FrontendsVersion and how to list them.
-	after(snap *lb.Snapshot, version uint64, fes func() []listeners.Frontend) error
+	// after is told the listeners' FrontendsVersion and where to list them.
+	after(snap *lb.Snapshot, version uint64, fes frontendLister) error
 	resync() error
 	close()
 }
@@ -101,12 +102,19 @@ func chooseCapture(cfg *config.Config, srv *listeners.Server, local *localAddrs,
 	return noCapture{}, nil
 }
 
+// frontendLister lists the open listeners (listeners.Server): all of
+// them, or one service port's.
+type frontendLister interface {
+	Frontends() []listeners.Frontend
+	PortFrontends(lb.ServicePortName) []listeners.Frontend
+}
+
 type noCapture struct{}
 
-func (noCapture) before(*lb.Snapshot) error                                     { return nil }
-func (noCapture) after(*lb.Snapshot, uint64, func() []listeners.Frontend) error { return nil }
-func (noCapture) resync() error                                                 { return nil }
-func (noCapture) close()                                                        {}
+func (noCapture) before(*lb.Snapshot) error                        { return nil }
+func (noCapture) after(*lb.Snapshot, uint64, frontendLister) error { return nil }
+func (noCapture) resync() error                                    { return nil }
+func (noCapture) close()                                           {}
 
 // portalFamily is one family's portals through the iptables or the
 // nftables method: sync makes them exactly ps, present says whether they
@@ -115,6 +123,17 @@ type portalFamily interface {
 	sync(ps []portals.Portal) error
 	present() bool
 }
+
+// portalChanger is a portalFamily that can also apply a change: the
+// portals in del go and those in add come (a portal in both stays, with
+// add's target). errWholeNeeded says it cannot (then sync with every
+// portal).
+type portalChanger interface {
+	change(del, add []portals.Portal) error
+}
+
+// errWholeNeeded: a portal family cannot apply this change alone.
+var errWholeNeeded = portals.ErrWholeNeeded
 
 // portalCapture keeps the portals of the iptables or nftables method for
 // each family that works. Every --iptables-sync-period it checks that they
@@ -127,14 +146,32 @@ type portalCapture struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	mu   sync.Mutex
-	last []portals.Portal
+	mu sync.Mutex
+	// byPort is the portals worked out, by service port; keys counts the
+	// ports with a portal at each destination (more than one: they
+	// collide, and which wins is the whole list's order).
+	byPort map[lb.ServicePortName][]portals.Portal
+	keys   map[portalKey]int
 	// The frontends' and local addresses' versions last worked out
-	// (valid when worked).
+	// (valid when worked), and the snapshot seen last.
 	worked                bool
 	frontsSeen, localSeen uint64
+	snapID                uint64
 	// failed: the last sync of the portals failed (Tick tries again).
 	failed bool
+	// partials counts the updates worked out from the changed ports
+	// alone (for tests).
+	partials int
+}
+
+// portalKey is where a portal captures: protocol, address and port.
+type portalKey struct {
+	proto lb.Protocol
+	dst   netip.AddrPort
+}
+
+func keyOf(p portals.Portal) portalKey {
+	return portalKey{p.Protocol, netip.AddrPortFrom(p.IP, p.Port)}
 }
 
 func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
@@ -215,20 +252,119 @@ func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 // they were (portalsFor reads nothing of a port that a change keeping its
 // listeners can change: lb.ServicePort.SameFrontend), and an update of
 // endpoints alone costs nothing here (issue 16: it cost a listing and a
-// sort of every frontend, then a walk of every port).
-func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes func() []listeners.Frontend) error {
+// sort of every frontend, then a walk of every port). When snap says
+// which ports changed since the snapshot it saw last, only those ports'
+// portals are worked out again, and families that can (nftables) write
+// only their change: a Service added to 50,000 cost a listing of every
+// frontend and a walk of every port, some 300 ms.
+func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLister) error {
 	local := c.local.version()
 	c.mu.Lock()
+	prev := c.snapID
+	c.snapID = snap.ID
 	same := c.worked && !c.failed && version == c.frontsSeen && local == c.localSeen
+	canChange := c.worked && !c.failed && local == c.localSeen
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
-	ps := portalsFor(snap, fes(), c.local.has)
+	if names, ok := snap.DeltaSince(prev); ok && canChange {
+		if done, err := c.afterChanged(snap, names, version, fes); done {
+			return err
+		}
+	}
+	byPort := portalsByPort(snap, fes.Frontends(), c.local.has)
 	c.mu.Lock()
-	c.last, c.worked, c.frontsSeen, c.localSeen = ps, true, version, local
+	c.byPort, c.keys = byPort, map[portalKey]int{}
+	for _, ps := range byPort {
+		for _, p := range ps {
+			c.keys[keyOf(p)]++
+		}
+	}
+	c.worked, c.frontsSeen, c.localSeen = true, version, local
 	c.mu.Unlock()
 	return c.syncAll() // on failure the next update tries again, as Tick does
+}
+
+// afterChanged works out the portals of the ports named again and applies
+// the change; false when it cannot (two ports' portals collide at one
+// destination), leaving everything as it was.
+func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortName, version uint64, fes frontendLister) (bool, error) {
+	names = slices.Clone(names)
+	slices.SortFunc(names, lb.ServicePortName.Compare)
+	names = slices.Compact(names)
+	now := make(map[lb.ServicePortName][]portals.Portal, len(names))
+	for _, name := range names {
+		now[name] = portalsOfPort(snap.Ports.Get(name), fes.PortFrontends(name), c.local.has)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var del, add []portals.Portal
+	keys := map[portalKey]int{} // the counts of the destinations touched, after the change
+	for _, name := range names {
+		for _, p := range c.byPort[name] {
+			k := keyOf(p)
+			if _, ok := keys[k]; !ok {
+				keys[k] = c.keys[k]
+			}
+			keys[k]--
+			del = append(del, p)
+		}
+		for _, p := range now[name] {
+			k := keyOf(p)
+			if _, ok := keys[k]; !ok {
+				keys[k] = c.keys[k]
+			}
+			keys[k]++
+			add = append(add, p)
+		}
+	}
+	for k, n := range keys {
+		if n > 1 || n == 1 && !slices.ContainsFunc(add, func(p portals.Portal) bool { return keyOf(p) == k }) {
+			return false, nil // collides with a port not in the change
+		}
+	}
+	for k, n := range keys {
+		if n == 0 {
+			delete(c.keys, k)
+		} else {
+			c.keys[k] = n
+		}
+	}
+	for name, ps := range now {
+		if len(ps) == 0 {
+			delete(c.byPort, name)
+		} else {
+			c.byPort[name] = ps
+		}
+	}
+	c.frontsSeen = version
+	c.partials++
+	var errs []error
+	for _, f := range c.fams {
+		err := errWholeNeeded
+		if ch, ok := f.(portalChanger); ok {
+			err = ch.change(del, add)
+		}
+		if errors.Is(err, errWholeNeeded) {
+			err = f.sync(c.allLocked())
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.failed = len(errs) > 0
+	return true, errors.Join(errs...)
+}
+
+// allLocked is every portal worked out, by service port name.
+func (c *portalCapture) allLocked() []portals.Portal {
+	names := slices.SortedFunc(maps.Keys(c.byPort), lb.ServicePortName.Compare)
+	var out []portals.Portal
+	for _, n := range names {
+		out = append(out, c.byPort[n]...)
+	}
+	return out
 }
 
 // resync is the plane's Tick (once a minute): it syncs the portals again
@@ -252,7 +388,7 @@ func (c *portalCapture) syncAll() error {
 	defer c.mu.Unlock()
 	var errs []error
 	for _, f := range c.fams {
-		if err := f.sync(c.last); err != nil {
+		if err := f.sync(c.allLocked()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -260,49 +396,70 @@ func (c *portalCapture) syncAll() error {
 	return errors.Join(errs...)
 }
 
-// portalsFor maps each service port's ClusterIPs to its proxy port, and
-// its non-local external and load-balancer IPs to its external proxy port
-// (or the proxy port when it has none). An address of the other family
-// than its proxy port's listener is not captured.
+// portalsByPort maps each service port's ClusterIPs to its proxy port,
+// and its non-local external and load-balancer IPs to its external proxy
+// port (or the proxy port when it has none). An address of the other
+// family than its proxy port's listener is not captured.
+func portalsByPort(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) map[lb.ServicePortName][]portals.Portal {
+	byPort := map[lb.ServicePortName][]listeners.Frontend{}
+	for _, fe := range fes {
+		if fe.Role == listeners.RoleProxyPort || fe.Role == listeners.RoleExternalProxyPort {
+			byPort[fe.Service] = append(byPort[fe.Service], fe)
+		}
+	}
+	out := make(map[lb.ServicePortName][]portals.Portal, len(byPort))
+	for name, fes := range byPort {
+		if ps := portalsOfPort(snap.Ports.Get(name), fes, isLocal); len(ps) > 0 {
+			out[name] = ps
+		}
+	}
+	return out
+}
+
+// portalsFor is every portal, by service port name.
 func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	proxy := map[lb.ServicePortName]netip.AddrPort{}
-	ext := map[lb.ServicePortName]netip.AddrPort{}
+	c := portalCapture{byPort: portalsByPort(snap, fes, isLocal)}
+	return c.allLocked()
+}
+
+// portalsOfPort is portalsByPort for one port (nil: gone) and its frontends.
+func portalsOfPort(sp *lb.ServicePort, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
+	if sp == nil {
+		return nil
+	}
+	var to, eto netip.AddrPort
 	for _, fe := range fes {
 		switch fe.Role {
 		case listeners.RoleProxyPort:
-			proxy[fe.Service] = fe.Addr
+			to = fe.Addr
 		case listeners.RoleExternalProxyPort:
-			ext[fe.Service] = fe.Addr
+			eto = fe.Addr
 		}
 	}
+	if !to.IsValid() {
+		return nil
+	}
+	if !eto.IsValid() {
+		eto = to
+	}
 	var out []portals.Portal
-	add := func(sp *lb.ServicePort, ip netip.Addr, to netip.AddrPort, ranges []netip.Prefix) {
+	add := func(ip netip.Addr, to netip.AddrPort, ranges []netip.Prefix) {
 		if !to.IsValid() || ip.Is4() != to.Addr().Is4() {
 			return
 		}
 		out = append(out, portals.Portal{Service: sp.Name.String(), Protocol: sp.Name.Protocol, IP: ip, Port: sp.Port, To: to, SourceRanges: ranges})
 	}
-	for _, sp := range snap.Sorted() {
-		to, ok := proxy[sp.Name]
-		if !ok {
-			continue
+	for _, ip := range sp.ClusterIPs {
+		add(ip, to, nil)
+	}
+	for _, ip := range sp.ExternalIPs {
+		if isLocal == nil || !isLocal(ip) {
+			add(ip, eto, nil)
 		}
-		for _, ip := range sp.ClusterIPs {
-			add(sp, ip, to, nil)
-		}
-		eto := to
-		if e, ok := ext[sp.Name]; ok {
-			eto = e
-		}
-		for _, ip := range sp.ExternalIPs {
-			if isLocal == nil || !isLocal(ip) {
-				add(sp, ip, eto, nil)
-			}
-		}
-		for _, ip := range sp.LoadBalancerIPs {
-			if isLocal == nil || !isLocal(ip) {
-				add(sp, ip, eto, sp.SourceRanges)
-			}
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		if isLocal == nil || !isLocal(ip) {
+			add(ip, eto, sp.SourceRanges)
 		}
 	}
 	return out
@@ -338,7 +495,7 @@ func (c *bindCapture) before(snap *lb.Snapshot) error {
 	return c.binder.Ensure(c.last)
 }
 
-func (c *bindCapture) after(*lb.Snapshot, uint64, func() []listeners.Frontend) error {
+func (c *bindCapture) after(*lb.Snapshot, uint64, frontendLister) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.binder.Prune(c.last)

@@ -20,6 +20,12 @@ func (f nftablesPortals) sync(ps []portals.Portal) error {
 	return f.Sync(ctx, ps)
 }
 
+func (f nftablesPortals) change(del, add []portals.Portal) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return f.Change(ctx, del, add)
+}
+
 func (f nftablesPortals) present() bool {
 	ok, err := f.Present(context.Background())
 	if err != nil || !ok {

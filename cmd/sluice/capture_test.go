@@ -31,6 +31,14 @@ func (r *recordingPortals) sync(ps []portals.Portal) error {
 
 func (r *recordingPortals) present() bool { return true }
 
+// countingLister counts the listings of every frontend.
+type countingLister struct {
+	*listeners.Server
+	listed int
+}
+
+func (c *countingLister) Frontends() []listeners.Frontend { c.listed++; return c.Server.Frontends() }
+
 // The portals are worked out again only when the listeners' frontends or
 // the node's addresses changed: an update of endpoints alone lists no
 // frontend and syncs nothing; a frontend change, an address becoming
@@ -44,8 +52,7 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"),
 		ProxyPorts: listeners.NewPortAllocator(0, 0), Retry: lb.DefaultRetryPolicy()}
 	defer srv.Close()
-	listed := 0
-	fes := func() []listeners.Frontend { listed++; return srv.Frontends() }
+	fes := &countingLister{Server: srv}
 	port := func(ep string, externalIP string) *lb.ServicePort {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 80,
@@ -79,7 +86,7 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 			t.Fatalf("%s: %v", what, err)
 		}
 		got := captured()
-		if listed != wantListed || fam.syncs != wantSyncs || len(got) != len(want) {
+		if listed := fes.listed; listed != wantListed || fam.syncs != wantSyncs || len(got) != len(want) {
 			t.Fatalf("%s: frontends listed %d times, %d syncs, captured %v; want %d, %d, %v", what, listed, fam.syncs, got, wantListed, wantSyncs, want)
 		}
 		for _, w := range want {

@@ -69,7 +69,7 @@ func (u userspacePlane) Apply(snap *lb.Snapshot) error {
 	u.health.SetUnserved(u.Server.Unserved())
 	// Frontends only when the capture asks: listing and sorting every
 	// listener costs tens of milliseconds at 10k services.
-	if err := u.capture.after(snap, u.Server.FrontendsVersion(), u.Server.Frontends); err != nil {
+	if err := u.capture.after(snap, u.Server.FrontendsVersion(), u.Server); err != nil {
 		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
 	}
 	return errors.Join(errs...)

@@ -114,6 +114,15 @@ type countingPortals struct{ syncs int }
 func (c *countingPortals) sync([]portals.Portal) error { c.syncs++; return nil }
 func (c *countingPortals) present() bool               { return true }
 
+// changingPortals is a portalFamily that applies changes alone, as the
+// nftables one does, counting them.
+type changingPortals struct {
+	countingPortals
+	changes int
+}
+
+func (c *changingPortals) change(del, add []portals.Portal) error { c.changes++; return nil }
+
 // BenchmarkPublishEndpointChangeAt10kWithCapture is BenchmarkPublishOneChangeAt10k
 // with each ClusterIP on a proxy port of its own and the nftables or
 // iptables VIP capture in front (its kernel side counted, not run), as
@@ -168,4 +177,54 @@ func benchPorts(n int) (port func(i, ep int) *lb.ServicePort, all map[lb.Service
 		all[sp.Name] = sp
 	}
 	return port, all
+}
+
+// BenchmarkPublishServiceAddAt10kWithCapture is a Service added to (and
+// the next op removed from) 10k ClusterIP service ports in userspace mode
+// with the VIP capture in front (its kernel side counted, not run): a
+// frontend comes or goes, so the capture's portals change. With one
+// capture port (capture-port) or a proxy port each (proxy-ports).
+func BenchmarkPublishServiceAddAt10kWithCapture(b *testing.B) {
+	for _, mode := range []string{"proxy-ports", "capture-port"} {
+		b.Run(mode, func(b *testing.B) {
+			const n = 10000
+			port, all := benchPorts(n)
+			metrics := admin.NewMetrics()
+			log := slog.New(slog.DiscardHandler)
+			health := admin.NewHealth(time.Minute, nil)
+			local := &localAddrs{}
+			local.refresh()
+			srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+				ProxyPorts: listeners.NewPortAllocator(0, 0), CaptureExternal: true}
+			if mode == "capture-port" {
+				if err := srv.OpenCapture(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			defer srv.Close()
+			// As the nftables family: it can apply a change alone.
+			fam := &changingPortals{}
+			capture := newPortalCapture([]portalFamily{fam}, local, log)
+			a := &applier{plane: userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log},
+				local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+			snap := lb.NewSnapshot(all)
+			snap.ID = 1
+			a.Publish(snap)
+			added := port(n, 0)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				next := snap.With(map[lb.ServicePortName]*lb.ServicePort{added.Name: added}, nil)
+				if i%2 == 1 {
+					next = snap.With(nil, []lb.ServicePortName{added.Name})
+				}
+				next.ID = snap.ID + 1
+				a.Publish(next)
+				snap = next
+			}
+			b.StopTimer()
+			if got := srv.FrontendCount(); got != n+b.N%2 {
+				b.Fatalf("%d frontends, want %d", got, n+b.N%2)
+			}
+		})
+	}
 }

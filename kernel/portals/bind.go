@@ -15,6 +15,10 @@ const DefaultInterface = "sluice0"
 // interface already has; it is someone else's, and is left alone.
 var ErrExists = errors.New("address already assigned")
 
+// ErrWholeNeeded is returned by a change of some portals that a method
+// cannot apply alone: sync every portal instead.
+var ErrWholeNeeded = errors.New("the whole portal list is needed")
+
 // ErrNoDummy is returned (wrapped) by AddrTable.EnsureDummy when the
 // kernel has no dummy link type.
 var ErrNoDummy = errors.New("the kernel has no dummy link type")

@@ -236,6 +236,69 @@ func (c *NFTables) Sync(ctx context.Context, ps []Portal) error {
 	return nil
 }
 
+// Change applies a change of some portals: those in del go and those in
+// add come (a destination in both takes add's target), as element
+// deletions and additions in one transaction, nothing when it changes
+// nothing; the other family's portals are ignored. It needs an applied
+// table and portals that are map elements: otherwise (a first sync, one
+// after a failure or Invalidate, a portal with source ranges or a DNAT)
+// it changes nothing and returns ErrWholeNeeded, for Sync.
+func (c *NFTables) Change(ctx context.Context, del, add []Portal) error {
+	if c.applied == nil {
+		return ErrWholeNeeded
+	}
+	next := map[nftKey]int{} // the destinations changed: their port after, or -1
+	for i, ps := range [][]Portal{del, add} {
+		for _, p := range ps {
+			if p.IP.Is6() != c.IPv6 {
+				continue
+			}
+			redirect := !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified()
+			if !redirect || len(p.SourceRanges) > 0 || nftMapFor(p.Protocol) == "" {
+				return ErrWholeNeeded
+			}
+			k := nftKey{p.Protocol, netip.AddrPortFrom(p.IP, p.Port)}
+			if i == 0 {
+				if _, set := next[k]; !set {
+					next[k] = -1
+				}
+			} else {
+				next[k] = int(p.To.Port())
+			}
+		}
+	}
+	keys := slices.SortedFunc(maps.Keys(next), compareNFTKeys)
+	tx := c.NFT.NewTransaction()
+	for _, k := range keys {
+		old, had := c.applied.elements[k]
+		switch port := next[k]; {
+		case had && port == int(old):
+			continue
+		case had:
+			tx.Delete(nftElement(k, old))
+		}
+		if port := next[k]; port >= 0 {
+			tx.Add(nftElement(k, uint16(port)))
+		}
+	}
+	if tx.NumOperations() == 0 {
+		return nil
+	}
+	c.writes++
+	if err := c.NFT.Run(ctx, tx); err != nil {
+		c.applied = nil
+		return fmt.Errorf("apply portal rules (nftables): %w", err)
+	}
+	for _, k := range keys {
+		if port := next[k]; port >= 0 {
+			c.applied.elements[k] = uint16(port)
+		} else {
+			delete(c.applied.elements, k)
+		}
+	}
+	return nil
+}
+
 // Present says whether both chains are there (a `nft flush ruleset`, as a
 // firewall reload does, removes them).
 func (c *NFTables) Present(ctx context.Context) (bool, error) {

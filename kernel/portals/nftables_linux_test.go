@@ -252,3 +252,94 @@ func elementsSorted(dump string) string {
 	slices.Sort(elements)
 	return strings.Join(append(other, elements...), "\n")
 }
+
+// Change applies some portals going and coming as element operations
+// alone, leaving the table a whole write of the resulting portals leaves;
+// it refuses (ErrWholeNeeded, nothing written) portals with rules of
+// their own and a table it has not applied, and a failed one makes the
+// next change refuse too.
+func TestNFTablesPortalChangeLeavesWhatAWholeWriteLeaves(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	ctx := context.Background()
+	fake := &failingNFT{Fake: knftables.NewFake(knftables.IPv4Family, NFTablesTable)}
+	c := &NFTables{NFT: fake}
+	if err := c.Change(ctx, nil, nil); !errors.Is(err, ErrWholeNeeded) {
+		t.Fatalf("a change before any sync: %v, want ErrWholeNeeded", err)
+	}
+	cur := map[string]Portal{} // by destination
+	key := func(p Portal) string { return string(p.Protocol) + netip.AddrPortFrom(p.IP, p.Port).String() }
+	list := func() []Portal {
+		var out []Portal
+		for _, p := range cur {
+			out = append(out, p)
+		}
+		slices.SortFunc(out, func(a, b Portal) int { return strings.Compare(key(a), key(b)) })
+		return out
+	}
+	if err := c.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	changed, refused := 0, 0
+	for step := range 300 {
+		var del, add []Portal
+		some := randomPortals(rng)
+		for _, p := range some[:min(len(some), rng.IntN(4))] {
+			if old, ok := cur[key(p)]; ok && rng.IntN(2) == 0 {
+				del = append(del, old)
+				if rng.IntN(2) == 0 { // moved, not gone
+					add = append(add, p)
+				}
+				continue
+			}
+			if _, ok := cur[key(p)]; ok {
+				del = append(del, cur[key(p)])
+			}
+			add = append(add, p)
+		}
+		failing := rng.IntN(12) == 0
+		fake.fail = failing
+		writes := c.writes
+		err := c.Change(ctx, del, add)
+		if errors.Is(err, ErrWholeNeeded) && c.writes != writes {
+			t.Fatalf("step %d: a refused change wrote", step)
+		}
+		for _, p := range del {
+			delete(cur, key(p))
+		}
+		for _, p := range add {
+			cur[key(p)] = p
+		}
+		switch {
+		case errors.Is(err, ErrWholeNeeded):
+			refused++
+			fake.fail = false
+			if err := c.Sync(ctx, list()); err != nil {
+				t.Fatal(err)
+			}
+		case err != nil:
+			if !failing {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			if err := c.Change(ctx, nil, nil); !errors.Is(err, ErrWholeNeeded) {
+				t.Fatalf("step %d: a change after a failed one: %v, want ErrWholeNeeded", step, err)
+			}
+			fake.fail = false
+			if err := c.Sync(ctx, list()); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			changed++
+		}
+		fake.fail = false
+		fresh := knftables.NewFake(knftables.IPv4Family, NFTablesTable)
+		if err := (&NFTables{NFT: fresh}).Sync(ctx, list()); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := elementsSorted(fake.Dump()), elementsSorted(fresh.Dump()); got != want {
+			t.Fatalf("step %d: the table differs from a whole write:\n%s\nwant:\n%s", step, got, want)
+		}
+	}
+	if changed < 100 || refused == 0 {
+		t.Fatalf("%d changes applied alone, %d refused", changed, refused)
+	}
+}
