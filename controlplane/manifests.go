@@ -1094,6 +1094,9 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 			return errs, nil
 		}
 		sl.Namespace = ns
+		// Decoding grows the endpoints by doubling: 10 endpoints kept room
+		// for 16, a third of the cached slices' memory (issue 16).
+		sl.Endpoints = slices.Clone(sl.Endpoints)
 		obj = sl
 	}
 	c := docEntry{cachedDoc: cachedDoc{id: id, obj: obj, origin: origin}}
