@@ -86,8 +86,14 @@ func (g *Goroutine) Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (L
 		}
 		l := &goTCPListener{g: g, ln: lns[0], rest: lns[1:], t: t}
 		g.addListener(l)
+		// Held under the address asked for, which a successor asks for
+		// too: Go listens on [::] for 0.0.0.0 ("tcp"), and under that
+		// address a restart found nothing to take, failed to listen
+		// (EADDRINUSE) and served the port only once this process had
+		// retired.
+		held := netip.AddrPortFrom(addr.Addr(), l.Addr().Port())
 		for _, ln := range lns {
-			g.opts.sockets().Hold("tcp", l.Addr(), rawFD(ln))
+			g.opts.sockets().Hold("tcp", held, rawFD(ln))
 			g.loops.Add(1)
 			go l.serve(ln)
 		}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -774,4 +775,66 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// heldSockets is a Sockets that hands a successor what a predecessor
+// held, by the address it was held under.
+type heldSockets struct {
+	mu   sync.Mutex
+	held map[string][]int
+}
+
+func (h *heldSockets) key(network string, addr netip.AddrPort) string { return network + " " + addr.String() }
+
+func (h *heldSockets) Take(network string, addr netip.AddrPort) []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []int
+	for _, fd := range h.held[h.key(network, addr)] {
+		if d, err := syscall.Dup(fd); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func (h *heldSockets) Hold(network string, addr netip.AddrPort, fd int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held == nil {
+		h.held = map[string][]int{}
+	}
+	h.held[h.key(network, addr)] = append(h.held[h.key(network, addr)], fd)
+}
+
+func (h *heldSockets) Release(int) {}
+
+// A successor takes a TCP listener on a wildcard address from its
+// predecessor, under the address both ask for, on either engine: the
+// goroutine engine held it under [::] (Go's listener for 0.0.0.0), so a
+// restart found nothing, failed to listen (EADDRINUSE) and left the port
+// unserved until the old process retired.
+func TestEnginesHandOverWildcardListeners(t *testing.T) {
+	for _, name := range engineNames {
+		t.Run(name, func(t *testing.T) {
+			socks := &heldSockets{}
+			old, err := New(name, Options{Loops: 2, Sockets: socks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Shutdown(t.Context())
+			addr := netip.AddrPortFrom(netip.IPv4Unspecified(), freePort(t))
+			if _, err := old.Listen(lb.TCP, addr, &Target{Picker: lb.NewPicker(nil, lb.EjectionPolicy{})}); err != nil {
+				t.Fatal(err)
+			}
+			succ, err := New(name, Options{Loops: 2, Sockets: socks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer succ.Shutdown(t.Context())
+			if _, err := succ.Listen(lb.TCP, addr, &Target{Picker: lb.NewPicker(nil, lb.EjectionPolicy{})}); err != nil {
+				t.Fatalf("the successor could not take %s over: %v (held: %v)", addr, err, socks.held)
+			}
+		})
+	}
 }

@@ -70,6 +70,9 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
+	if len(args) > 0 { // a capture port: a restart below hands it over, on this socket
+		args = append(args, "--handover-socket", filepath.Join(t.TempDir(), "handover.sock"))
+	}
 	p := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
 		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)...)
 	p.waitLog(logLine...)
@@ -115,6 +118,18 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		if d := distinct(b.tries("tcp", "192.168.10.1:15001", 1)); d["error"] != 1 {
 			t.Fatalf("a connection straight to the capture port reached %v", d)
 		}
+		// A restart (the hitless one) hands the capture listener over: the
+		// successor serves the ClusterIPs through it, the old one retires.
+		next := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
+			"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)...)
+		next.waitLog("hand-over: took the listening sockets")
+		next.waitLog("hand-over: the previous sluice retires")
+		if code := p.exitCode(); code != 0 {
+			t.Fatalf("the retired sluice exited %d", code)
+		}
+		p = next
+		want2("ClusterIP TCP after a restart", b.tries("tcp", "10.96.0.10:80", 10))
+		want2("externalIP TCP after a restart", b.tries("tcp", "203.0.113.10:80", 10))
 	}
 	if method == "bind" {
 		// The bind capture serves IPv6 ClusterIPs too: the VIP is an
