@@ -784,7 +784,9 @@ type heldSockets struct {
 	held map[string][]int
 }
 
-func (h *heldSockets) key(network string, addr netip.AddrPort) string { return network + " " + addr.String() }
+func (h *heldSockets) key(network string, addr netip.AddrPort) string {
+	return network + " " + addr.String()
+}
 
 func (h *heldSockets) Take(network string, addr netip.AddrPort) []int {
 	h.mu.Lock()
