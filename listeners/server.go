@@ -402,7 +402,10 @@ func (s *Server) openPort(p *servedPort) []error {
 			}
 			return false
 		}
-		fe.Addr = ln.Addr()
+		// The address asked for, with the port the listener got: Go's
+		// engine listens on [::] for 0.0.0.0, and the VIP capture maps
+		// IPv4 VIPs only to IPv4 frontends.
+		fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port())
 		p.frontends = append(p.frontends, fe)
 		p.listeners = append(p.listeners, ln)
 		s.frontendsVersion++
@@ -529,7 +532,7 @@ func (s *Server) RetryFailed() (int, error) {
 				continue
 			}
 			fe := f.fe
-			fe.Addr = ln.Addr()
+			fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port()) // as openPort
 			p.frontends = append(p.frontends, fe)
 			p.listeners = append(p.listeners, ln)
 			s.frontendsVersion++

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,9 @@ func TestUserspaceCaptureInNetns(t *testing.T) {
 		{"nftables-capture-port", "nftables", "nft", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001"}},
 		{"iptables-capture-port", "iptables", "legacy", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001"}},
 		{"nftables-capture-port-goroutine", "nftables", "nft", nil, []string{"userspace capture port", "port=15001"}, []string{"--userspace-capture-port=15001", "--engine=goroutine"}},
+		// Go's engine listens on [::] for 0.0.0.0: its proxy ports must
+		// still be captured for IPv4 ClusterIPs.
+		{"nftables-goroutine", "nftables", "nft", nil, []string{"userspace VIP capture: nftables", "forced by --userspace-capture"}, []string{"--engine=goroutine"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { userspaceCaptureInNetns(t, tc.method, tc.backend, tc.env, tc.logs, tc.args...) })
 	}
@@ -70,7 +74,8 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
-	if len(args) > 0 { // a capture port: a restart below hands it over, on this socket
+	capturePort := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--userspace-capture-port") })
+	if capturePort { // a restart below hands it over, on this socket
 		args = append(args, "--handover-socket", filepath.Join(t.TempDir(), "handover.sock"))
 	}
 	p := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
@@ -113,7 +118,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 			t.Fatalf("no endpoints: %q, want an error", got)
 		}
 	}
-	if len(args) > 0 {
+	if capturePort {
 		// The capture port serves only what was redirected to it.
 		if d := distinct(b.tries("tcp", "192.168.10.1:15001", 1)); d["error"] != 1 {
 			t.Fatalf("a connection straight to the capture port reached %v", d)
