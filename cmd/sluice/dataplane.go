@@ -172,10 +172,11 @@ type iptablesPlane struct {
 	done     chan struct{}
 
 	latestState
-	failed   bool
-	loopback loopbackWarner
-	noLocal  noLocalTally
-	backoff  syncBackoff
+	failed    bool
+	loopback  loopbackWarner
+	noLocal   noLocalTally
+	conntrack conntrackReconciler // under latestState's mu, as the syncs are
+	backoff   syncBackoff
 }
 
 // latestState is a kernel plane's newest snapshot and the lock its syncs
@@ -286,7 +287,7 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 		}
 		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
 		p.metrics.IPTablesRules(family(px), st.FilterRules, st.NATRules, st.NATRulesTotal)
-		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
+		p.conntrack.reconcile(snap, px.Options.IPv6, p.local, p.metrics, p.log)
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)
@@ -401,20 +402,65 @@ func familySynced(m *admin.Metrics, noLocal *noLocalTally, v6, full bool, took t
 	m.NoLocalEndpoints(familyName(v6), in, ex)
 }
 
-// deleteStaleConntrack deletes, after a kernel mode's sync of one family,
+// conntrackReconciler deletes, after a kernel mode's sync of one family,
 // the UDP and SCTP conntrack entries still DNATed to endpoints that are
 // gone (or never translated, from before the port had endpoints), which
-// would keep their clients stuck until they idle out.
-func deleteStaleConntrack(snap *lb.Snapshot, v6 bool, isLocal func(netip.Addr) bool, m *admin.Metrics, log *slog.Logger) {
+// would keep their clients stuck until they idle out. Only a change to a
+// UDP or SCTP port (or to the host's addresses, for NodePorts) can leave
+// such entries, so when the snapshot says what changed since the one last
+// reconciled and none of it is UDP or SCTP, the whole conntrack table is
+// not read at all, and otherwise only the changed ports are matched
+// (issue 16: each sync read the table and built maps of every port).
+type conntrackReconciler struct {
+	// del deletes one family's entries that stale matches; default the
+	// kernel's table (conntrack.Netlink).
+	del func(v6 bool, stale func(conntrack.Flow) bool) (int, error)
+
+	snapID   [2]uint64 // per family, the snapshot last reconciled (0: none)
+	localVer [2]uint64 // and the host addresses' version then
+}
+
+func (r *conntrackReconciler) reconcile(snap *lb.Snapshot, v6 bool, local *localAddrs, m *admin.Metrics, log *slog.Logger) {
+	f := 0
+	if v6 {
+		f = 1
+	}
+	ver := local.version()
+	stale := func() func(conntrack.Flow) bool { return conntrack.Stale(snap, local.has) }
+	if names, ok := snap.DeltaSince(r.snapID[f]); ok && r.snapID[f] != 0 && ver == r.localVer[f] {
+		changed := map[lb.ServicePortName]*lb.ServicePort{}
+		for _, n := range names {
+			if n.Protocol != lb.UDP && n.Protocol != lb.SCTP {
+				continue
+			}
+			if sp := snap.Ports.Get(n); sp != nil {
+				changed[n] = sp
+			}
+		}
+		if len(changed) == 0 {
+			r.snapID[f] = snap.ID
+			return
+		}
+		stale = func() func(conntrack.Flow) bool { return conntrack.Stale(lb.NewSnapshot(changed), local.has) }
+	}
+	del := r.del
+	if del == nil {
+		del = func(v6 bool, stale func(conntrack.Flow) bool) (int, error) {
+			return conntrack.Netlink{IPv6: v6}.DeleteMatching(stale)
+		}
+	}
 	start := time.Now()
-	n, err := conntrack.Netlink{IPv6: v6}.DeleteMatching(conntrack.Stale(snap, isLocal))
+	n, err := del(v6, stale())
 	m.ConntrackReconciled(familyName(v6), time.Since(start), n)
+	r.snapID[f], r.localVer[f] = 0, ver
 	switch {
 	case err != nil:
 		log.Warn("conntrack: stale entries not deleted", "family", familyName(v6), "err", err)
+		return // the next sync reads the whole table again
 	case n > 0:
 		log.Info("conntrack: deleted stale UDP entries", "family", familyName(v6), "entries", n)
 	}
+	r.snapID[f] = snap.ID
 }
 
 // resyncLoop is a kernel plane's periodic check: every period it asks why

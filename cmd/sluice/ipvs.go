@@ -35,9 +35,10 @@ type ipvsPlane struct {
 	done     chan struct{}
 
 	latestState
-	loopback loopbackWarner
-	backoff  syncBackoff // under latestState's mu, as the syncs are
-	failed   bool        // the last sync failed in part
+	loopback  loopbackWarner
+	conntrack conntrackReconciler // under latestState's mu, as the syncs are
+	backoff   syncBackoff         // under latestState's mu, as the syncs are
+	failed    bool                // the last sync failed in part
 
 	// What the syncs keep between them, so that an update touches only
 	// what changed (issue 16).
@@ -239,7 +240,7 @@ func (p *ipvsPlane) sync(snap *lb.Snapshot, full bool) error {
 			p.metrics.RestoreFailed(familyName(nf.IPv6), false)
 			errs = append(errs, err)
 		}
-		deleteStaleConntrack(snap, nf.IPv6, p.local.has, p.metrics, p.log) // as in iptables mode
+		p.conntrack.reconcile(snap, nf.IPv6, p.local, p.metrics, p.log) // as in iptables mode
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)

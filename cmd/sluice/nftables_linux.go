@@ -35,10 +35,11 @@ type nftablesPlane struct {
 	done     chan struct{}
 
 	latestState
-	failed   bool
-	loopback loopbackWarner
-	noLocal  noLocalTally
-	backoff  syncBackoff
+	failed    bool
+	loopback  loopbackWarner
+	noLocal   noLocalTally
+	conntrack conntrackReconciler // under latestState's mu, as the syncs are
+	backoff   syncBackoff
 
 	cidrMu       sync.Mutex
 	serviceCIDRs []netip.Prefix
@@ -132,7 +133,7 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 			continue
 		}
 		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
-		deleteStaleConntrack(snap, px.Options.IPv6, p.local.has, p.metrics, p.log)
+		p.conntrack.reconcile(snap, px.Options.IPv6, p.local, p.metrics, p.log)
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)
