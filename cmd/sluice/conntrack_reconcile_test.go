@@ -45,7 +45,10 @@ func TestConntrackReconcileReadsTheTableOnlyForUDPChanges(t *testing.T) {
 	everyA, withDelta := &conntrack.Fake{}, &conntrack.Fake{}
 	readsA, readsB := 0, 0
 	failNext := false
-	ra := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) { readsA++; return everyA.DeleteMatching(stale) }}
+	ra := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) {
+		readsA++
+		return everyA.DeleteMatching(stale)
+	}}
 	rb := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) {
 		readsB++
 		if failNext {
@@ -161,7 +164,10 @@ func BenchmarkConntrackReconcileAt10k(b *testing.B) {
 			b.Run(changedProto+"/"+mode, func(b *testing.B) {
 				table := &conntrack.Fake{Flows: slices.Clone(flows)}
 				reads := 0
-				r := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) { reads++; return table.DeleteMatching(stale) }}
+				r := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) {
+					reads++
+					return table.DeleteMatching(stale)
+				}}
 				cur := lb.NewSnapshot(ports)
 				cur.ID = 1
 				r.reconcile(cur, false, local, m, log)
