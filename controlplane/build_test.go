@@ -499,6 +499,9 @@ func TestBuildMemoMatchesAFreshBuild(t *testing.T) {
 	if failed > 100 {
 		t.Fatalf("%d of 300 states were rejected: the walk tests errors more than builds", failed)
 	}
+	if memo.inPlace < 10 || memo.spliced < 30 {
+		t.Fatalf("%d builds in place, %d spliced: the walk does not test the short ways", memo.inPlace, memo.spliced)
+	}
 }
 
 // loadCached is loadManifests without a size limit.
@@ -734,4 +737,71 @@ func TestDocCacheSweepsAndStaysTransparent(t *testing.T) {
 		t.Fatalf("the walk swept %d times and met %d duplicates; it must do both", cache.sweeps, dups)
 	}
 	t.Logf("%d sweeps, %d loads with duplicates, %d documents cached at the end", cache.sweeps, dups, len(cache.docs))
+}
+
+// A manifest file that comes or goes is built spliced: only the Services
+// its objects touch are rebuilt, with their slices and Endpoints from
+// every file in load order (a second slice of a Service in another
+// file, one before the new file and one after it), as a fresh build has
+// them; a Service that goes takes its ports with it.
+func TestBuildMemoSplicesFilesThatComeAndGo(t *testing.T) {
+	dir := t.TempDir()
+	svc := func(name, ip string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: m}\nspec:\n  clusterIP: %s\n  ports: [{name: p, port: 80}]\n---\n", name, ip)
+	}
+	slice := func(name, svc, addr string) string {
+		return fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s, namespace: m, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [%q]}]\n---\n", name, svc, addr)
+	}
+	write := func(file, content string) {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", svc("s1", "10.96.0.1")+slice("s1-a", "s1", "10.0.0.1"))
+	write("c.yaml", svc("s2", "10.96.0.2")+slice("s2-a", "s2", "10.0.0.2")+slice("s1-c", "s1", "10.0.0.3"))
+	var cache DocCache
+	var memo BuildMemo
+	check := func(what string, wantSpliced int) *lb.Snapshot {
+		t.Helper()
+		objs, err := loadCached(dir, &cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, gerr := memo.Build(objs, "")
+		fresh, err := LoadManifests(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, werr := Build(fresh)
+		if fmt.Sprint(gerr) != fmt.Sprint(werr) || gerr == nil && !reflect.DeepEqual(got.Ports, want.Ports) {
+			t.Fatalf("%s: memoized build differs from a fresh one:\ngot  %v %v\nwant %v %v", what, got, gerr, want, werr)
+		}
+		if memo.spliced != wantSpliced {
+			t.Fatalf("%s: %d spliced builds, want %d", what, memo.spliced, wantSpliced)
+		}
+		return got
+	}
+	check("first", 0)
+	s1 := lb.ServicePortName{Namespace: "m", Name: "s1", Port: "p", Protocol: lb.TCP}
+	write("b.yaml", slice("s1-b", "s1", "10.0.0.4")) // between a and c
+	if got := check("a third slice of s1 in a new file", 1); len(got.Ports.Get(s1).Endpoints) != 3 {
+		t.Fatalf("s1 has %v, want the endpoints of its three slices", got.Ports.Get(s1).Endpoints)
+	}
+	write("d.yaml", svc("s3", "10.96.0.3")+slice("s3-a", "s3", "10.0.0.5"))
+	check("a new Service in a new file", 2)
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if got := check("the new slice's file gone", 3); len(got.Ports.Get(s1).Endpoints) != 2 {
+		t.Fatalf("s1 has %v, want the endpoints of its two slices", got.Ports.Get(s1).Endpoints)
+	}
+	if err := os.Remove(filepath.Join(dir, "d.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if got := check("a Service's file gone", 4); got.Ports.Get(lb.ServicePortName{Namespace: "m", Name: "s3", Port: "p", Protocol: lb.TCP}) != nil {
+		t.Fatal("a Service whose file went is still served")
+	}
+	// A slice of a Service that is gone: the error a fresh build reports.
+	write("e.yaml", slice("s9-a", "s9", "10.0.0.9"))
+	check("a slice of no Service", 4)
 }

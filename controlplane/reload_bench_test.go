@@ -125,3 +125,48 @@ func BenchmarkManifestEditAt10k(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkManifestAddAt10k is a Service added to (and, the next op,
+// removed from) a directory of 10,000 Services in 100 files, as a file of
+// its own, reloaded as the watch reloads it.
+func BenchmarkManifestAddAt10k(b *testing.B) {
+	const n, perFile = 10000, 100
+	dir := b.TempDir()
+	for f := 0; f < n/perFile; f++ {
+		var all strings.Builder
+		for i := f * perFile; i < (f+1)*perFile; i++ {
+			all.WriteString(manifestService(i, 100))
+		}
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(all.String()), 0o644)
+	}
+	sink := &editSink{}
+	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	if err := src.Load(); err != nil {
+		b.Fatal(err)
+	}
+	src.setWatching(true)
+	src.takeTouched()
+	added := filepath.Join(dir, "f050-added.yaml")
+	took := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if i%2 == 0 {
+			os.WriteFile(added, []byte(manifestService(n, 100)), 0o644)
+		} else {
+			os.Remove(added)
+		}
+		src.touchListing(added) // made or removed, as the watch reports it
+		b.StartTimer()
+		t0 := time.Now()
+		src.reload(UpdateTimes{})
+		took = append(took, time.Since(t0))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1e3, "p50-ms")
+	b.ReportMetric(float64(took[(len(took)*99)/100].Microseconds())/1e3, "p99-ms")
+	if sink.published != b.N+1 {
+		b.Fatalf("published %d of %d", sink.published, b.N+1)
+	}
+}
