@@ -154,24 +154,54 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 	if len(changed) == 0 {
 		return m.last, true, nil
 	}
-	set := map[lb.ServicePortName]*lb.ServicePort{}
-	var del []lb.ServicePortName
-	built := make(map[svcKey]memoService, len(changed))
-	for k, sources := range changed {
+	next := make(map[svcKey]*corev1.Service, len(changed))
+	for k := range changed {
 		p, had := m.prev[k]
 		if !had {
 			return nil, false, nil
 		}
-		svc := p.svc
+		next[k] = p.svc
 		if s := svcs[k]; s != nil {
-			svc = s
+			next[k] = s
 		}
-		ms, ok := buildMemoService(svc, sources, m.nodeName)
-		if !ok {
+	}
+	snap, ok, err = m.rebuild(objs, next, changed)
+	if ok && err == nil {
+		m.inPlace++
+	}
+	return snap, ok, err
+}
+
+// rebuild ends a short-way build: each Service of next (nil: none of
+// that name now) is built again from its sources, the last snapshot
+// takes the changes, and the memo takes them and objs' lists. ok is false
+// when a Service has a problem, or sources name one that is gone (the
+// long way reports it); an error is a NodePort conflict, and leaves the
+// memo as it was.
+func (m *BuildMemo) rebuild(objs *Objects, next map[svcKey]*corev1.Service, sources map[svcKey][]any) (snap *lb.Snapshot, ok bool, err error) {
+	set := map[lb.ServicePortName]*lb.ServicePort{}
+	var del []lb.ServicePortName
+	built := make(map[svcKey]memoService, len(next))
+	var gone []svcKey
+	for k, svc := range next {
+		p, had := m.prev[k]
+		if svc == nil && len(sources[k]) > 0 {
 			return nil, false, nil
 		}
-		for _, sp := range p.ports {
-			del = append(del, sp.Name)
+		if had {
+			for _, sp := range p.ports {
+				del = append(del, sp.Name) // rebuilt or gone: its old ports go, its new ones come in set
+			}
+		}
+		if svc == nil {
+			if had {
+				gone = append(gone, k)
+			}
+			continue
+		}
+		ms, ok := buildMemoService(svc, sources[k], m.nodeName)
+		if !ok {
+			return nil, false, nil
 		}
 		for _, sp := range ms.ports {
 			set[sp.Name] = sp
@@ -186,11 +216,14 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		m.prev[k] = ms
 		m.sources[k] = ms.sources
 	}
+	for _, k := range gone {
+		delete(m.prev, k)
+		delete(m.sources, k)
+	}
 	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
 	m.seq++
 	snap.ID = m.seq
 	m.last = snap
-	m.inPlace++
 	return snap, true, nil
 }
 
@@ -258,60 +291,18 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 			sources[k] = append(sources[k], ep)
 		}
 	}
-	set := map[lb.ServicePortName]*lb.ServicePort{}
-	var del []lb.ServicePortName
-	built := make(map[svcKey]memoService, len(touched))
-	var gone []svcKey
+	next := make(map[svcKey]*corev1.Service, len(touched))
 	for k := range touched {
-		p, had := m.prev[k]
-		svc := svcs[k]
-		if svc == nil && had && !slices.Contains(m.lastServices[si:sj], p.svc) {
-			svc = p.svc // outside the run: still there
+		next[k] = svcs[k]
+		if p, had := m.prev[k]; next[k] == nil && had && !slices.Contains(m.lastServices[si:sj], p.svc) {
+			next[k] = p.svc // outside the run: still there
 		}
-		if svc == nil { // no Service of that name now
-			if len(sources[k]) > 0 {
-				return nil, false, nil // a slice or Endpoints naming a missing Service: reported the long way
-			}
-			if had {
-				for _, sp := range p.ports {
-					del = append(del, sp.Name)
-				}
-				gone = append(gone, k)
-			}
-			continue
-		}
-		ms, ok := buildMemoService(svc, sources[k], m.nodeName)
-		if !ok {
-			return nil, false, nil
-		}
-		if had {
-			for _, sp := range p.ports {
-				del = append(del, sp.Name)
-			}
-		}
-		for _, sp := range ms.ports {
-			set[sp.Name] = sp
-		}
-		built[k] = ms
 	}
-	snap = m.last.With(set, del)
-	if err := checkNodePorts(snap, objs, m.Reserved); err != nil {
-		return nil, true, err
+	snap, ok, err = m.rebuild(objs, next, sources)
+	if ok && err == nil {
+		m.spliced++
 	}
-	for k, ms := range built {
-		m.prev[k] = ms
-		m.sources[k] = ms.sources
-	}
-	for _, k := range gone {
-		delete(m.prev, k)
-		delete(m.sources, k)
-	}
-	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
-	m.seq++
-	snap.ID = m.seq
-	m.last = snap
-	m.spliced++
-	return snap, true, nil
+	return snap, ok, err
 }
 
 type memoService struct {

@@ -151,8 +151,9 @@ type Snapshot struct {
 	// ID names this snapshot among its source's (0: unnamed). When Base
 	// is not 0, this snapshot is the one whose ID is Base with the ports
 	// named in Changed added, replaced or removed, and nothing else: a
-	// consumer that applied Base may apply only those (issue 16). A full
-	// comparison stays correct whatever these say.
+	// consumer that applied Base may apply only those (issue 16). Changed
+	// is sorted by name, each once, and read-only. A full comparison
+	// stays correct whatever these say.
 	ID, Base uint64
 	Changed  []ServicePortName
 }
@@ -176,11 +177,16 @@ func (s *Snapshot) With(set map[ServicePortName]*ServicePort, del []ServicePortN
 			changed = append(changed, name)
 		}
 	}
+	// Sorted once here, for every consumer's stable output (each sorted
+	// its own copy).
+	slices.SortFunc(changed, ServicePortName.Compare)
+	changed = slices.Compact(changed) // del may name a port twice
 	return &Snapshot{Ports: s.Ports.With(set, del), Base: s.ID, Changed: changed}
 }
 
 // DeltaSince returns the names of the ports that differ between the
-// snapshot whose ID is id and s (added, replaced or removed), and true,
+// snapshot whose ID is id and s (added, replaced or removed; sorted,
+// each once, not to be changed), and true,
 // when s says it is that snapshot with those changes; false when it does
 // not (then compare the whole maps).
 func (s *Snapshot) DeltaSince(id uint64) ([]ServicePortName, bool) {

@@ -290,9 +290,6 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLis
 // the change; false when it cannot (two ports' portals collide at one
 // destination), leaving everything as it was.
 func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortName, version uint64, fes frontendLister) (bool, error) {
-	names = slices.Clone(names)
-	slices.SortFunc(names, lb.ServicePortName.Compare)
-	names = slices.Compact(names)
 	now := make(map[lb.ServicePortName][]portals.Portal, len(names))
 	for _, name := range names {
 		now[name] = portalsOfPort(snap.Ports.Get(name), fes.PortFrontends(name), c.local.has)
@@ -358,11 +355,13 @@ func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortNa
 }
 
 // allLocked is every portal worked out, by service port name.
-func (c *portalCapture) allLocked() []portals.Portal {
-	names := slices.SortedFunc(maps.Keys(c.byPort), lb.ServicePortName.Compare)
+func (c *portalCapture) allLocked() []portals.Portal { return allPortals(c.byPort) }
+
+// allPortals is every port's portals, by service port name.
+func allPortals(byPort map[lb.ServicePortName][]portals.Portal) []portals.Portal {
 	var out []portals.Portal
-	for _, n := range names {
-		out = append(out, c.byPort[n]...)
+	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
+		out = append(out, byPort[n]...)
 	}
 	return out
 }
@@ -418,8 +417,7 @@ func portalsByPort(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(net
 
 // portalsFor is every portal, by service port name.
 func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	c := portalCapture{byPort: portalsByPort(snap, fes, isLocal)}
-	return c.allLocked()
+	return allPortals(portalsByPort(snap, fes, isLocal))
 }
 
 // portalsOfPort is portalsByPort for one port (nil: gone) and its frontends.

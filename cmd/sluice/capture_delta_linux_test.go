@@ -82,19 +82,7 @@ func TestCaptureChangesLeaveWhatWholeSyncsLeave(t *testing.T) {
 			steps := 0
 			for step := range 60 {
 				if step > 0 {
-					set := map[lb.ServicePortName]*lb.ServicePort{}
-					var del []lb.ServicePortName
-					for k := rng.IntN(3); k >= 0; k-- {
-						sp := capturePort(rng, rng.IntN(8))
-						if cur.Ports.Get(sp.Name) != nil && rng.IntN(3) == 0 {
-							del = append(del, sp.Name)
-						} else {
-							set[sp.Name] = sp
-						}
-					}
-					next := cur.With(set, del)
-					next.ID = cur.ID + 1
-					cur = next
+					cur = randomChange(rng, cur, 3, 3, func() *lb.ServicePort { return capturePort(rng, rng.IntN(8)) })
 					if rng.IntN(8) == 0 {
 						continue // never applied
 					}

@@ -78,8 +78,9 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	if capturePort { // a restart below hands it over, on this socket
 		args = append(args, "--handover-socket", filepath.Join(t.TempDir(), "handover.sock"))
 	}
-	p := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
-		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)...)
+	cmdline := append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
+		"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)
+	p := b.start(b.node, env, cmdline...)
 	p.waitLog(logLine...)
 	p.waitLog("state applied")
 	if method == "auto" {
@@ -125,8 +126,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 		}
 		// A restart (the hitless one) hands the capture listener over: the
 		// successor serves the ClusterIPs through it, the old one retires.
-		next := b.start(b.node, env, append([]string{sluiceBin, "--proxy-mode=userspace", "--userspace-capture=" + method, "--iptables-backend=" + backend,
-			"--manifests", dir, "--iptables-sync-period=1s", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"}, args...)...)
+		next := b.start(b.node, env, cmdline...) // the same command line, as an upgrade runs it
 		next.waitLog("hand-over: took the listening sockets")
 		next.waitLog("hand-over: the previous sluice retires")
 		if code := p.exitCode(); code != 0 {

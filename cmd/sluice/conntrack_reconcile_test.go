@@ -68,24 +68,14 @@ func TestConntrackReconcileReadsTheTableOnlyForUDPChanges(t *testing.T) {
 	steps, tcpOnly := 0, 0
 	for step := range 300 {
 		if step > 0 {
-			set := map[lb.ServicePortName]*lb.ServicePort{}
-			var del []lb.ServicePortName
 			udp := rng.IntN(3) == 0
-			for k := rng.IntN(2); k >= 0; k-- {
+			cur = randomChange(rng, cur, 2, 5, func() *lb.ServicePort {
 				j := 2*rng.IntN(4) + 1 // TCP
 				if udp {
 					j--
 				}
-				sp := ctPort(rng, j)
-				if cur.Ports.Get(sp.Name) != nil && rng.IntN(5) == 0 {
-					del = append(del, sp.Name)
-				} else {
-					set[sp.Name] = sp
-				}
-			}
-			next := cur.With(set, del)
-			next.ID = cur.ID + 1
-			cur = next
+				return ctPort(rng, j)
+			})
 			if rng.IntN(10) == 0 {
 				continue // never synced
 			}

@@ -335,6 +335,24 @@ func noLocalEndpoint(sp *lb.ServicePort, v6 bool) (internal, external int) {
 	return internal, external
 }
 
+// eachChanged calls move with the version in prev and in snap (either
+// nil) of each port snap says changed since prev, and reports whether
+// it could: false when snap is not prev with changes (then walk every
+// port instead).
+func eachChanged(prev, snap *lb.Snapshot, move func(old, sp *lb.ServicePort)) bool {
+	if prev == nil {
+		return false
+	}
+	names, ok := snap.DeltaSince(prev.ID)
+	if !ok {
+		return false
+	}
+	for _, n := range names {
+		move(prev.Ports.Get(n), snap.Ports.Get(n))
+	}
+	return true
+}
+
 // noLocalTally keeps noLocalEndpoints' counts for both families in step
 // with the snapshots a kernel plane applies: from each snapshot's delta
 // over the one before (issue 16: O(changed) per sync, where the walk took
@@ -346,16 +364,8 @@ type noLocalTally struct {
 
 func (t *noLocalTally) update(snap *lb.Snapshot) {
 	defer func() { t.snap = snap }()
-	if t.snap != nil {
-		if names, ok := snap.DeltaSince(t.snap.ID); ok {
-			names = slices.Clone(names)
-			slices.SortFunc(names, lb.ServicePortName.Compare)
-			for _, n := range slices.Compact(names) {
-				t.add(t.snap.Ports.Get(n), -1)
-				t.add(snap.Ports.Get(n), +1)
-			}
-			return
-		}
+	if eachChanged(t.snap, snap, func(old, sp *lb.ServicePort) { t.add(old, -1); t.add(sp, +1) }) {
+		return
 	}
 	for f, v6 := range []bool{false, true} {
 		t.counts[f][0], t.counts[f][1] = noLocalEndpoints(snap, v6)
@@ -426,7 +436,7 @@ func (r *conntrackReconciler) reconcile(snap *lb.Snapshot, v6 bool, local *local
 		f = 1
 	}
 	ver := local.version()
-	stale := func() func(conntrack.Flow) bool { return conntrack.Stale(snap, local.has) }
+	match := snap // the ports whose flows may be stale
 	if names, ok := snap.DeltaSince(r.snapID[f]); ok && r.snapID[f] != 0 && ver == r.localVer[f] {
 		changed := map[lb.ServicePortName]*lb.ServicePort{}
 		for _, n := range names {
@@ -441,7 +451,7 @@ func (r *conntrackReconciler) reconcile(snap *lb.Snapshot, v6 bool, local *local
 			r.snapID[f] = snap.ID
 			return
 		}
-		stale = func() func(conntrack.Flow) bool { return conntrack.Stale(lb.NewSnapshot(changed), local.has) }
+		match = lb.NewSnapshot(changed)
 	}
 	del := r.del
 	if del == nil {
@@ -450,7 +460,7 @@ func (r *conntrackReconciler) reconcile(snap *lb.Snapshot, v6 bool, local *local
 		}
 	}
 	start := time.Now()
-	n, err := del(v6, stale())
+	n, err := del(v6, conntrack.Stale(match, local.has))
 	m.ConntrackReconciled(familyName(v6), time.Since(start), n)
 	r.snapID[f], r.localVer[f] = 0, ver
 	switch {

@@ -210,12 +210,17 @@ func (p *ipvsPlane) sync(snap *lb.Snapshot, full bool) error {
 		}
 		add, del = append(add, bc.Add...), append(del, bc.Del...)
 	}
+	var listed []netip.Addr // boundList's, once made
 	boundList := func() []netip.Addr {
+		if listed != nil {
+			return listed
+		}
 		out := make([]netip.Addr, 0, len(p.bound))
 		for a := range p.bound {
 			out = append(out, a)
 		}
 		slices.SortFunc(out, netip.Addr.Compare)
+		listed = out
 		return out
 	}
 	if anyFull {
@@ -257,16 +262,8 @@ type serviceAddrTally struct {
 
 func (t *serviceAddrTally) update(snap *lb.Snapshot) {
 	defer func() { t.snap = snap }()
-	if t.snap != nil {
-		if names, ok := snap.DeltaSince(t.snap.ID); ok {
-			names = slices.Clone(names)
-			slices.SortFunc(names, lb.ServicePortName.Compare)
-			for _, n := range slices.Compact(names) {
-				t.add(t.snap.Ports.Get(n), -1)
-				t.add(snap.Ports.Get(n), +1)
-			}
-			return
-		}
+	if eachChanged(t.snap, snap, func(old, sp *lb.ServicePort) { t.add(old, -1); t.add(sp, +1) }) {
+		return
 	}
 	t.counts = map[netip.Addr]int{}
 	for _, sp := range snap.Ports.All() {

@@ -102,22 +102,13 @@ func TestIPVSPlaneUpdatesLeaveWhatResyncsLeave(t *testing.T) {
 			cur := lb.NewSnapshot(ports)
 			cur.ID = 1
 			for step := range 30 {
-				set := map[lb.ServicePortName]*lb.ServicePort{}
-				var del []lb.ServicePortName
-				for k := rng.IntN(3); k >= 0; k-- {
+				cur = randomChange(rng, cur, 3, 4, func() *lb.ServicePort {
 					sp := tallyPort(rng, rng.IntN(8))
 					if rng.IntN(3) == 0 {
 						sp.ExternalIPs = []netip.Addr{eip}
 					}
-					if cur.Ports.Get(sp.Name) != nil && rng.IntN(4) == 0 {
-						del = append(del, sp.Name)
-					} else {
-						set[sp.Name] = sp
-					}
-				}
-				next := cur.With(set, del)
-				next.ID = cur.ID + 1
-				cur = next
+					return sp
+				})
 				if rng.IntN(8) == 0 {
 					continue
 				}

@@ -131,21 +131,11 @@ func (c *changingPortals) change(del, add []portals.Portal) error { c.changes++;
 func BenchmarkPublishEndpointChangeAt10kWithCapture(b *testing.B) {
 	const n = 10000
 	port, all := benchPorts(n)
-	metrics := admin.NewMetrics()
-	log := slog.New(slog.DiscardHandler)
-	health := admin.NewHealth(time.Minute, nil)
-	local := &localAddrs{}
-	local.refresh()
 	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
 		ProxyPorts: listeners.NewPortAllocator(0, 0)}
 	defer srv.Close()
 	fam := &countingPortals{}
-	capture := newPortalCapture([]portalFamily{fam}, local, log)
-	a := &applier{plane: userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log},
-		local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
-	snap := lb.NewSnapshot(all)
-	snap.ID = 1
-	a.Publish(snap)
+	a, snap := publishWithCapture(srv, fam, all)
 	if got := srv.FrontendCount(); got != n {
 		b.Fatalf("%d frontends, want %d", got, n)
 	}
@@ -158,6 +148,23 @@ func BenchmarkPublishEndpointChangeAt10kWithCapture(b *testing.B) {
 		snap = next
 	}
 	b.ReportMetric(float64(fam.syncs-first)/float64(b.N), "portal-syncs/op")
+}
+
+// publishWithCapture wires an applier as run does in userspace mode, with
+// srv behind a VIP capture of one portal family, and publishes the first
+// snapshot, of ports.
+func publishWithCapture(srv *listeners.Server, fam portalFamily, ports map[lb.ServicePortName]*lb.ServicePort) (*applier, *lb.Snapshot) {
+	metrics := admin.NewMetrics()
+	log := slog.New(slog.DiscardHandler)
+	health := admin.NewHealth(time.Minute, nil)
+	local := &localAddrs{}
+	local.refresh()
+	a := &applier{plane: userspacePlane{Server: srv, capture: newPortalCapture([]portalFamily{fam}, local, log), metrics: metrics, health: health, log: log},
+		local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
+	snap := lb.NewSnapshot(ports)
+	snap.ID = 1
+	a.Publish(snap)
+	return a, snap
 }
 
 // benchPorts is n ClusterIP service ports of 10 endpoints each, and how to
@@ -189,11 +196,6 @@ func BenchmarkPublishServiceAddAt10kWithCapture(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			const n = 10000
 			port, all := benchPorts(n)
-			metrics := admin.NewMetrics()
-			log := slog.New(slog.DiscardHandler)
-			health := admin.NewHealth(time.Minute, nil)
-			local := &localAddrs{}
-			local.refresh()
 			srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
 				ProxyPorts: listeners.NewPortAllocator(0, 0), CaptureExternal: true}
 			if mode == "capture-port" {
@@ -203,13 +205,7 @@ func BenchmarkPublishServiceAddAt10kWithCapture(b *testing.B) {
 			}
 			defer srv.Close()
 			// As the nftables family: it can apply a change alone.
-			fam := &changingPortals{}
-			capture := newPortalCapture([]portalFamily{fam}, local, log)
-			a := &applier{plane: userspacePlane{Server: srv, capture: capture, metrics: metrics, health: health, log: log},
-				local: local, health: health, metrics: metrics, log: log, first: make(chan struct{})}
-			snap := lb.NewSnapshot(all)
-			snap.ID = 1
-			a.Publish(snap)
+			a, snap := publishWithCapture(srv, &changingPortals{}, all)
 			added := port(n, 0)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

@@ -11,6 +11,24 @@ import (
 	"github.com/sluice-proxy/sluice/lb"
 )
 
+// randomChange is the snapshot after cur: up to n ports made by port
+// set, or, when they exist, one time in delOneIn deleted.
+func randomChange(rng *rand.Rand, cur *lb.Snapshot, n, delOneIn int, port func() *lb.ServicePort) *lb.Snapshot {
+	set := map[lb.ServicePortName]*lb.ServicePort{}
+	var del []lb.ServicePortName
+	for k := rng.IntN(n); k >= 0; k-- {
+		sp := port()
+		if cur.Ports.Get(sp.Name) != nil && rng.IntN(delOneIn) == 0 {
+			del = append(del, sp.Name)
+		} else {
+			set[sp.Name] = sp
+		}
+	}
+	next := cur.With(set, del)
+	next.ID = cur.ID + 1
+	return next
+}
+
 // tallyPort is port i in a random shape: either family, Local policies,
 // endpoints local or not, ready or not, now and then on loopback.
 func tallyPort(rng *rand.Rand, i int) *lb.ServicePort {

@@ -37,9 +37,6 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 	if !ok {
 		return rendered{}, false
 	}
-	names = slices.Clone(names)
-	slices.SortFunc(names, lb.ServicePortName.Compare)
-	names = slices.Compact(names)
 	endpoints := d.endpoints
 	for _, n := range names {
 		old, sp := d.snap.Ports.Get(n), snap.Ports.Get(n)

@@ -131,9 +131,6 @@ func (p *Proxier) syncChanged(snap *lb.Snapshot) (BindChange, error) {
 	if !ok || t.id == 0 || !slices.Equal(t.nodeIPs, p.Options.NodeIPs) {
 		return BindChange{}, errCompareAll
 	}
-	names = slices.Clone(names)
-	slices.SortFunc(names, lb.ServicePortName.Compare)
-	names = slices.Compact(names)
 	type change struct {
 		name lb.ServicePortName
 		old  portRender

@@ -96,6 +96,29 @@ func deltaPort(rng *rand.Rand, j int, pn string) *lb.ServicePort {
 	return sp
 }
 
+// randomChange is the snapshot after cur: up to three random ports set
+// anew, deleted (one time in four, when they exist) or set as an equal
+// copy (one time in copyOneIn).
+func randomChange(rng *rand.Rand, cur *lb.Snapshot, copyOneIn int) *lb.Snapshot {
+	set := map[lb.ServicePortName]*lb.ServicePort{}
+	var del []lb.ServicePortName
+	for k := rng.IntN(3); k >= 0; k-- {
+		sp := deltaPort(rng, rng.IntN(8), []string{"a", "b"}[rng.IntN(2)])
+		switch old := cur.Ports.Get(sp.Name); {
+		case old != nil && rng.IntN(4) == 0:
+			del = append(del, sp.Name)
+		case old != nil && rng.IntN(copyOneIn) == 0:
+			c := *old
+			set[sp.Name] = &c
+		default:
+			set[sp.Name] = sp
+		}
+	}
+	next := cur.With(set, del)
+	next.ID = cur.ID + 1
+	return next
+}
+
 // Syncs told what changed leave the table, the bound addresses and the
 // draining queue that syncs comparing everything leave, through random
 // changes, skipped snapshots, shared virtual servers and addresses,
@@ -119,23 +142,7 @@ func TestSyncChangedLeavesWhatSyncLeaves(t *testing.T) {
 		cur := lb.NewSnapshot(ports)
 		cur.ID = 1
 		for step := range 40 {
-			set := map[lb.ServicePortName]*lb.ServicePort{}
-			var del []lb.ServicePortName
-			for k := rng.IntN(3); k >= 0; k-- {
-				sp := deltaPort(rng, rng.IntN(8), []string{"a", "b"}[rng.IntN(2)])
-				switch old := cur.Ports.Get(sp.Name); {
-				case old != nil && rng.IntN(4) == 0:
-					del = append(del, sp.Name)
-				case old != nil && rng.IntN(4) == 0:
-					c := *old
-					set[sp.Name] = &c
-				default:
-					set[sp.Name] = sp
-				}
-			}
-			next := cur.With(set, del)
-			next.ID = cur.ID + 1
-			cur = next
+			cur = randomChange(rng, cur, 4)
 			if rng.IntN(8) == 0 {
 				continue // never applied
 			}
@@ -298,23 +305,7 @@ func TestNetfilterSyncChangedLeavesWhatSyncLeaves(t *testing.T) {
 		cur := lb.NewSnapshot(ports)
 		cur.ID = 1
 		for step := range 40 {
-			set := map[lb.ServicePortName]*lb.ServicePort{}
-			var del []lb.ServicePortName
-			for k := rng.IntN(3); k >= 0; k-- {
-				sp := deltaPort(rng, rng.IntN(8), []string{"a", "b"}[rng.IntN(2)])
-				switch old := cur.Ports.Get(sp.Name); {
-				case old != nil && rng.IntN(4) == 0:
-					del = append(del, sp.Name)
-				case old != nil && rng.IntN(3) == 0:
-					c := *old
-					set[sp.Name] = &c
-				default:
-					set[sp.Name] = sp
-				}
-			}
-			next := cur.With(set, del)
-			next.ID = cur.ID + 1
-			cur = next
+			cur = randomChange(rng, cur, 3)
 			if rng.IntN(8) == 0 {
 				continue
 			}

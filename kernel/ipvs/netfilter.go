@@ -388,11 +388,9 @@ func (n *Netfilter) SyncChanged(snap *lb.Snapshot, o Options, bc BindChange, bou
 	if !ok || t.id == 0 || bc.Full || !slices.Equal(t.nodeIPs, o.NodeIPs) {
 		return true, n.Sync(snap, o, bound())
 	}
-	names = slices.Clone(names)
-	slices.SortFunc(names, lb.ServicePortName.Compare)
 	var b strings.Builder
 	line := func(op, set, e string) { b.WriteString(op + " " + set + " " + e + " -exist\n") }
-	for _, name := range slices.Compact(names) {
+	for _, name := range names {
 		old, es := t.ports[name], portEntries(snap.Ports.Get(name), o)
 		for _, e := range old {
 			if t.refs[e]--; t.refs[e] == 0 {

@@ -5,7 +5,6 @@ package nftables
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -551,7 +550,5 @@ func (p *Proxier) delta(snap *lb.Snapshot) ([]lb.ServicePortName, bool) {
 	if !ok {
 		return nil, false
 	}
-	names = slices.Clone(names)
-	slices.SortFunc(names, lb.ServicePortName.Compare)
-	return slices.Compact(names), true
+	return names, true
 }
