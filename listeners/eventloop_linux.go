@@ -946,9 +946,12 @@ func (c *tcpConn) finishConnect(ev uint32) {
 	c.connecting = false
 	c.connected = true
 	c.stopTimer()
+	// Bytes that came with the handshake are in ev (an edge reports the
+	// socket's whole readiness), and later ones bring an edge of their
+	// own: the socket was registered before the connect, so no read is
+	// spent on EAGAIN here (one per connection, issue 12).
 	c.bs.note(ev)
 	c.bs.writable = true
-	c.bs.readable = true // drain anything that arrived with the handshake
 	c.t.Picker.Connected(c.client.Addr(), c.ep)
 	c.t.counters().Connected(c.l.e.opts.Now().Sub(c.started), c.walk.Tries())
 	c.progress()
@@ -1019,15 +1022,28 @@ func (c *tcpConn) step(p *pipe) (moved, ok bool) {
 	if !ok {
 		return moved, false
 	}
-	// Pass a FIN on once everything before it has been written.
+	// Pass a FIN on once everything before it has been written. When the
+	// other direction has already ended, the connection closes next, and
+	// close sends this FIN (both sources are at EOF, so no unread byte can
+	// turn it into an RST): no shutdown call (one per connection, issue 12).
 	if p.eof && !p.pending() && !p.shut {
-		if err := unix.Shutdown(p.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-			return moved, false
+		if other := c.otherWay(p); !other.shut {
+			if err := unix.Shutdown(p.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+				return moved, false
+			}
 		}
 		p.shut = true
 		moved = true
 	}
 	return moved, true
+}
+
+// otherWay is the direction opposite p.
+func (c *tcpConn) otherWay(p *pipe) *pipe {
+	if p == &c.up {
+		return &c.down
+	}
+	return &c.up
 }
 
 // copyStep moves bytes through a user-space buffer.
