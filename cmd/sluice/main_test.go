@@ -341,3 +341,53 @@ func TestLocalAddrsListOnlyAfterAChange(t *testing.T) {
 	step(false, 4) // the last listing failed: list again
 	step(false, 4)
 }
+
+// A large applied state asks for its garbage to be handed back (run does
+// it, off the publishing goroutine); a small update, and a state that
+// failed to apply, do not.
+func TestABigAppliedStateAsksForAMemoryRelease(t *testing.T) {
+	ports := func(n int) *lb.Snapshot {
+		sps := map[lb.ServicePortName]*lb.ServicePort{}
+		for i := range n {
+			name := lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", i), Protocol: lb.TCP}
+			sps[name] = &lb.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
+		}
+		return lb.NewSnapshot(sps)
+	}
+	asked := func(a *applier) bool {
+		select {
+		case <-a.release:
+			return true
+		default:
+			return false
+		}
+	}
+	newApplier := func(p dataPlane) *applier {
+		return &applier{plane: p, local: &localAddrs{}, health: admin.NewHealth(time.Minute, nil), metrics: admin.NewMetrics(),
+			log: slog.New(slog.DiscardHandler), first: make(chan struct{}), release: make(chan struct{}, 1)}
+	}
+	small := newApplier(okPlane{})
+	small.Publish(ports(bigApply - 1))
+	if asked(small) {
+		t.Fatalf("%d changed ports asked for a release", bigApply-1)
+	}
+	small.Publish(ports(bigApply)) // one more port
+	if asked(small) {
+		t.Fatal("one changed port asked for a release")
+	}
+	a := newApplier(okPlane{})
+	big := ports(bigApply)
+	a.Publish(big)
+	if !asked(a) {
+		t.Fatalf("%d changed ports did not ask for a release", bigApply)
+	}
+	a.Publish(big) // nothing changed
+	if asked(a) {
+		t.Fatal("an unchanged state asked for a release")
+	}
+	f := newApplier(failingPlane{errors.New("iptables-restore: killed")})
+	f.Publish(big)
+	if asked(f) {
+		t.Fatal("a state that failed to apply asked for a release")
+	}
+}
