@@ -56,8 +56,12 @@ const (
 	famLatency
 )
 
+// latencyBuckets is the number of upper bounds of the connect latency
+// histogram.
+const latencyBuckets = 18
+
 func newPortMetrics() *portMetrics {
-	buckets := prometheus.ExponentialBuckets(0.00005, 2, 18) // 50 us to about 6.5 s
+	buckets := prometheus.ExponentialBuckets(0.00005, 2, latencyBuckets) // 50 us to about 6.5 s
 	le := make([]string, len(buckets))
 	for i, b := range buckets {
 		le[i] = strconv.FormatFloat(b, 'g', -1, 64)
@@ -89,7 +93,7 @@ func (p *portMetrics) counters(name lb.ServicePortName) *PortCounters {
 	defer p.mu.Unlock()
 	c := p.ports[name]
 	if c == nil {
-		c = &PortCounters{p: p, name: name, latency: make([]atomic.Uint64, len(p.buckets)+1),
+		c = &PortCounters{p: p, name: name,
 			labels: "protocol=" + p.labelValue(string(name.Protocol)) + ",service=" + p.labelValue(name.String())}
 		p.ports[name] = c
 	}
@@ -159,11 +163,16 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 				// The count is the buckets' sum, so the two always agree; the
 				// sum of latencies may run a moment ahead of them.
 				var n uint64
+				h := c.latency.Load() // nil: no connection yet, every bucket 0
 				for j, le := range p.le {
-					n += c.latency[j].Load()
+					if h != nil {
+						n += h[j].Load()
+					}
 					sample(f.name, "_bucket", "", c.labels, le, float64(n))
 				}
-				n += c.latency[len(p.le)].Load()
+				if h != nil {
+					n += h[len(p.le)].Load()
+				}
 				sample(f.name, "_bucket", "", c.labels, "+Inf", float64(n))
 				sample(f.name, "_sum", "", c.labels, "", float64(c.latencyNanos.Load())/1e9)
 				sample(f.name, "_count", "", c.labels, "", float64(n))
@@ -218,8 +227,11 @@ type PortCounters struct {
 
 	connections, up, down, retries, failures, refused atomic.Uint64
 	active                                            atomic.Int64
-	latency                                           []atomic.Uint64 // per bucket, the last for above every bound
-	latencyNanos                                      atomic.Uint64
+	// latency counts per bucket, the last for above every bound; made by
+	// the port's first connection, so that a port that has had none holds
+	// no histogram (160 bytes each: issue 16's memory budget).
+	latency      atomic.Pointer[[latencyBuckets + 1]atomic.Uint64]
+	latencyNanos atomic.Uint64
 }
 
 // PortCounters returns the data-path counters of one service port; the
@@ -233,7 +245,14 @@ func (c *PortCounters) Opened() { c.connections.Add(1); c.active.Add(1) }
 func (c *PortCounters) Connected(latency time.Duration, tries int) {
 	s := latency.Seconds()
 	i := sort.SearchFloat64s(c.p.buckets, s) // the first bound >= s: Prometheus buckets are upper-inclusive
-	c.latency[i].Add(1)
+	h := c.latency.Load()
+	if h == nil {
+		h = new([latencyBuckets + 1]atomic.Uint64)
+		if !c.latency.CompareAndSwap(nil, h) {
+			h = c.latency.Load() // another connection made it first
+		}
+	}
+	h[i].Add(1)
 	c.latencyNanos.Add(uint64(max(latency, 0)))
 	if tries > 1 {
 		c.retries.Add(1)

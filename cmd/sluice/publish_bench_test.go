@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -223,4 +224,43 @@ func BenchmarkPublishServiceAddAt10kWithCapture(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkHeldBytesPerPortWithCapture is what the userspace plane holds
+// per ClusterIP service port of 10 endpoints once a state of 10k is
+// applied, past the snapshot itself: the engine's frontends and pickers,
+// the per-port metrics and the capture's portals, wired as run wires them
+// with one capture port (issue 16's memory budget). Counted, not timed:
+// the live heap after a collection, before and after the first publish.
+// go test -run '^$' -bench HeldBytesPerPort -benchtime 3x ./cmd/sluice
+func BenchmarkHeldBytesPerPortWithCapture(b *testing.B) {
+	const n = 10000
+	_, all := benchPorts(n)
+	var perPort float64
+	for b.Loop() {
+		metrics := admin.NewMetrics()
+		srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+			Ejection: lb.DefaultEjectionPolicy(), ProxyPorts: listeners.NewPortAllocator(0, 0), CaptureExternal: true,
+			Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }, Log: slog.New(slog.DiscardHandler)}
+		if err := srv.OpenCapture(); err != nil {
+			b.Fatal(err)
+		}
+		before := liveHeap()
+		a, snap := publishWithCapture(srv, &changingPortals{}, all)
+		perPort = float64(liveHeap()-before) / n
+		if got := srv.FrontendCount(); got != n {
+			b.Fatalf("%d frontends, want %d", got, n)
+		}
+		runtime.KeepAlive(a)
+		runtime.KeepAlive(snap)
+		srv.Close()
+	}
+	b.ReportMetric(perPort, "B/port")
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
