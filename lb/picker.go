@@ -23,13 +23,15 @@ type EjectionPolicy struct {
 	Failures   int
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// OnEject, when set, hears of each ejection: the endpoint and how long
-	// it is skipped. It is called on the data path, under the picker's
-	// lock: it must not block.
-	OnEject func(ep netip.AddrPort, skipped time.Duration)
+	// OnEject, when set, hears of each ejection: the picker's service port
+	// (NewPortPicker's), the endpoint and how long it is skipped. It is
+	// called on the data path, under the picker's lock: it must not block.
+	// One policy, callbacks included, serves every picker of a server: the
+	// port comes as an argument, not in a closure per port.
+	OnEject func(port ServicePortName, ep netip.AddrPort, skipped time.Duration)
 	// OnReturn, when set, hears of an ejected endpoint that took a
 	// connection again (a probe succeeded). The same rules as OnEject.
-	OnReturn func(ep netip.AddrPort)
+	OnReturn func(port ServicePortName, ep netip.AddrPort)
 }
 
 // DefaultEjectionPolicy ejects after 2 consecutive failures for 5s, up to 1m.
@@ -88,22 +90,31 @@ func (s *endpointSet) has(a netip.AddrPort) bool { _, ok := s.find(a); return ok
 // for concurrent use; Order never blocks on I/O.
 type Picker struct {
 	clock    affinity.Clock
-	ejection EjectionPolicy
+	ejection *EjectionPolicy // shared with the other pickers of a server; read only
+	port     ServicePortName // told to the ejection callbacks
 
 	set      atomic.Pointer[endpointSet]
 	next     atomic.Uint64
 	affinity atomic.Pointer[affinity.Table] // nil when affinity is off
 
 	mu     sync.Mutex
-	health map[netip.AddrPort]*health
+	health map[netip.AddrPort]*health // made by the first failure
 }
 
 // NewPicker returns a picker with no endpoints.
 func NewPicker(clock affinity.Clock, ejection EjectionPolicy) *Picker {
+	return NewPortPicker(clock, &ejection, ServicePortName{})
+}
+
+// NewPortPicker returns a picker with no endpoints for one service port,
+// sharing ejection (which must not change afterwards) with the other
+// pickers made with it: a server's thousands of ports hold one policy
+// between them (issue 16's memory budget).
+func NewPortPicker(clock affinity.Clock, ejection *EjectionPolicy, port ServicePortName) *Picker {
 	if clock == nil {
 		clock = affinity.SystemClock{}
 	}
-	p := &Picker{clock: clock, ejection: ejection, health: make(map[netip.AddrPort]*health)}
+	p := &Picker{clock: clock, ejection: ejection, port: port}
 	p.set.Store(&endpointSet{})
 	return p
 }
@@ -207,7 +218,7 @@ func (p *Picker) Connected(client netip.Addr, ep netip.AddrPort) {
 	p.mu.Lock()
 	if h := p.health[ep]; h != nil {
 		if h.backoff > 0 && p.ejection.OnReturn != nil {
-			p.ejection.OnReturn(ep)
+			p.ejection.OnReturn(p.port, ep)
 		}
 		delete(p.health, ep)
 	}
@@ -230,6 +241,9 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 	}
 	h := p.health[ep]
 	if h == nil {
+		if p.health == nil {
+			p.health = map[netip.AddrPort]*health{}
+		}
 		h = &health{}
 		p.health[ep] = h
 	}
@@ -244,7 +258,7 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 	}
 	h.ejectedUntil = now.Add(h.backoff)
 	if p.ejection.OnEject != nil {
-		p.ejection.OnEject(ep, h.backoff)
+		p.ejection.OnEject(p.port, ep, h.backoff)
 	}
 	return true
 }

@@ -294,7 +294,9 @@ func TestUsableUnderLocalPolicies(t *testing.T) {
 func TestOnEjectHearsEjections(t *testing.T) {
 	var got []string
 	p := NewPicker(nil, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: time.Minute,
-		OnEject: func(ep netip.AddrPort, d time.Duration) { got = append(got, ep.String()+" "+d.String()) }})
+		OnEject: func(_ ServicePortName, ep netip.AddrPort, d time.Duration) {
+			got = append(got, ep.String()+" "+d.String())
+		}})
 	ep := netip.MustParseAddrPort("10.0.0.1:80")
 	p.SetEndpoints([]netip.AddrPort{ep})
 	client := netip.MustParseAddr("192.0.2.1")
@@ -313,7 +315,7 @@ func TestOnEjectHearsEjections(t *testing.T) {
 func TestOnReturnHearsReturns(t *testing.T) {
 	var got []string
 	p := NewPicker(nil, EjectionPolicy{Failures: 2, Backoff: time.Second, MaxBackoff: time.Minute,
-		OnReturn: func(ep netip.AddrPort) { got = append(got, ep.String()) }})
+		OnReturn: func(_ ServicePortName, ep netip.AddrPort) { got = append(got, ep.String()) }})
 	ep := netip.MustParseAddrPort("10.0.0.1:80")
 	p.SetEndpoints([]netip.AddrPort{ep})
 	client := netip.MustParseAddr("192.0.2.1")

@@ -114,6 +114,8 @@ type Server struct {
 	// Ejections are logged off the data path: a bounded queue drained by
 	// one goroutine, started with the first; what does not fit is counted.
 	ejectMu      sync.Mutex
+	policyOnce   sync.Once
+	policy       *lb.EjectionPolicy // Ejection with the log's callbacks, shared by every picker
 	ejections    chan ejection
 	ejectDone    chan struct{}
 	ejectDropped int
@@ -128,16 +130,28 @@ type ejection struct {
 	returned bool
 }
 
-// ejectionPolicy is s.Ejection, with ejections of name's endpoints logged.
-func (s *Server) ejectionPolicy(name lb.ServicePortName) lb.EjectionPolicy {
-	p := s.Ejection
-	if s.Log != nil {
-		p.OnEject = func(ep netip.AddrPort, skipped time.Duration) {
-			s.noteEjection(ejection{port: name, ep: ep, skipped: skipped})
+// newPicker is a picker for name, sharing the server's ejection policy,
+// whose ejections are logged.
+func (s *Server) newPicker(name lb.ServicePortName) *lb.Picker {
+	return lb.NewPortPicker(s.Clock, s.ejectionPolicy(), name)
+}
+
+// ejectionPolicy is s.Ejection with ejections logged, made once: every
+// picker shares it (a pair of closures per port was 150 bytes each).
+func (s *Server) ejectionPolicy() *lb.EjectionPolicy {
+	s.policyOnce.Do(func() {
+		p := s.Ejection
+		if s.Log != nil {
+			p.OnEject = func(port lb.ServicePortName, ep netip.AddrPort, skipped time.Duration) {
+				s.noteEjection(ejection{port: port, ep: ep, skipped: skipped})
+			}
+			p.OnReturn = func(port lb.ServicePortName, ep netip.AddrPort) {
+				s.noteEjection(ejection{port: port, ep: ep, returned: true})
+			}
 		}
-		p.OnReturn = func(ep netip.AddrPort) { s.noteEjection(ejection{port: name, ep: ep, returned: true}) }
-	}
-	return p
+		s.policy = &p
+	})
+	return s.policy
 }
 
 // noteEjection queues an ejection for the log; it never blocks.
@@ -293,7 +307,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 				s.log().Warn("SCTP service port not served", "service", sp.Name.String(), "why", why)
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
-			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))}}
+			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: s.newPicker(sp.Name)}}
 			np.ext = np.target
 			s.setPort(np)
 			continue
@@ -307,7 +321,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			}
 			s.closePort(p)
 		} else {
-			picker = lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))
+			picker = s.newPicker(sp.Name)
 		}
 		var ctr Counters
 		if s.Counters != nil {
@@ -317,7 +331,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		np.ext = np.target
 		if sp.SplitPolicy() {
 			if extPicker == nil {
-				extPicker = lb.NewPicker(s.Clock, s.ejectionPolicy(sp.Name))
+				extPicker = s.newPicker(sp.Name)
 			}
 			np.ext = &Target{Picker: extPicker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}
 		}
