@@ -492,7 +492,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 				// Here, not on the publishing goroutine: the collection
 				// takes a while at that size, and the next update must
 				// not wait for it.
+				start := time.Now()
 				debug.FreeOSMemory()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				log.Info("garbage handed back after a large state", "heapInUseMiB", ms.HeapInuse>>20, "took", time.Since(start).Round(time.Millisecond))
 			case <-retry.C:
 				if r != nil {
 					r.RetryListeners()

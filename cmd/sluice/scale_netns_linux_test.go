@@ -67,6 +67,9 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 			t.Fatalf("service %d of %d (%s): %v, want the backend", i, n, scaleIP(i), d)
 		}
 	}
+	// Read once the start-up's garbage is handed back (run does it after
+	// the first large state, on a goroutine of its own).
+	p.waitLogWithin(time.Minute, "garbage handed back")
 	rss := residentKiB(t, p.cmd.Process.Pid)
 	// One Service's endpoint moves: the file holding it is rewritten.
 	edit := n / 2 / 1000 * 1000
