@@ -72,7 +72,7 @@ type BuildMemo struct {
 	// place: the objects in load order and each Service's slices and
 	// Endpoints.
 	lastServices []*corev1.Service
-	lastSlices   []*discoveryv1.EndpointSlice
+	lastSlices   []*Slice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	lastEndpoints []*corev1.Endpoints
 	sources       map[svcKey][]any
@@ -130,10 +130,10 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 	}
 	for i, sl := range objs.EndpointSlices {
 		if old := m.lastSlices[i]; sl != old {
-			if sl.Namespace != old.Namespace || sl.Name != old.Name || sl.Labels[ServiceNameLabel] != old.Labels[ServiceNameLabel] {
+			if sl.Namespace != old.Namespace || sl.Name != old.Name || sl.Service != old.Service {
 				return nil, false, nil
 			}
-			if !replace(svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}, old, sl) {
+			if !replace(svcKey{sl.Namespace, sl.Service}, old, sl) {
 				return nil, false, nil
 			}
 			if n++; n > inPlaceLimit {
@@ -270,7 +270,7 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		touched[k], svcs[k] = true, svc
 	}
 	for _, sl := range slices.Concat(m.lastSlices[li:lj], objs.EndpointSlices[li:lk]) {
-		touched[svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}] = true
+		touched[svcKey{sl.Namespace, sl.Service}] = true
 	}
 	for _, ep := range slices.Concat(m.lastEndpoints[ei:ej], objs.Endpoints[ei:ek]) {
 		touched[svcKey{ep.Namespace, ep.Name}] = true
@@ -282,7 +282,7 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 	// long way gathers them.
 	sources := make(map[svcKey][]any, len(touched))
 	for _, sl := range objs.EndpointSlices {
-		if k := (svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}); touched[k] {
+		if k := (svcKey{sl.Namespace, sl.Service}); touched[k] {
 			sources[k] = append(sources[k], sl)
 		}
 	}
@@ -330,7 +330,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	}
 	sources := make(map[svcKey][]any, len(objs.Services))
 	for _, sl := range objs.EndpointSlices {
-		k := svcKey{sl.Namespace, sl.Labels[ServiceNameLabel]}
+		k := svcKey{sl.Namespace, sl.Service}
 		if k.name == "" || !known[k] {
 			return buildFull(objs, nodeName, m.Reserved) // an error: reported there
 		}
@@ -421,7 +421,7 @@ func buildMemoService(svc *corev1.Service, sources []any, nodeName string) (ms m
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
 	for _, src := range sources {
 		switch o := src.(type) {
-		case *discoveryv1.EndpointSlice:
+		case *Slice:
 			sliceEndpoints(o, known, nodeName, e, collected)
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		case *corev1.Endpoints:
@@ -710,19 +710,47 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 	return out
 }
 
-// sliceEndpoints adds a slice's endpoints to out, per service port. A slice
-// with any error adds nothing.
-func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
-	before := len(e.errors)
-	svcName := sl.Labels[ServiceNameLabel]
-	if svcName == "" {
-		e.add("metadata.labels["+ServiceNameLabel+"]", "required: it names the Service this slice belongs to")
-		return
-	}
-	if !known[svcKey{sl.Namespace, svcName}] {
-		e.add("metadata.labels["+ServiceNameLabel+"]", "Service %s/%s not found", sl.Namespace, svcName)
-		return
-	}
+// Slice is an EndpointSlice as the build reads it: its names, the
+// Service it belongs to, and its ports and endpoints parsed and checked
+// once, when it is decoded. It is what the manifest source keeps of each
+// slice between reloads: decoded as discoveryv1 types, a slice of 10
+// endpoints held some 2 KB (96-byte endpoints, an address string each, the
+// labels' map), this about a quarter of it (issue 16's memory budget).
+// A Slice is never modified once made.
+type Slice struct {
+	Namespace, Name string
+	// Service is the kubernetes.io/service-name label ("" when missing).
+	Service string
+
+	fqdn     bool           // an FQDN slice, which kube-proxy ignores
+	problems []fieldProblem // what is wrong with it, in the order found
+	ports    []slicePort
+	eps      []sliceEndpoint
+}
+
+// fieldProblem is one problem of an object, with the field it is in.
+type fieldProblem struct{ field, what string }
+
+type slicePort struct {
+	name  string
+	proto lb.Protocol
+	port  uint16
+}
+
+// sliceEndpoint is an endpoint of a slice: its first address (the only
+// one kube-proxy reads), its conditions and its node.
+type sliceEndpoint struct {
+	addr                        netip.Addr
+	node                        string
+	ready, serving, terminating bool
+}
+
+// NewSlice parses and checks sl for the build, which reports what it
+// found wrong (when the slice's Service is known) and uses nothing of a
+// slice with a problem. What is kept is sized exactly: it lives as long
+// as the slice is unchanged.
+func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
+	s := &Slice{Namespace: sl.Namespace, Name: sl.Name, Service: sl.Labels[ServiceNameLabel]}
 	var want func(netip.Addr) bool
 	switch sl.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -730,27 +758,22 @@ func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, nodeNa
 	case discoveryv1.AddressTypeIPv6:
 		want = netip.Addr.Is6
 	case discoveryv1.AddressTypeFQDN:
-		return // kube-proxy ignores FQDN slices
+		s.fqdn = true // kube-proxy ignores FQDN slices
+		return s
 	default:
-		e.add("addressType", "unsupported value %q: want IPv4, IPv6 or FQDN", sl.AddressType)
-		return
+		s.problem("addressType", "unsupported value %q: want IPv4, IPv6 or FQDN", sl.AddressType)
+		return s
 	}
-	type portRef struct {
-		name  string
-		proto lb.Protocol
-		port  uint16
-	}
-	var ports []portRef
+	ports := make([]slicePort, 0, len(sl.Ports))
 	for i, p := range sl.Ports {
-		f := fmt.Sprintf("ports[%d]", i)
 		if p.Port == nil || *p.Port == 0 {
 			continue // kube-proxy ignores ports without a number
 		}
 		if *p.Port < 1 || *p.Port > 65535 {
-			e.add(f+".port", "must be 1-65535, got %d", *p.Port)
+			s.problem(fmt.Sprintf("ports[%d].port", i), "must be 1-65535, got %d", *p.Port)
 			continue
 		}
-		ref := portRef{proto: lb.TCP, port: uint16(*p.Port)}
+		ref := slicePort{proto: lb.TCP, port: uint16(*p.Port)}
 		if p.Name != nil {
 			ref.name = *p.Name
 		}
@@ -759,44 +782,75 @@ func sliceEndpoints(sl *discoveryv1.EndpointSlice, known map[svcKey]bool, nodeNa
 		}
 		ports = append(ports, ref)
 	}
-	var eps []lb.Endpoint
+	eps := make([]sliceEndpoint, 0, len(sl.Endpoints))
 	for i, ep := range sl.Endpoints {
 		f := fmt.Sprintf("endpoints[%d].addresses", i)
 		if len(ep.Addresses) == 0 {
-			e.add(f, "at least one address is required")
+			s.problem(f, "at least one address is required")
 			continue
 		}
 		a, err := netip.ParseAddr(ep.Addresses[0])
 		if err != nil {
-			e.add(f+"[0]", "invalid IP address %q", ep.Addresses[0])
+			s.problem(f+"[0]", "invalid IP address %q", ep.Addresses[0])
 			continue
 		}
 		a = a.Unmap()
 		if !want(a) {
-			e.add(f+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
+			s.problem(f+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
 			continue
 		}
 		c := ep.Conditions
-		le := lb.Endpoint{
-			Addr:        netip.AddrPortFrom(a, 0),
-			Ready:       c.Ready == nil || *c.Ready,
-			Serving:     c.Serving == nil || *c.Serving,
-			Terminating: c.Terminating != nil && *c.Terminating,
+		se := sliceEndpoint{
+			addr:        a,
+			ready:       c.Ready == nil || *c.Ready,
+			serving:     c.Serving == nil || *c.Serving,
+			terminating: c.Terminating != nil && *c.Terminating,
 		}
 		if ep.NodeName != nil {
-			le.NodeName = *ep.NodeName
-			le.Local = nodeName != "" && le.NodeName == nodeName
+			se.node = *ep.NodeName
 		}
-		eps = append(eps, le)
+		eps = append(eps, se)
 	}
-	if len(e.errors) > before {
+	if len(s.problems) == 0 {
+		s.ports, s.eps = slices.Clip(ports), slices.Clip(eps)
+	}
+	return s
+}
+
+func (s *Slice) problem(field, format string, a ...any) {
+	s.problems = append(s.problems, fieldProblem{field, fmt.Sprintf(format, a...)})
+}
+
+// sliceEndpoints adds sl's endpoints to out, per service port, for the
+// node named nodeName; it reports sl's problems, and one naming a Service
+// that is not known, instead.
+func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+	if sl.Service == "" {
+		e.add("metadata.labels["+ServiceNameLabel+"]", "required: it names the Service this slice belongs to")
 		return
 	}
-	for _, p := range ports {
-		name := lb.ServicePortName{Namespace: sl.Namespace, Name: svcName, Port: p.name, Protocol: p.proto}
-		for _, le := range eps {
-			le.Addr = netip.AddrPortFrom(le.Addr.Addr(), p.port)
-			out[name] = append(out[name], le)
+	if !known[svcKey{sl.Namespace, sl.Service}] {
+		e.add("metadata.labels["+ServiceNameLabel+"]", "Service %s/%s not found", sl.Namespace, sl.Service)
+		return
+	}
+	if sl.fqdn {
+		return
+	}
+	for _, p := range sl.problems {
+		e.add(p.field, "%s", p.what)
+	}
+	if len(sl.problems) > 0 {
+		return
+	}
+	for _, p := range sl.ports {
+		name := lb.ServicePortName{Namespace: sl.Namespace, Name: sl.Service, Port: p.name, Protocol: p.proto}
+		for _, se := range sl.eps {
+			out[name] = append(out[name], lb.Endpoint{
+				Addr:  netip.AddrPortFrom(se.addr, p.port),
+				Ready: se.ready, Serving: se.serving, Terminating: se.terminating,
+				NodeName: se.node,
+				Local:    nodeName != "" && se.node != "" && se.node == nodeName,
+			})
 		}
 	}
 }
@@ -889,7 +943,7 @@ func BuildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 	var errs []error
 	for _, sl := range slices {
 		se := &objErr{id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
-		sliceEndpoints(sl, known, nodeName, se, collected)
+		sliceEndpoints(NewSlice(sl), known, nodeName, se, collected)
 		errs = append(errs, se.errors...)
 	}
 	for _, sp := range ports {

@@ -33,7 +33,7 @@ import (
 // proxy, in the order they were found.
 type Objects struct {
 	Services       []*corev1.Service
-	EndpointSlices []*discoveryv1.EndpointSlice
+	EndpointSlices []*Slice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	Endpoints []*corev1.Endpoints
 	// origin maps "Kind ns/name" to "file#doc", for duplicates and
@@ -338,7 +338,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		objs.origin, objs.gen = &cache.origins, cache.gen
 		// Sized as last time: grown by appends they were 0.6 MB more.
 		objs.Services = make([]*corev1.Service, 0, cache.services)
-		objs.EndpointSlices = make([]*discoveryv1.EndpointSlice, 0, cache.slices)
+		objs.EndpointSlices = make([]*Slice, 0, cache.slices)
 	}
 	var errs []error
 	var read int64
@@ -673,7 +673,7 @@ const racyWindow = time.Second
 
 type cachedDoc struct {
 	id     string
-	obj    any          // *corev1.Service, *corev1.Endpoints or *discoveryv1.EndpointSlice; never mutated
+	obj    any          // *corev1.Service, *corev1.Endpoints or *Slice; never mutated
 	origin *originEntry // id's entry in the origins it was decoded with
 }
 
@@ -997,7 +997,7 @@ func (o *Objects) add(where string, c *docEntry) []error {
 	switch obj := c.obj.(type) {
 	case *corev1.Service:
 		o.Services = append(o.Services, obj)
-	case *discoveryv1.EndpointSlice:
+	case *Slice:
 		o.EndpointSlices = append(o.EndpointSlices, obj)
 	default:
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
@@ -1094,10 +1094,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 			return errs, nil
 		}
 		sl.Namespace = ns
-		// Decoding grows the endpoints by doubling: 10 endpoints kept room
-		// for 16, a third of the cached slices' memory (issue 16).
-		sl.Endpoints = slices.Clone(sl.Endpoints)
-		obj = sl
+		obj = NewSlice(sl) // what the build reads; the decoded slice is garbage now
 	}
 	c := docEntry{cachedDoc: cachedDoc{id: id, obj: obj, origin: origin}}
 	return o.add(where, &c), &c.cachedDoc

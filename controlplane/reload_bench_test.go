@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -164,4 +165,44 @@ func timeReloads(b *testing.B, src *ManifestSource, sink *editSink, change func(
 	if sink.published != b.N+1 {
 		b.Fatalf("published %d of %d", sink.published, b.N+1)
 	}
+}
+
+// BenchmarkManifestHeldBytesPerService is what the manifest source holds
+// per Service of 10 endpoints (a port each) once 10,000 are loaded in 100
+// files: its document cache, the build's memo and the snapshot (issue 16's
+// memory budget). Counted, not timed: the live heap after a collection,
+// before the load and after it.
+// go test -run '^$' -bench ManifestHeldBytes -benchtime 3x ./controlplane
+func BenchmarkManifestHeldBytesPerService(b *testing.B) {
+	const n, perFile = 10000, 100
+	dir := b.TempDir()
+	for f := 0; f < n/perFile; f++ {
+		var all strings.Builder
+		for i := f * perFile; i < (f+1)*perFile; i++ {
+			all.WriteString(manifestService(i, 100))
+		}
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(all.String()), 0o644)
+	}
+	var perService float64
+	for b.Loop() {
+		before := liveHeap()
+		sink := &editSink{}
+		src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1}
+		if err := src.Load(); err != nil {
+			b.Fatal(err)
+		}
+		perService = float64(liveHeap()-before) / n
+		if sink.published != 1 || src.lastServices != n {
+			b.Fatalf("published %d, %d Services", sink.published, src.lastServices)
+		}
+		runtime.KeepAlive(src)
+	}
+	b.ReportMetric(perService, "B/service")
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
