@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -725,7 +726,11 @@ type Slice struct {
 	fqdn     bool           // an FQDN slice, which kube-proxy ignores
 	problems []fieldProblem // what is wrong with it, in the order found
 	ports    []slicePort
-	eps      []sliceEndpoint
+	// byPort are its endpoints with each port's number, merged as the
+	// build merges a port's endpoints (mergeEndpoints), none of them
+	// Local: a port whose endpoints all come from this slice, on a node
+	// none of them runs on, takes its list as it is, shared.
+	byPort [][]lb.Endpoint
 }
 
 // fieldProblem is one problem of an object, with the field it is in.
@@ -735,14 +740,6 @@ type slicePort struct {
 	name  string
 	proto lb.Protocol
 	port  uint16
-}
-
-// sliceEndpoint is an endpoint of a slice: its first address (the only
-// one kube-proxy reads), its conditions and its node.
-type sliceEndpoint struct {
-	addr                        netip.Addr
-	node                        string
-	ready, serving, terminating bool
 }
 
 // NewSlice parses and checks sl for the build, which reports what it
@@ -782,7 +779,7 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 		}
 		ports = append(ports, ref)
 	}
-	eps := make([]sliceEndpoint, 0, len(sl.Endpoints))
+	eps := make([]lb.Endpoint, 0, len(sl.Endpoints)) // port 0, for now
 	for i, ep := range sl.Endpoints {
 		f := fmt.Sprintf("endpoints[%d].addresses", i)
 		if len(ep.Addresses) == 0 {
@@ -800,19 +797,29 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 			continue
 		}
 		c := ep.Conditions
-		se := sliceEndpoint{
-			addr:        a,
-			ready:       c.Ready == nil || *c.Ready,
-			serving:     c.Serving == nil || *c.Serving,
-			terminating: c.Terminating != nil && *c.Terminating,
+		le := lb.Endpoint{
+			Addr:        netip.AddrPortFrom(a, 0),
+			Ready:       c.Ready == nil || *c.Ready,
+			Serving:     c.Serving == nil || *c.Serving,
+			Terminating: c.Terminating != nil && *c.Terminating,
 		}
 		if ep.NodeName != nil {
-			se.node = *ep.NodeName
+			le.NodeName = *ep.NodeName
 		}
-		eps = append(eps, se)
+		eps = append(eps, le)
 	}
-	if len(s.problems) == 0 {
-		s.ports, s.eps = slices.Clip(ports), slices.Clip(eps)
+	if len(s.problems) > 0 || len(ports) == 0 {
+		return s
+	}
+	s.ports = slices.Clip(ports)
+	s.byPort = make([][]lb.Endpoint, len(ports))
+	for i, p := range ports {
+		list := make([]lb.Endpoint, len(eps))
+		for j, ep := range eps {
+			ep.Addr = netip.AddrPortFrom(ep.Addr.Addr(), p.port)
+			list[j] = ep
+		}
+		s.byPort[i] = mergeEndpoints(list) // list itself when it is merged already
 	}
 	return s
 }
@@ -842,15 +849,21 @@ func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr
 	if len(sl.problems) > 0 {
 		return
 	}
-	for _, p := range sl.ports {
+	for i, p := range sl.ports {
 		name := lb.ServicePortName{Namespace: sl.Namespace, Name: sl.Service, Port: p.name, Protocol: p.proto}
-		for _, se := range sl.eps {
-			out[name] = append(out[name], lb.Endpoint{
-				Addr:  netip.AddrPortFrom(se.addr, p.port),
-				Ready: se.ready, Serving: se.serving, Terminating: se.terminating,
-				NodeName: se.node,
-				Local:    nodeName != "" && se.node != "" && se.node == nodeName,
-			})
+		eps := sl.byPort[i]
+		if nodeName != "" && slices.ContainsFunc(eps, func(ep lb.Endpoint) bool { return ep.NodeName == nodeName }) {
+			eps = slices.Clone(eps)
+			for j := range eps {
+				eps[j].Local = eps[j].NodeName == nodeName
+			}
+		}
+		if len(out[name]) == 0 {
+			// Shared: the lists are exactly sized, so a later slice's
+			// endpoints are appended to a copy, never into the Slice's.
+			out[name] = eps
+		} else {
+			out[name] = append(out[name], eps...)
 		}
 	}
 }
@@ -903,9 +916,15 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName strin
 // The result is sized to the endpoints, not grown by appends: it is kept for
 // as long as the Service is unchanged (10 endpoints took a 16-entry array,
 // 13.5 MB of the live heap at 10k Services).
+//
+// A list that is merged already (one slice's, as Slice keeps them) is
+// returned as it is: the snapshot shares it with the Slice.
 func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 	if len(eps) == 0 {
 		return nil
+	}
+	if merged(eps) {
+		return slices.Clip(eps)
 	}
 	seen := make(map[netip.AddrPort]int, len(eps))
 	out := make([]lb.Endpoint, 0, len(eps))
@@ -921,6 +940,22 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 	}
 	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
 	return slices.Clip(out) // spare room after duplicates is not for appends to share
+}
+
+// merged reports whether eps is in mergeEndpoints' order with no address
+// twice: each "ip:port" string above the last (one address is one
+// string), compared without making them.
+func merged(eps []lb.Endpoint) bool {
+	var a, b [64]byte
+	last := eps[0].Addr.AppendTo(a[:0])
+	for _, ep := range eps[1:] {
+		next := ep.Addr.AppendTo(b[:0])
+		if bytes.Compare(last, next) >= 0 {
+			return false
+		}
+		last = append(a[:0], next...)
+	}
+	return true
 }
 
 // BuildService builds one Service's ports for the node named nodeName, with

@@ -810,3 +810,105 @@ func TestBuildMemoSplicesFilesThatComeAndGo(t *testing.T) {
 	write("e.yaml", slice("s9-a", "s9", "10.0.0.9"))
 	check("a slice of no Service", 4)
 }
+
+// A slice's endpoints are kept per port, merged, and a port whose
+// endpoints come from that slice alone shares its list with the snapshot
+// (issue 16's memory budget). Each port still gets its own port number,
+// another slice's endpoints are merged into a copy, and a node's Local
+// marks go on a copy: nothing is written through into the shared list.
+func TestSliceListsAreSharedAndNeverWrittenThrough(t *testing.T) {
+	objs, err := ParseManifest("test.yaml", []byte(`apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: a, port: 80}, {name: b, port: 81}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{name: a, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: a, port: 8080}, {name: b, port: 9090}]
+endpoints:
+- addresses: [10.0.0.1]
+  nodeName: n1
+- addresses: [10.0.0.2]
+  nodeName: n2
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: api-1, labels: {kubernetes.io/service-name: api}}
+addressType: IPv4
+ports: [{name: a, port: 8080}]
+endpoints:
+- addresses: [10.0.0.5]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: api-2, labels: {kubernetes.io/service-name: api}}
+addressType: IPv4
+ports: [{name: a, port: 8080}]
+endpoints:
+- addresses: [10.0.0.3]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := func(snap *lb.Snapshot, svc, port string) string {
+		sp := snap.Ports.Get(lb.ServicePortName{Namespace: "default", Name: svc, Port: port, Protocol: lb.TCP})
+		if sp == nil {
+			t.Fatalf("no port %s:%s", svc, port)
+		}
+		var out []string
+		for _, ep := range sp.Endpoints {
+			s := ep.Addr.String()
+			if ep.Local {
+				s += " local"
+			}
+			out = append(out, s)
+		}
+		return strings.Join(out, ",")
+	}
+	for _, node := range []string{"", "n1", "n2", ""} {
+		snap, err := BuildFor(objs, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantA, wantB := "10.0.0.1:8080,10.0.0.2:8080", "10.0.0.1:9090,10.0.0.2:9090"
+		switch node {
+		case "n1":
+			wantA, wantB = "10.0.0.1:8080 local,10.0.0.2:8080", "10.0.0.1:9090 local,10.0.0.2:9090"
+		case "n2":
+			wantA, wantB = "10.0.0.1:8080,10.0.0.2:8080 local", "10.0.0.1:9090,10.0.0.2:9090 local"
+		}
+		if got := eps(snap, "web", "a"); got != wantA {
+			t.Fatalf("node %q: web:a %s, want %s", node, got, wantA)
+		}
+		if got := eps(snap, "web", "b"); got != wantB {
+			t.Fatalf("node %q: web:b %s, want %s", node, got, wantB)
+		}
+		if got := eps(snap, "api", "a"); got != "10.0.0.3:8080,10.0.0.5:8080" {
+			t.Fatalf("node %q: api:a %s", node, got)
+		}
+	}
+	// The slices themselves are as they were made.
+	for _, sl := range objs.EndpointSlices {
+		for i, list := range sl.byPort {
+			for _, ep := range list {
+				if ep.Local || ep.Addr.Port() != sl.ports[i].port {
+					t.Fatalf("slice %s port %d holds %+v", sl.Name, sl.ports[i].port, ep)
+				}
+			}
+		}
+		if sl.Name == "api-1" && len(sl.byPort[0]) != 1 {
+			t.Fatalf("api-1's list took another slice's endpoints: %+v", sl.byPort[0])
+		}
+	}
+}
