@@ -960,11 +960,13 @@ func merged(eps []lb.Endpoint) bool {
 
 // BuildService builds one Service's ports for the node named nodeName, with
 // the endpoints of slices, which must all be labelled with that Service's
-// name. It is the incremental path of an API source: one Service at a time.
+// name (NewSlice makes them; a port's endpoints may share a slice's list,
+// which is why a Slice never changes). It is the incremental path of an API
+// source: one Service at a time.
 // Each problem is returned, naming its object and field; a bad Service
 // yields no ports, and a bad slice is left out while the others are used.
 // A skipped Service (ExternalName, headless) yields no ports and no error.
-func BuildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeName string) ([]*lb.ServicePort, []error) {
+func BuildService(svc *corev1.Service, slices []*Slice, nodeName string) ([]*lb.ServicePort, []error) {
 	e := &objErr{id: "Service " + svc.Namespace + "/" + svc.Name}
 	ports := buildService(svc, e)
 	if len(e.errors) > 0 {
@@ -978,7 +980,7 @@ func BuildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 	var errs []error
 	for _, sl := range slices {
 		se := &objErr{id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
-		sliceEndpoints(NewSlice(sl), known, nodeName, se, collected)
+		sliceEndpoints(sl, known, nodeName, se, collected)
 		errs = append(errs, se.errors...)
 	}
 	for _, sp := range ports {

@@ -587,7 +587,8 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 	var kept []*discoveryv1.EndpointSlice
 	served := 0 // built ports with endpoints: the walk must reach them
 	for round := 0; round < 200; round++ {
-		var trimmed, whole []*discoveryv1.EndpointSlice
+		var trimmed []*discoveryv1.EndpointSlice
+		var cached, whole []*controlplane.Slice
 		for n := rng.IntN(3) + 1; n > 0; n-- {
 			sl := &discoveryv1.EndpointSlice{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("web-%d", n), GenerateName: "web-", ManagedFields: mf,
@@ -615,21 +616,28 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 				}
 				sl.Endpoints = append(sl.Endpoints, ep)
 			}
-			whole = append(whole, sl.DeepCopy())
-			if _, err := trim.transform(sl); err != nil {
+			whole = append(whole, controlplane.NewSlice(sl.DeepCopy()))
+			c, err := trim.transform(sl) // trims sl in place, then keeps what the build reads
+			if err != nil {
 				t.Fatal(err)
+			}
+			if cs, ok := c.(*cachedSlice); !ok || cs.Name != sl.Name || cs.Namespace != sl.Namespace ||
+				cs.trigger != sl.Annotations[corev1.EndpointsLastChangeTriggerTime] || cs.trigger == "" {
+				t.Fatalf("round %d: cached as %+v", round, c)
+			} else {
+				cached = append(cached, cs.slice)
 			}
 			trimmed = append(trimmed, sl)
 		}
 		node := fmt.Sprintf("node-%d", rng.IntN(3))
 		wantPorts, wantErrs := controlplane.BuildService(web, whole, node)
-		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, trimmed, node)
+		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, cached, node)
 		if !reflect.DeepEqual(gotPorts, wantPorts) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
 			t.Fatalf("round %d: trimmed slices build\n%v %v\nthe whole ones\n%v %v", round, gotPorts, gotErrs, wantPorts, wantErrs)
 		}
-		for i, sl := range trimmed {
+		for _, sl := range trimmed {
 			if sl.ManagedFields != nil || sl.OwnerReferences != nil || len(sl.Labels) != 1 || len(sl.Annotations) != 1 ||
-				sl.Annotations[corev1.EndpointsLastChangeTriggerTime] != whole[i].Annotations[corev1.EndpointsLastChangeTriggerTime] {
+				sl.Annotations[corev1.EndpointsLastChangeTriggerTime] != "2026-11-26T09:00:00Z" {
 				t.Fatalf("round %d: slice metadata kept %+v", round, sl.ObjectMeta)
 			}
 			for _, ep := range sl.Endpoints {
