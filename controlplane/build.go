@@ -713,11 +713,13 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 
 // Slice is an EndpointSlice as the build reads it: its names, the
 // Service it belongs to, and its ports and endpoints parsed and checked
-// once, when it is decoded. It is what the manifest source keeps of each
-// slice between reloads: decoded as discoveryv1 types, a slice of 10
-// endpoints held some 2 KB (96-byte endpoints, an address string each, the
-// labels' map), this about a quarter of it (issue 16's memory budget).
-// A Slice is never modified once made.
+// once, when it is decoded. It is what both sources keep of each slice
+// (the manifest source between reloads, the API source in its informer's
+// cache): decoded as discoveryv1 types, a slice of 10 endpoints held 2-3
+// KiB (96-byte endpoints, an address string each, the labels' map), and
+// the snapshot a copy of its endpoints besides; a Slice holds about a
+// third of that, and the snapshot shares its lists (issue 16's memory
+// budget). A Slice is never modified once made: snapshots share it.
 type Slice struct {
 	Namespace, Name string
 	// Service is the kubernetes.io/service-name label ("" when missing).
