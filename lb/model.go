@@ -118,6 +118,41 @@ func (sp *ServicePort) HasUsable(localOnly bool) bool {
 	return false
 }
 
+// selectEndpoints is Select's endpoints: sp.Endpoints itself when every one
+// of them is selected (all ready, and local when localOnly), else a copy of
+// those that are, sized exactly.
+func (sp *ServicePort) selectEndpoints(localOnly bool) []Endpoint {
+	anyReady, all := false, true
+	for _, ep := range sp.Endpoints {
+		in := !localOnly || ep.Local
+		anyReady = anyReady || in && ep.Ready
+		all = all && in && ep.Ready
+	}
+	if all {
+		return sp.Endpoints
+	}
+	var out []Endpoint
+	for pass := 0; pass < 2; pass++ { // count, then fill
+		n := 0
+		for _, ep := range sp.Endpoints {
+			if (localOnly && !ep.Local) || !(anyReady && ep.Ready || !anyReady && ep.Serving && ep.Terminating) {
+				continue
+			}
+			if out != nil {
+				out[n] = ep
+			}
+			n++
+		}
+		if out == nil {
+			if n == 0 {
+				return nil
+			}
+			out = make([]Endpoint, n)
+		}
+	}
+	return out
+}
+
 func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 	var ready, terminating []netip.AddrPort
 	for _, ep := range sp.Endpoints {

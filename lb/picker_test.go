@@ -2,6 +2,8 @@ package lb
 
 import (
 	"github.com/sluice-proxy/sluice/affinity"
+	"math/rand/v2"
+	"slices"
 
 	"net/netip"
 	"sync"
@@ -338,10 +340,12 @@ func TestOnReturnHearsReturns(t *testing.T) {
 func TestEndpointSetFindsByScanAndByIndex(t *testing.T) {
 	for n := 0; n <= 2*indexFrom; n++ {
 		var addrs []netip.AddrPort
+		var eps []Endpoint
 		for i := 0; i < n; i++ {
 			addrs = append(addrs, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080))
+			eps = append(eps, Endpoint{Addr: addrs[i], Ready: true})
 		}
-		s := newEndpointSet(addrs)
+		s := newEndpointSet(eps)
 		if (s.index != nil) != (n >= indexFrom) {
 			t.Fatalf("%d endpoints: index kept %v", n, s.index != nil)
 		}
@@ -353,5 +357,39 @@ func TestEndpointSetFindsByScanAndByIndex(t *testing.T) {
 		if s.has(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 8081)) || s.has(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, 0}), 8080)) {
 			t.Fatalf("%d endpoints: found an address not in the set", n)
 		}
+	}
+}
+
+// SetUsable gives the picker what Select gives, in the same order, and
+// shares the port's own list when every endpoint is selected (issue 16's
+// memory budget): random ports of ready, serving, terminating and local
+// endpoints, both policies.
+func TestSetUsableIsSelectAndSharesAWholeList(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 16))
+	shared := 0
+	for round := 0; round < 2000; round++ {
+		sp := &ServicePort{Name: ServicePortName{Namespace: "ns", Name: "web", Protocol: TCP}}
+		for i := rng.IntN(6); i > 0; i-- {
+			sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80),
+				Ready: rng.IntN(4) > 0, Serving: rng.IntN(2) == 0, Terminating: rng.IntN(3) == 0, Local: rng.IntN(3) > 0})
+		}
+		for _, local := range []bool{false, true} {
+			p := NewPicker(nil, DefaultEjectionPolicy())
+			p.SetUsable(sp, local)
+			if got, want := p.Endpoints(), sp.Select(local); !slices.Equal(got, want) {
+				t.Fatalf("round %d, localOnly %v: picker has %v, Select gives %v (endpoints %+v)", round, local, got, want, sp.Endpoints)
+			}
+			if eps := p.set.Load().eps; len(eps) > 0 && &eps[0] == &sp.Endpoints[0] {
+				shared++
+				if len(eps) != len(sp.Endpoints) {
+					t.Fatalf("round %d: shares part of the list", round)
+				}
+			} else if len(sp.Endpoints) > 0 && !slices.ContainsFunc(sp.Endpoints, func(ep Endpoint) bool { return !ep.Ready || local && !ep.Local }) {
+				t.Fatalf("round %d: every endpoint ready (and local) but copied", round)
+			}
+		}
+	}
+	if shared < 100 {
+		t.Fatalf("only %d pickers shared their port's list: the walk checks too little", shared)
 	}
 }

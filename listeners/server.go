@@ -338,7 +338,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
 		s.setPort(np)
-		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", len(picker.Endpoints()))
+		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", picker.Len())
 	}
 	if s.SCTPSkipped != nil {
 		n := 0
@@ -370,10 +370,10 @@ func (s *Server) dropPort(name lb.ServicePortName) {
 // pickers: one for cluster traffic and, under a split traffic policy, one for
 // external traffic.
 func (p *servedPort) setEndpoints(sp *lb.ServicePort) {
-	p.target.Picker.SetEndpoints(sp.Usable())
+	p.target.Picker.SetUsable(sp, sp.InternalLocal)
 	p.target.Picker.SetAffinity(sp.Affinity)
 	if p.ext != p.target {
-		p.ext.Picker.SetEndpoints(sp.UsableExternal())
+		p.ext.Picker.SetUsable(sp, sp.ExternalLocal)
 		p.ext.Picker.SetAffinity(sp.Affinity)
 	}
 }
