@@ -960,21 +960,42 @@ func merged(eps []lb.Endpoint) bool {
 	return true
 }
 
-// BuildService builds one Service's ports for the node named nodeName, with
-// the endpoints of slices, which must all be labelled with that Service's
-// name (NewSlice makes them; a port's endpoints may share a slice's list,
-// which is why a Slice never changes). It is the incremental path of an API
-// source: one Service at a time.
-// Each problem is returned, naming its object and field; a bad Service
-// yields no ports, and a bad slice is left out while the others are used.
-// A skipped Service (ExternalName, headless) yields no ports and no error.
-func BuildService(svc *corev1.Service, slices []*Slice, nodeName string) ([]*lb.ServicePort, []error) {
+// Service is a Service as the API source's builds read it: its ports
+// built and checked once, when it is decoded, without endpoints, and the
+// problems found. A decoded corev1.Service held about 1 KiB in the
+// informer's cache; this is what BuildService needs of it (issue 16's
+// memory budget). A Service is never modified once made.
+type Service struct {
+	Namespace, Name string
+	ports           []*lb.ServicePort // no endpoints; copied per build
+	problems        []error
+}
+
+// NewService builds svc's ports, without endpoints, for BuildService.
+// A skipped Service (ExternalName, headless) has none and no problem.
+func NewService(svc *corev1.Service) *Service {
 	e := &objErr{id: "Service " + svc.Namespace + "/" + svc.Name}
 	ports := buildService(svc, e)
 	if len(e.errors) > 0 {
-		return nil, e.errors
+		return &Service{Namespace: svc.Namespace, Name: svc.Name, problems: slices.Clip(e.errors)}
 	}
-	if len(ports) == 0 {
+	return &Service{Namespace: svc.Namespace, Name: svc.Name, ports: slices.Clip(ports)}
+}
+
+// BuildService builds one Service's ports for the node named nodeName, with
+// the endpoints of slices, which must all be labelled with that Service's
+// name (NewService and NewSlice make them; a port's endpoints may share a
+// slice's list, which is why a Slice never changes). It is the incremental
+// path of an API source: one Service at a time. Each problem is returned,
+// naming its object and field; a bad Service yields no ports, and a bad
+// slice is left out while the others are used. A skipped Service
+// (ExternalName, headless) yields no ports and no error. The ports are new
+// each time: svc's own are never handed out.
+func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.ServicePort, []error) {
+	if len(svc.problems) > 0 {
+		return nil, svc.problems
+	}
+	if len(svc.ports) == 0 {
 		return nil, nil
 	}
 	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
@@ -985,8 +1006,11 @@ func BuildService(svc *corev1.Service, slices []*Slice, nodeName string) ([]*lb.
 		sliceEndpoints(sl, known, nodeName, se, collected)
 		errs = append(errs, se.errors...)
 	}
-	for _, sp := range ports {
+	ports := make([]*lb.ServicePort, len(svc.ports))
+	for i, proto := range svc.ports {
+		sp := *proto
 		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+		ports[i] = &sp
 	}
 	return ports, errs
 }

@@ -249,7 +249,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.takeDirty()
 	keys := map[serviceKey]bool{}
 	for _, o := range s.services.List() {
-		svc := o.(*corev1.Service)
+		svc := o.(*cachedService)
 		keys[serviceKey{svc.Namespace, svc.Name}] = true
 	}
 	for _, v := range s.endpoints.ListIndexFuncValues(byServiceIndex) {
@@ -353,7 +353,11 @@ func (s *Source) Run(ctx context.Context) error {
 // (bench/latest-memory), which keeps all of it; a slice of 10 endpoints as
 // the EndpointSlice controller writes it held 6.2 KiB after the first trim
 // (managedFields and annotations) and 3.3 KiB after this one, a Service
-// as a chart writes it 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes).
+// as a chart writes it 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes). The
+// trimmed objects are then made into what the build reads (cachedSlice,
+// cachedService), 1.1 and 0.6 KiB, and the decoded ones dropped; the
+// trimming and interning still matter to those: the node names the
+// slices' endpoints keep are the interned ones.
 type proxyTrim struct {
 	mu      sync.Mutex
 	strs    map[string]*string // interned; at most maxInterned
@@ -378,11 +382,32 @@ func (t *proxyTrim) transform(o any) (any, error) {
 	switch obj := o.(type) {
 	case *corev1.Service:
 		t.service(obj)
+		return newCachedService(obj), nil
 	case *discoveryv1.EndpointSlice:
 		t.slice(obj)
 		return newCachedSlice(obj), nil
 	}
-	return o, nil // a cachedSlice already, or a tombstone (its object is one)
+	return o, nil // a cachedSlice or cachedService already, or a tombstone (its object is one)
+}
+
+// cachedService is what the Service informer keeps of a Service: the
+// names its keys are made of, and its ports as the build reads them,
+// built and checked once (controlplane.Service). A Service as a chart
+// writes it held 1 KiB as a trimmed corev1 object.
+type cachedService struct {
+	metav1.ObjectMeta // Name, Namespace and ResourceVersion only
+	svc               *controlplane.Service
+	// clusterIP: kube-proxy skips a Service without one (no ports, no
+	// problem reported).
+	clusterIP bool
+}
+
+func newCachedService(svc *corev1.Service) *cachedService {
+	return &cachedService{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace, ResourceVersion: svc.ResourceVersion},
+		svc:        controlplane.NewService(svc),
+		clusterIP:  svc.Spec.ClusterIP != "",
+	}
 }
 
 // cachedSlice is what the EndpointSlice informer keeps of a slice: the
@@ -586,7 +611,7 @@ func unwrapTombstone(o any) any {
 }
 
 func (s *Source) markService(o any) {
-	if svc, ok := unwrapTombstone(o).(*corev1.Service); ok {
+	if svc, ok := unwrapTombstone(o).(*cachedService); ok {
 		s.mark(serviceKey{svc.Namespace, svc.Name}, false)
 	}
 }
@@ -675,9 +700,9 @@ func (s *Source) rebuild(key serviceKey) bool {
 		eps = append(eps, so.(*cachedSlice).slice)
 	}
 	if exists {
-		svc := o.(*corev1.Service)
-		if svc.Spec.ClusterIP != "" { // kube-proxy skips Services without a ClusterIP
-			ports, errs = controlplane.BuildService(svc, eps, s.NodeName)
+		svc := o.(*cachedService)
+		if svc.clusterIP { // kube-proxy skips Services without a ClusterIP
+			ports, errs = controlplane.BuildService(svc.svc, eps, s.NodeName)
 		}
 	} else if len(eps) > 0 {
 		for _, sl := range eps {

@@ -569,8 +569,12 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 		s.Labels, s.Spec.Selector = map[string]string{"app": "web"}, map[string]string{"app": "web"}
 		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 	})
-	trimmedWeb := web.DeepCopy()
-	trim.transform(trimmedWeb)
+	cw, err := trim.transform(web.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmedWeb := cw.(*cachedService).svc
+	wholeWeb := controlplane.NewService(web)
 	rng := rand.New(rand.NewPCG(16, 2))
 	flag := func() *bool { // nil, false or true
 		if v := rng.IntN(3); v < 2 {
@@ -630,7 +634,7 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 			trimmed = append(trimmed, sl)
 		}
 		node := fmt.Sprintf("node-%d", rng.IntN(3))
-		wantPorts, wantErrs := controlplane.BuildService(web, whole, node)
+		wantPorts, wantErrs := controlplane.BuildService(wholeWeb, whole, node)
 		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, cached, node)
 		if !reflect.DeepEqual(gotPorts, wantPorts) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
 			t.Fatalf("round %d: trimmed slices build\n%v %v\nthe whole ones\n%v %v", round, gotPorts, gotErrs, wantPorts, wantErrs)
