@@ -72,7 +72,7 @@ type BuildMemo struct {
 	// What the last build read, for builds that change a few objects in
 	// place: the objects in load order and each Service's slices and
 	// Endpoints.
-	lastServices []*corev1.Service
+	lastServices []*Service
 	lastSlices   []*Slice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	lastEndpoints []*corev1.Endpoints
@@ -98,7 +98,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		return nil, false, nil
 	}
 	changed := map[svcKey][]any{} // the Service's new sources list, once made
-	svcs := map[svcKey]*corev1.Service{}
+	svcs := map[svcKey]*Service{}
 	n := 0
 	for i, svc := range objs.Services {
 		if old := m.lastServices[i]; svc != old {
@@ -155,7 +155,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 	if len(changed) == 0 {
 		return m.last, true, nil
 	}
-	next := make(map[svcKey]*corev1.Service, len(changed))
+	next := make(map[svcKey]*Service, len(changed))
 	for k := range changed {
 		p, had := m.prev[k]
 		if !had {
@@ -179,7 +179,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 // when a Service has a problem, or sources name one that is gone (the
 // long way reports it); an error is a NodePort conflict, and leaves the
 // memo as it was.
-func (m *BuildMemo) rebuild(objs *Objects, next map[svcKey]*corev1.Service, sources map[svcKey][]any) (snap *lb.Snapshot, ok bool, err error) {
+func (m *BuildMemo) rebuild(objs *Objects, next map[svcKey]*Service, sources map[svcKey][]any) (snap *lb.Snapshot, ok bool, err error) {
 	set := map[lb.ServicePortName]*lb.ServicePort{}
 	var del []lb.ServicePortName
 	built := make(map[svcKey]memoService, len(next))
@@ -262,7 +262,7 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 		return nil, false, nil
 	}
 	touched := map[svcKey]bool{}
-	svcs := map[svcKey]*corev1.Service{} // the Services now among the run's
+	svcs := map[svcKey]*Service{} // the Services now among the run's
 	for _, svc := range m.lastServices[si:sj] {
 		touched[svcKey{svc.Namespace, svc.Name}] = true
 	}
@@ -292,7 +292,7 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 			sources[k] = append(sources[k], ep)
 		}
 	}
-	next := make(map[svcKey]*corev1.Service, len(touched))
+	next := make(map[svcKey]*Service, len(touched))
 	for k := range touched {
 		next[k] = svcs[k]
 		if p, had := m.prev[k]; next[k] == nil && had && !slices.Contains(m.lastServices[si:sj], p.svc) {
@@ -307,7 +307,7 @@ func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err
 }
 
 type memoService struct {
-	svc     *corev1.Service
+	svc     *Service
 	sources []any // its slices, then its Endpoints, in load order
 	ports   []*lb.ServicePort
 }
@@ -415,9 +415,12 @@ func (m *BuildMemo) remember(objs *Objects, sources map[svcKey][]any) {
 // buildMemoService builds one Service from its slices and Endpoints (all
 // already matched to it), for either build path; ok is false on any
 // problem, which the full build then reports.
-func buildMemoService(svc *corev1.Service, sources []any, nodeName string) (ms memoService, ok bool) {
+func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoService, ok bool) {
+	if len(svc.problems) > 0 {
+		return memoService{}, false
+	}
 	e := &objErr{}
-	ports := buildService(svc, e)
+	ports := svc.newPorts()
 	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
 	for _, src := range sources {
@@ -534,15 +537,21 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 	var errs []error
 	known := map[svcKey]bool{}
 	for _, svc := range objs.Services {
-		id := "Service " + svc.Namespace + "/" + svc.Name
-		e := &objErr{origin: objs.Origin(id), id: id}
-		ports := buildService(svc, e)
-		errs = append(errs, e.errors...)
 		known[svcKey{svc.Namespace, svc.Name}] = true
-		if len(e.errors) > 0 {
+		if len(svc.problems) > 0 {
+			// Found when it was decoded; named with where this load found it.
+			origin := objs.Origin("Service " + svc.Namespace + "/" + svc.Name)
+			for _, err := range svc.problems {
+				if me, ok := err.(*ManifestError); ok {
+					found := *me
+					found.File = origin
+					err = &found
+				}
+				errs = append(errs, err)
+			}
 			continue
 		}
-		for _, sp := range ports {
+		for _, sp := range svc.newPorts() {
 			all[sp.Name] = sp
 		}
 	}
@@ -960,11 +969,12 @@ func merged(eps []lb.Endpoint) bool {
 	return true
 }
 
-// Service is a Service as the API source's builds read it: its ports
-// built and checked once, when it is decoded, without endpoints, and the
-// problems found. A decoded corev1.Service held about 1 KiB in the
-// informer's cache; this is what BuildService needs of it (issue 16's
-// memory budget). A Service is never modified once made.
+// Service is a Service as the builds read it: its ports built and checked
+// once, when it is decoded, without endpoints, and the problems found. It
+// is what both sources keep of each Service (the manifest source between
+// reloads, the API source in its informer's cache): a decoded
+// corev1.Service held about 1 KiB (issue 16's memory budget). A Service is
+// never modified once made.
 type Service struct {
 	Namespace, Name string
 	ports           []*lb.ServicePort // no endpoints; copied per build
@@ -1006,11 +1016,19 @@ func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.Service
 		sliceEndpoints(sl, known, nodeName, se, collected)
 		errs = append(errs, se.errors...)
 	}
+	ports := svc.newPorts()
+	for _, sp := range ports {
+		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+	}
+	return ports, errs
+}
+
+// newPorts are copies of svc's ports, for a build to give endpoints.
+func (svc *Service) newPorts() []*lb.ServicePort {
 	ports := make([]*lb.ServicePort, len(svc.ports))
 	for i, proto := range svc.ports {
 		sp := *proto
-		sp.Endpoints = mergeEndpoints(collected[sp.Name])
 		ports[i] = &sp
 	}
-	return ports, errs
+	return ports
 }

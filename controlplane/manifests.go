@@ -32,7 +32,7 @@ import (
 // Objects is what a source read: the Kubernetes objects that matter to a
 // proxy, in the order they were found.
 type Objects struct {
-	Services       []*corev1.Service
+	Services       []*Service
 	EndpointSlices []*Slice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	Endpoints []*corev1.Endpoints
@@ -337,7 +337,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		// a reload of a 10k-Service file).
 		objs.origin, objs.gen = &cache.origins, cache.gen
 		// Sized as last time: grown by appends they were 0.6 MB more.
-		objs.Services = make([]*corev1.Service, 0, cache.services)
+		objs.Services = make([]*Service, 0, cache.services)
 		objs.EndpointSlices = make([]*Slice, 0, cache.slices)
 	}
 	var errs []error
@@ -673,7 +673,7 @@ const racyWindow = time.Second
 
 type cachedDoc struct {
 	id     string
-	obj    any          // *corev1.Service, *corev1.Endpoints or *Slice; never mutated
+	obj    any          // *Service, *corev1.Endpoints or *Slice; never mutated
 	origin *originEntry // id's entry in the origins it was decoded with
 }
 
@@ -995,7 +995,7 @@ func (o *Objects) add(where string, c *docEntry) []error {
 		return []error{&ManifestError{File: where, Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", first)}}
 	}
 	switch obj := c.obj.(type) {
-	case *corev1.Service:
+	case *Service:
 		o.Services = append(o.Services, obj)
 	case *Slice:
 		o.EndpointSlices = append(o.EndpointSlices, obj)
@@ -1079,7 +1079,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 			return errs, nil
 		}
 		svc.Namespace = ns
-		obj = svc
+		obj = NewService(svc) // what the build reads; the decoded Service is garbage now
 	case "v1/Endpoints":
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		ep := &corev1.Endpoints{}
