@@ -267,6 +267,18 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		m["rss_mb"], m["peak_rss_mb"] = rss, peak
 		m["api_load_s"] = bed.loadTime.Seconds()
 		m["ready_s"] = ready.Seconds()
+		// Resident memory once the start-up has settled: settleAfter past
+		// ready, after the churn, when the API source has handed the
+		// initial list's garbage back (sluice does it 30 s after its first
+		// build); the reading above, taken the moment the list is served,
+		// is mostly that garbage.
+		if bed.n >= settleFrom {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Until(started.Add(ready + settleAfter))):
+				m["rss_settled_mb"], _ = procMemMB(proc.PID())
+			}
+		}
 		ownShare(m, metrics)
 		// kube-proxy's network programming SLI (write to applied).
 		if h, herr := readHistogram(metrics, "kubeproxy_network_programming_duration_seconds"); herr == nil && h.count > 0 {
@@ -275,6 +287,16 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	}
 	return m, err
 }
+
+// settleAfter is how long after ready churn-api reads the resident
+// memory a second time: past the API source's hand-back of the initial
+// list's garbage, 30 s after its first build.
+const settleAfter = 35 * time.Second
+
+// settleFrom is the number of Services from which churn-api takes that
+// second reading (smaller lists are not handed back, and the short and
+// smoke modes' would wait for nothing).
+const settleFrom = 5000
 
 // ownShare adds sluice's own share of each update (event arrival to
 // applied; for manifests, from the reload after the coalescing wait), from
