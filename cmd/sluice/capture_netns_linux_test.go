@@ -211,3 +211,44 @@ endpoints:
 - addresses: [10.244.0.5]
 - addresses: [10.244.0.6]
 `
+
+// With an IPv6 --bind-address, the capture port serves IPv6 ClusterIPs:
+// the nftables capture redirects them to [::]:15001, and each
+// connection's original destination (IPV6_ORIGINAL_DST) picks the
+// service. UDP keeps its proxy ports. A connection straight to the
+// capture port is refused. Then the table is gone after --cleanup. Both
+// engines.
+func TestUserspaceCapturePortServesIPv6(t *testing.T) {
+	for _, engine := range []string{"eventloop", "goroutine"} {
+		t.Run(engine, func(t *testing.T) { userspaceCapturePortServesIPv6(t, engine) })
+	}
+}
+
+func userspaceCapturePortServesIPv6(t *testing.T, engine string) {
+	b := newNetnsBed(t)
+	b.startBackends("b", "fd00:244::5", "fd00:244::6")
+	before := b.in(b.node, "nft", "list", "tables")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
+	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=userspace", "--userspace-capture=nftables", "--bind-address=::",
+		"--userspace-capture-port=15001", "--engine="+engine, "--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=")
+	p.waitLog("userspace capture port", "port=15001")
+	p.waitLog("state applied")
+	for _, c := range []struct{ proto, addr string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
+		d := distinct(b.tries(c.proto, c.addr, 10))
+		if len(d) != 2 || d["b@fd00:244::5"] == 0 || d["b@fd00:244::6"] == 0 {
+			t.Fatalf("IPv6 ClusterIP %s %s: %v, want both IPv6 backends", c.proto, c.addr, d)
+		}
+	}
+	if d := distinct(b.tries("tcp", "[fd00:10::1]:15001", 1)); d["error"] != 1 {
+		t.Fatalf("a connection straight to the capture port reached %v", d)
+	}
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.exitCode(); code != 0 {
+		t.Fatalf("sluice exit %d", code)
+	}
+	b.in(b.node, sluiceBin, "--cleanup")
+	if after := b.in(b.node, "nft", "list", "tables"); after != before {
+		t.Fatalf("after --cleanup the node's tables differ.\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
