@@ -5,6 +5,7 @@ package nftables
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -52,6 +53,30 @@ type Proxier struct {
 	// unbatched makes the next full sync one transaction: the last one in
 	// batches failed.
 	unbatched bool
+	// kept is applied as it was when a sync failed (nil: none failed since
+	// the last full sync): the affinity sets it declared may still be in
+	// the table with those timeouts, which the next full sync must replace
+	// when they changed, as it does from applied.
+	kept map[lb.ServicePortName]*portBundle
+}
+
+// forget drops what is known of the table after a failed transaction, so
+// that the next sync lists it and is full; what was applied is kept for
+// that sync's affinity set comparisons.
+func (p *Proxier) forget() {
+	if p.applied != nil {
+		p.kept = p.applied
+	}
+	p.chains, p.sets, p.applied = nil, nil, nil
+}
+
+// prior is what the table was last known to hold of each port, for
+// replacing affinity sets whose timeout changed.
+func (p *Proxier) prior() map[lb.ServicePortName]*portBundle {
+	if p.applied != nil {
+		return p.applied
+	}
+	return p.kept
 }
 
 // SyncStats says what a sync did.
@@ -214,7 +239,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 	}
 	// 1. New and changed chains and sets, so that elements can point at them.
 	for _, c := range changes {
-		replaceChangedSets(tx, c.old, c.new)
+		p.replaceChangedSets(tx, c.old, c.new)
 		if c.new != nil {
 			c.new.writeObjects(tx)
 			for _, ch := range c.new.chains {
@@ -269,7 +294,8 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		delete(chains, ch)
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
-		p.chains, p.sets, p.applied, p.snapID = nil, nil, nil, 0 // a full sync next
+		p.forget() // a full sync next
+		p.snapID = 0
 		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
 	}
 	p.applied, p.chains, p.sets, p.clusterIPRefs, p.from, p.snapID = next, chains, sets, cips, from, snap.ID
@@ -280,7 +306,11 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 // timeout) changed, after flushing the chains that refer to them, so that
 // they are made anew: the kernel updates a redeclared set's timeout, but
 // not every kernel, nor knftables' fake, does. The pins go with them.
-func replaceChangedSets(tx *knftables.Transaction, old, new *portBundle) {
+//
+// After a failed sync (old from kept) the table was listed again: only the
+// chains and sets it holds are flushed and deleted (deleting one it does
+// not hold would fail the transaction).
+func (p *Proxier) replaceChangedSets(tx *knftables.Transaction, old, new *portBundle) {
 	if old == nil || new == nil || len(old.sets) == 0 {
 		return
 	}
@@ -294,11 +324,15 @@ func replaceChangedSets(tx *knftables.Transaction, old, new *portBundle) {
 			changed = append(changed, st.Name)
 		}
 	}
+	held := func(m map[string]bool, name string) bool { return p.applied != nil || m[name] }
+	changed = slices.DeleteFunc(changed, func(n string) bool { return !held(p.sets, n) })
 	if len(changed) == 0 {
 		return
 	}
 	for _, c := range old.chains {
-		tx.Flush(&knftables.Chain{Name: c})
+		if held(p.chains, c) {
+			tx.Flush(&knftables.Chain{Name: c})
+		}
 	}
 	for _, n := range changed {
 		tx.Delete(&knftables.Set{Name: n})
@@ -331,10 +365,10 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 		written = w
 	}
 	tx := p.NFT.NewTransaction()
-	if p.applied != nil {
+	if prior := p.prior(); prior != nil {
 		for _, sp := range snap.Sorted() {
-			if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 && written[sp.Name] == nil {
-				replaceChangedSets(tx, old, renderPort(sp, p.Options))
+			if old := prior[sp.Name]; old != nil && len(old.sets) > 0 && written[sp.Name] == nil {
+				p.replaceChangedSets(tx, old, renderPort(sp, p.Options))
 			}
 		}
 	}
@@ -355,7 +389,7 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 		}
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
-		p.chains, p.sets, p.applied = nil, nil, nil // list again: the table is as it was
+		p.forget() // list again: the table is as it was
 		p.unbatched = written != nil
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
@@ -377,6 +411,7 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
 // services here, issue 13).
 func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int) (map[lb.ServicePortName]*portBundle, error) {
 	o := p.Options.withDefaults()
+	prior := p.prior() // the batches' failures forget applied
 	written := map[lb.ServicePortName]*portBundle{}
 	var tx *knftables.Transaction
 	n := 0
@@ -384,7 +419,7 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 		err := p.NFT.Run(ctx, tx)
 		tx, n = nil, 0
 		if err != nil {
-			p.chains, p.sets, p.applied = nil, nil, nil
+			p.forget()
 			p.unbatched = true // the next full sync is one transaction
 			return fmt.Errorf("nftables transaction (%s, full sync, service chains): %w", p.familyName(), err)
 		}
@@ -401,8 +436,8 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 			tx.Add(&knftables.Chain{Name: chainMarkForMasq})
 			tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo(rejectChainComment)})
 		}
-		if old := p.applied[sp.Name]; old != nil && len(old.sets) > 0 {
-			replaceChangedSets(tx, old, b)
+		if old := prior[sp.Name]; old != nil && len(old.sets) > 0 {
+			p.replaceChangedSets(tx, old, b)
 		}
 		b.writeObjects(tx)
 		written[sp.Name] = b
@@ -422,7 +457,7 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 
 // record records d, rendered from snap, as what the table holds.
 func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
-	p.chains, p.sets, p.applied = d.Chains, d.Sets, d.Ports
+	p.chains, p.sets, p.applied, p.kept = d.Chains, d.Sets, d.Ports, nil
 	p.clusterIPRefs, p.snapID = clusterIPRefs(snap, p.Options), snap.ID
 	p.from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
 	for name, sp := range snap.Ports.All() {
@@ -455,7 +490,7 @@ func (p *Proxier) fullSyncBatch() int {
 func (p *Proxier) fresh(ctx context.Context, snap *lb.Snapshot, batch int) error {
 	run := func(tx *knftables.Transaction, what string) error {
 		if err := p.NFT.Run(ctx, tx); err != nil {
-			p.chains, p.sets, p.applied = nil, nil, nil
+			p.forget()
 			p.unbatched = true // the next full sync is one transaction
 			return fmt.Errorf("nftables transaction (%s, first sync onto an empty table, %s): %w", p.familyName(), what, err)
 		}
