@@ -35,8 +35,11 @@ type portMetrics struct {
 	buckets  []float64         // the latency histogram's upper bounds
 	le       []string          // their le label values, formatted once
 
-	mu    sync.Mutex
-	ports map[lb.ServicePortName]*PortCounters
+	mu sync.Mutex
+	// ports are keyed by their series' labels, which name the port: a
+	// ServicePortName key was 48 bytes more per port, and each
+	// PortCounters held its name besides (issue 16's memory budget).
+	ports map[string]*PortCounters
 }
 
 // portFamily is one metric family of the per-port metrics.
@@ -82,22 +85,27 @@ func newPortMetrics() *portMetrics {
 		escape:   strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`),
 		buckets:  buckets,
 		le:       le,
-		ports:    map[lb.ServicePortName]*PortCounters{},
+		ports:    map[string]*PortCounters{},
 	}
 }
 
 // counters returns name's counters, made on first use: a port whose
 // frontend changes keeps its series, as a labelled child did.
 func (p *portMetrics) counters(name lb.ServicePortName) *PortCounters {
+	labels := p.labelsOf(name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c := p.ports[name]
+	c := p.ports[labels]
 	if c == nil {
-		c = &PortCounters{p: p, name: name,
-			labels: "protocol=" + p.labelValue(string(name.Protocol)) + ",service=" + p.labelValue(name.String())}
-		p.ports[name] = c
+		c = &PortCounters{p: p, labels: labels}
+		p.ports[labels] = c
 	}
 	return c
+}
+
+// labelsOf is a port's series' labels as the text format writes them.
+func (p *portMetrics) labelsOf(name lb.ServicePortName) string {
+	return "protocol=" + p.labelValue(string(name.Protocol)) + ",service=" + p.labelValue(name.String())
 }
 
 // labelValue is a label value quoted as the text format wants it.
@@ -105,8 +113,8 @@ func (p *portMetrics) labelValue(v string) string { return `"` + p.escape.Replac
 
 func (p *portMetrics) forget(c *PortCounters) {
 	p.mu.Lock()
-	if p.ports[c.name] == c {
-		delete(p.ports, c.name)
+	if p.ports[c.labels] == c {
+		delete(p.ports, c.labels)
 	}
 	p.mu.Unlock()
 }
@@ -222,8 +230,7 @@ func appendValue(b []byte, v float64) []byte {
 // match listeners.Counters.
 type PortCounters struct {
 	p      *portMetrics
-	name   lb.ServicePortName
-	labels string // its series' labels, as the text format writes them
+	labels string // its series' labels, as the text format writes them; its key in p.ports
 
 	connections, up, down, retries, failures, refused atomic.Uint64
 	active                                            atomic.Int64

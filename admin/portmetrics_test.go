@@ -189,7 +189,7 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 			// the reference's children for every port the collector has.
 			for _, n := range names {
 				m.ports.mu.Lock()
-				_, has := m.ports.ports[n]
+				_, has := m.ports.ports[m.ports.labelsOf(n)]
 				m.ports.mu.Unlock()
 				if has {
 					ref.touch(n)
