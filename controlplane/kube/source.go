@@ -24,6 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -43,8 +45,6 @@ const ProxySelector = "!" + LabelServiceProxyName + ",!" + LabelHeadless
 // TaintToBeDeleted is the cluster autoscaler's taint on a node it is
 // removing; kube-proxy then reports the node not eligible.
 const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
-
-const byServiceIndex = "sluice/service"
 
 // Source watches the API server. The zero value is not usable: set Client
 // and Sink, then call Run.
@@ -99,12 +99,16 @@ type Source struct {
 	started  time.Time             // changes triggered before it are not timed
 	problems map[serviceKey]string // reported, so each is reported once
 
+	// bySvc is each Service's slices (by the service-name label), kept by
+	// the slice informer's handlers (indexSlice).
+	slicesMu sync.Mutex
+	bySvc    map[serviceKey][]*cachedSlice
+
 	// Owned by the Run goroutine.
-	services  cache.Indexer
-	endpoints cache.Indexer
-	built     map[serviceKey][]*lb.ServicePort
-	last      *lb.Snapshot
-	ids       uint64 // the last snapshot ID given
+	services cache.Indexer
+	built    map[serviceKey][]*lb.ServicePort
+	last     *lb.Snapshot
+	ids      uint64 // the last snapshot ID given
 }
 
 // ChangeCounter is told of each Service and EndpointSlice event with how
@@ -164,16 +168,23 @@ func (s *Source) Run(ctx context.Context) error {
 	s.triggers, s.started = nil, s.now()
 	s.problems = map[serviceKey]string{}
 	s.mu.Unlock()
+	s.slicesMu.Lock()
+	s.bySvc = map[serviceKey][]*cachedSlice{}
+	s.slicesMu.Unlock()
 	s.built = map[serviceKey][]*lb.ServicePort{}
 
-	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }),
-		informers.WithTransform(newProxyTrim().transform))
-	svcInf := factory.Core().V1().Services().Informer()
-	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
-	if err := sliceInf.AddIndexers(cache.Indexers{byServiceIndex: sliceServiceIndex}); err != nil {
-		return fmt.Errorf("endpointslice informer: %w", err)
-	}
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }
+	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(newProxyTrim().transform))
+	// No indexes: the factory's default, by namespace, is never read, and
+	// the slices of each Service are the source's own map (slicesOf), kept
+	// by its handlers; client-go's index kept a set per Service, some 0.4
+	// KiB each (issue 16's memory budget).
+	svcInf := factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	sliceInf := factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
 	for what, inf := range map[string]cache.SharedIndexInformer{"services": svcInf, "endpointslices": sliceInf} {
 		what := what
 		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
@@ -198,14 +209,15 @@ func (s *Source) Run(ctx context.Context) error {
 		return err
 	}
 	sliceReg, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(o any) { s.noteTrigger(o); s.markSlice(o); s.counted(true) },
+		AddFunc: func(o any) { s.indexSlice(nil, o); s.noteTrigger(o); s.markSlice(o); s.counted(true) },
 		UpdateFunc: func(old, o any) {
+			s.indexSlice(old, o)
 			s.noteTrigger(o)
 			s.markSlice(old) // the service-name label may have changed
 			s.markSlice(o)
 			s.counted(true)
 		},
-		DeleteFunc: func(o any) { s.markSlice(o); s.counted(true) },
+		DeleteFunc: func(o any) { s.indexSlice(o, nil); s.markSlice(o); s.counted(true) },
 	})
 	if err != nil {
 		return err
@@ -237,7 +249,7 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	s.services, s.endpoints = svcInf.GetIndexer(), sliceInf.GetIndexer()
+	s.services = svcInf.GetIndexer()
 
 	start := time.Now()
 	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
@@ -252,11 +264,11 @@ func (s *Source) Run(ctx context.Context) error {
 		svc := o.(*cachedService)
 		keys[serviceKey{svc.Namespace, svc.Name}] = true
 	}
-	for _, v := range s.endpoints.ListIndexFuncValues(byServiceIndex) {
-		if ns, name, ok := strings.Cut(v, "/"); ok {
-			keys[serviceKey{ns, name}] = true // slices of missing Services are reported
-		}
+	s.slicesMu.Lock()
+	for key := range s.bySvc {
+		keys[key] = true // slices of missing Services are reported
 	}
+	s.slicesMu.Unlock()
 	for key := range keys {
 		s.rebuild(key)
 	}
@@ -514,12 +526,39 @@ func (t *proxyTrim) flag(b *bool) *bool {
 	}
 }
 
-func sliceServiceIndex(o any) ([]string, error) {
-	sl, ok := o.(*cachedSlice)
-	if !ok || sl.slice.Service == "" {
-		return nil, nil
+// indexSlice keeps bySvc: old (nil: none) is gone from its Service's
+// slices and new (nil: none) is among its own. Called by the slice
+// informer's handler, in the informer's order, before the Service is
+// marked: a build of it then reads what the event said.
+func (s *Source) indexSlice(old, new any) {
+	s.slicesMu.Lock()
+	defer s.slicesMu.Unlock()
+	if cs, ok := unwrapTombstone(old).(*cachedSlice); ok && cs.slice.Service != "" {
+		key := serviceKey{cs.Namespace, cs.slice.Service}
+		list := slices.DeleteFunc(slices.Clone(s.bySvc[key]), func(c *cachedSlice) bool { return c.Name == cs.Name })
+		if len(list) == 0 {
+			delete(s.bySvc, key)
+		} else {
+			s.bySvc[key] = slices.Clip(list)
+		}
 	}
-	return []string{sl.Namespace + "/" + sl.slice.Service}, nil
+	if cs, ok := unwrapTombstone(new).(*cachedSlice); ok && cs.slice.Service != "" {
+		key := serviceKey{cs.Namespace, cs.slice.Service}
+		list := slices.DeleteFunc(slices.Clone(s.bySvc[key]), func(c *cachedSlice) bool { return c.Name == cs.Name })
+		s.bySvc[key] = slices.Clip(append(list, cs))
+	}
+}
+
+// slicesOf is the slices of a Service, as the last events left them.
+func (s *Source) slicesOf(key serviceKey) []*controlplane.Slice {
+	s.slicesMu.Lock()
+	defer s.slicesMu.Unlock()
+	list := s.bySvc[key]
+	out := make([]*controlplane.Slice, len(list))
+	for i, cs := range list {
+		out[i] = cs.slice
+	}
+	return out
 }
 
 func (s *Source) mark(key serviceKey, endpoints bool) {
@@ -694,11 +733,7 @@ func (s *Source) rebuild(key serviceKey) bool {
 	var ports []*lb.ServicePort
 	var errs []error
 	o, exists, _ := s.services.GetByKey(key.ns + "/" + key.name)
-	var eps []*controlplane.Slice
-	sliceObjs, _ := s.endpoints.ByIndex(byServiceIndex, key.ns+"/"+key.name)
-	for _, so := range sliceObjs {
-		eps = append(eps, so.(*cachedSlice).slice)
-	}
+	eps := s.slicesOf(key)
 	if exists {
 		svc := o.(*cachedService)
 		if svc.clusterIP { // kube-proxy skips Services without a ClusterIP

@@ -839,3 +839,52 @@ func TestFirstBuildComesAfterEveryInitialNotification(t *testing.T) {
 		t.Fatalf("first snapshot: %d ports", snap.Ports.Len())
 	}
 }
+
+// The source's own map of each Service's slices follows the slice
+// informer's events: a slice added, another beside it, one moved to
+// another Service by its label, one updated in place, one deleted (also
+// as a tombstone), and a slice without the label, which no Service has.
+func TestSlicesOfFollowTheEvents(t *testing.T) {
+	s := &Source{bySvc: map[serviceKey][]*cachedSlice{}}
+	cached := func(name, svc, addr string) *cachedSlice {
+		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addr}}}}
+		if svc != "" {
+			sl.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
+		}
+		return newCachedSlice(sl)
+	}
+	names := func(svc string) string {
+		var out []string
+		for _, sl := range s.slicesOf(serviceKey{"default", svc}) {
+			out = append(out, sl.Name)
+		}
+		slices.Sort(out)
+		return strings.Join(out, ",")
+	}
+	a1, a2 := cached("a-1", "a", "10.0.0.1"), cached("a-2", "a", "10.0.0.2")
+	s.indexSlice(nil, a1)
+	s.indexSlice(nil, a2)
+	if got := names("a"); got != "a-1,a-2" {
+		t.Fatalf("after two adds: %q", got)
+	}
+	moved := cached("a-2", "b", "10.0.0.2")
+	s.indexSlice(a2, moved)
+	if got, gotB := names("a"), names("b"); got != "a-1" || gotB != "a-2" {
+		t.Fatalf("after a relabel: a %q, b %q", got, gotB)
+	}
+	a1v2 := cached("a-1", "a", "10.0.0.9")
+	s.indexSlice(a1, a1v2)
+	if list := s.slicesOf(serviceKey{"default", "a"}); len(list) != 1 || list[0] != a1v2.slice {
+		t.Fatalf("after an update in place: %v", list)
+	}
+	s.indexSlice(cache.DeletedFinalStateUnknown{Key: "default/a-2", Obj: moved}, nil)
+	s.indexSlice(a1v2, nil)
+	if len(s.bySvc) != 0 {
+		t.Fatalf("after the deletes: %v", s.bySvc)
+	}
+	s.indexSlice(nil, cached("loose", "", "10.0.0.3"))
+	if len(s.bySvc) != 0 {
+		t.Fatalf("a slice without the label was kept: %v", s.bySvc)
+	}
+}
