@@ -734,7 +734,6 @@ type Slice struct {
 	// Service is the kubernetes.io/service-name label ("" when missing).
 	Service string
 
-	fqdn     bool           // an FQDN slice, which kube-proxy ignores
 	problems []fieldProblem // what is wrong with it, in the order found
 	ports    []slicePort
 	// byPort are its endpoints with each port's number, merged as the
@@ -766,8 +765,7 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 	case discoveryv1.AddressTypeIPv6:
 		want = netip.Addr.Is6
 	case discoveryv1.AddressTypeFQDN:
-		s.fqdn = true // kube-proxy ignores FQDN slices
-		return s
+		return s // kube-proxy ignores FQDN slices: no ports, nothing wrong
 	default:
 		s.problem("addressType", "unsupported value %q: want IPv4, IPv6 or FQDN", sl.AddressType)
 		return s
@@ -849,9 +847,6 @@ func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr
 	}
 	if !known[svcKey{sl.Namespace, sl.Service}] {
 		e.add("metadata.labels["+ServiceNameLabel+"]", "Service %s/%s not found", sl.Namespace, sl.Service)
-		return
-	}
-	if sl.fqdn {
 		return
 	}
 	for _, p := range sl.problems {

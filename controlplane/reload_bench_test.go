@@ -118,14 +118,7 @@ func BenchmarkManifestEditAt10k(b *testing.B) {
 // its own, reloaded as the watch reloads it.
 func BenchmarkManifestAddAt10k(b *testing.B) {
 	const n, perFile = 10000, 100
-	dir := b.TempDir()
-	for f := 0; f < n/perFile; f++ {
-		var all strings.Builder
-		for i := f * perFile; i < (f+1)*perFile; i++ {
-			all.WriteString(manifestService(i, 100))
-		}
-		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(all.String()), 0o644)
-	}
+	dir := serviceFiles(b, n, perFile)
 	sink := &editSink{}
 	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
 	if err := src.Load(); err != nil {
@@ -142,6 +135,20 @@ func BenchmarkManifestAddAt10k(b *testing.B) {
 		}
 		src.touchListing(added) // made or removed, as the watch reports it
 	})
+}
+
+// serviceFiles is a directory of n Services (manifestService) in files
+// of perFile each.
+func serviceFiles(b *testing.B, n, perFile int) string {
+	dir := b.TempDir()
+	for f := 0; f < n/perFile; f++ {
+		var all strings.Builder
+		for i := f * perFile; i < (f+1)*perFile; i++ {
+			all.WriteString(manifestService(i, 100))
+		}
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(all.String()), 0o644)
+	}
+	return dir
 }
 
 // timeReloads times b.N reloads of src, each after change(i) untimed, as
@@ -175,14 +182,7 @@ func timeReloads(b *testing.B, src *ManifestSource, sink *editSink, change func(
 // go test -run '^$' -bench ManifestHeldBytes -benchtime 3x ./controlplane
 func BenchmarkManifestHeldBytesPerService(b *testing.B) {
 	const n, perFile = 10000, 100
-	dir := b.TempDir()
-	for f := 0; f < n/perFile; f++ {
-		var all strings.Builder
-		for i := f * perFile; i < (f+1)*perFile; i++ {
-			all.WriteString(manifestService(i, 100))
-		}
-		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d.yaml", f)), []byte(all.String()), 0o644)
-	}
+	dir := serviceFiles(b, n, perFile)
 	var perService float64
 	for b.Loop() {
 		before := liveHeap()

@@ -119,57 +119,47 @@ func (sp *ServicePort) HasUsable(localOnly bool) bool {
 }
 
 // selectEndpoints is Select's endpoints: sp.Endpoints itself when every one
-// of them is selected (all ready, and local when localOnly), else a copy of
-// those that are, sized exactly.
+// of them is selected, else a copy of those that are, sized exactly.
 func (sp *ServicePort) selectEndpoints(localOnly bool) []Endpoint {
-	anyReady, all := false, true
+	anyReady := false
 	for _, ep := range sp.Endpoints {
-		in := !localOnly || ep.Local
-		anyReady = anyReady || in && ep.Ready
-		all = all && in && ep.Ready
+		anyReady = anyReady || ep.Ready && (!localOnly || ep.Local)
 	}
-	if all {
-		return sp.Endpoints
+	// kube-proxy's rule: the ready ones, else the serving terminating ones.
+	selected := func(ep Endpoint) bool {
+		return (!localOnly || ep.Local) && (ep.Ready || !anyReady && ep.Serving && ep.Terminating)
 	}
-	var out []Endpoint
-	for pass := 0; pass < 2; pass++ { // count, then fill
-		n := 0
-		for _, ep := range sp.Endpoints {
-			if (localOnly && !ep.Local) || !(anyReady && ep.Ready || !anyReady && ep.Serving && ep.Terminating) {
-				continue
-			}
-			if out != nil {
-				out[n] = ep
-			}
+	n := 0
+	for _, ep := range sp.Endpoints {
+		if selected(ep) {
 			n++
 		}
-		if out == nil {
-			if n == 0 {
-				return nil
-			}
-			out = make([]Endpoint, n)
+	}
+	switch n {
+	case len(sp.Endpoints):
+		return sp.Endpoints
+	case 0:
+		return nil
+	}
+	out := make([]Endpoint, 0, n)
+	for _, ep := range sp.Endpoints {
+		if selected(ep) {
+			out = append(out, ep)
 		}
 	}
 	return out
 }
 
 func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
-	var ready, terminating []netip.AddrPort
-	for _, ep := range sp.Endpoints {
-		if localOnly && !ep.Local {
-			continue
-		}
-		switch {
-		case ep.Ready:
-			ready = append(ready, ep.Addr)
-		case ep.Serving && ep.Terminating:
-			terminating = append(terminating, ep.Addr)
-		}
+	eps := sp.selectEndpoints(localOnly)
+	if len(eps) == 0 {
+		return nil
 	}
-	if len(ready) > 0 {
-		return ready
+	out := make([]netip.AddrPort, len(eps))
+	for i, ep := range eps {
+		out[i] = ep.Addr
 	}
-	return terminating
+	return out
 }
 
 // SameFrontend reports whether two service ports listen in the same places,

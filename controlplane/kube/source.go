@@ -533,19 +533,23 @@ func (t *proxyTrim) flag(b *bool) *bool {
 func (s *Source) indexSlice(old, new any) {
 	s.slicesMu.Lock()
 	defer s.slicesMu.Unlock()
-	if cs, ok := unwrapTombstone(old).(*cachedSlice); ok && cs.slice.Service != "" {
+	// The lists are read only under the lock (slicesOf copies), so they
+	// are changed in place.
+	for i, o := range [2]any{old, new} {
+		cs, ok := unwrapTombstone(o).(*cachedSlice)
+		if !ok || cs.slice.Service == "" {
+			continue
+		}
 		key := serviceKey{cs.Namespace, cs.slice.Service}
-		list := slices.DeleteFunc(slices.Clone(s.bySvc[key]), func(c *cachedSlice) bool { return c.Name == cs.Name })
+		list := slices.DeleteFunc(s.bySvc[key], func(c *cachedSlice) bool { return c.Name == cs.Name })
+		if i == 1 {
+			list = append(list, cs)
+		}
 		if len(list) == 0 {
 			delete(s.bySvc, key)
 		} else {
-			s.bySvc[key] = slices.Clip(list)
+			s.bySvc[key] = list
 		}
-	}
-	if cs, ok := unwrapTombstone(new).(*cachedSlice); ok && cs.slice.Service != "" {
-		key := serviceKey{cs.Namespace, cs.slice.Service}
-		list := slices.DeleteFunc(slices.Clone(s.bySvc[key]), func(c *cachedSlice) bool { return c.Name == cs.Name })
-		s.bySvc[key] = slices.Clip(append(list, cs))
 	}
 }
 
