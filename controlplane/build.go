@@ -70,13 +70,12 @@ type BuildMemo struct {
 	last     *lb.Snapshot // what prev built
 	seq      uint64       // the last snapshot ID given
 	// What the last build read, for builds that change a few objects in
-	// place: the objects in load order and each Service's slices and
-	// Endpoints.
+	// place: the objects in load order (each Service's slices and
+	// Endpoints are in prev).
 	lastServices []*Service
 	lastSlices   []*Slice
 	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 	lastEndpoints []*corev1.Endpoints
-	sources       map[svcKey][]any
 	inPlace       int // builds buildInPlace did, for tests
 	spliced       int // and buildSpliced
 }
@@ -93,7 +92,7 @@ const inPlaceLimit = 64
 // is false when the load is not such a change, or a rebuilt Service has a
 // problem: Build then does it the long way, which reports it.
 func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err error) {
-	if m.last == nil || m.sources == nil || len(objs.Services) != len(m.lastServices) ||
+	if m.last == nil || m.prev == nil || len(objs.Services) != len(m.lastServices) ||
 		len(objs.EndpointSlices) != len(m.lastSlices) || len(objs.Endpoints) != len(m.lastEndpoints) {
 		return nil, false, nil
 	}
@@ -108,7 +107,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 			k := svcKey{svc.Namespace, svc.Name}
 			svcs[k] = svc
 			if _, seen := changed[k]; !seen {
-				changed[k] = m.sources[k]
+				changed[k] = m.prev[k].sources
 			}
 			if n++; n > inPlaceLimit {
 				return nil, false, nil
@@ -118,7 +117,7 @@ func (m *BuildMemo) buildInPlace(objs *Objects) (snap *lb.Snapshot, ok bool, err
 	replace := func(k svcKey, old, new any) bool {
 		list, seen := changed[k]
 		if !seen {
-			list = m.sources[k]
+			list = m.prev[k].sources
 		}
 		i := slices.Index(list, old)
 		if i < 0 {
@@ -215,11 +214,9 @@ func (m *BuildMemo) rebuild(objs *Objects, next map[svcKey]*Service, sources map
 	}
 	for k, ms := range built {
 		m.prev[k] = ms
-		m.sources[k] = ms.sources
 	}
 	for _, k := range gone {
 		delete(m.prev, k)
-		delete(m.sources, k)
 	}
 	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
 	m.seq++
@@ -252,7 +249,7 @@ func splice[T comparable](old, new []T) (i, j, k int) {
 // than inPlaceLimit or a touched Service has a problem (Build then does
 // it the long way, which reports it).
 func (m *BuildMemo) buildSpliced(objs *Objects) (snap *lb.Snapshot, ok bool, err error) {
-	if m.last == nil || m.sources == nil {
+	if m.last == nil || m.prev == nil {
 		return nil, false, nil
 	}
 	si, sj, sk := splice(m.lastServices, objs.Services)
@@ -317,7 +314,7 @@ type memoService struct {
 // order, and the memo is left as it was.
 func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 	if m.nodeName != nodeName {
-		m.nodeName, m.prev, m.last, m.sources = nodeName, nil, nil, nil
+		m.nodeName, m.prev, m.last = nodeName, nil, nil
 	}
 	if snap, ok, err := m.buildInPlace(objs); ok {
 		return snap, err
@@ -391,7 +388,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	} else {
 		if len(set) == 0 && len(del) == 0 {
 			m.prev = next
-			m.remember(objs, sources)
+			m.remember(objs)
 			return m.last, nil // nothing changed: the same snapshot
 		}
 		snap = m.last.With(set, del)
@@ -402,14 +399,14 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 	m.seq++
 	snap.ID = m.seq
 	m.prev, m.last = next, snap
-	m.remember(objs, sources)
+	m.remember(objs)
 	return snap, nil
 }
 
-// remember keeps what a build read, for buildInPlace.
-func (m *BuildMemo) remember(objs *Objects, sources map[svcKey][]any) {
+// remember keeps the objects a build read, in load order, for the short
+// ways (each Service's slices and Endpoints are its entry in prev).
+func (m *BuildMemo) remember(objs *Objects) {
 	m.lastServices, m.lastSlices, m.lastEndpoints = objs.Services, objs.EndpointSlices, objs.Endpoints
-	m.sources = sources
 }
 
 // buildMemoService builds one Service from its slices and Endpoints (all
