@@ -354,7 +354,7 @@ func TestDocumentCacheIsTransparent(t *testing.T) {
 	// A cached document repeated is a duplicate, reported at its own place.
 	os.WriteFile(file, []byte(goodManifest+"---\n"+strings.SplitN(goodManifest, "---\n", 2)[0]), 0o644)
 	_, err = loadCached(dir, &cache)
-	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: Service demo/web: metadata.name: duplicate object, first defined in") {
+	if err == nil || !strings.Contains(err.Error(), "a.yaml#7: Service demo/web: metadata.name: duplicate object, first defined in "+file+"#1") {
 		t.Fatalf("duplicate through the cache: %v", err)
 	}
 	// A broken document after cached ones names its own position.

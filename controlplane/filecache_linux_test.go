@@ -49,9 +49,13 @@ func TestUnchangedFilesAreNotReadAgain(t *testing.T) {
 	if cache.reads != 3 {
 		t.Fatalf("first load read %d files", cache.reads)
 	}
-	load()
+	replayed := load()
 	if cache.reads != 4 {
 		t.Fatalf("second load read %d files, want only the List file again", cache.reads-3)
+	}
+	// What a replayed file gave is still named by its place.
+	if got, want := replayed.Origin("Service x/a"), filepath.Join(dir, "a.yaml")+"#1"; got != want {
+		t.Fatalf("a replayed Service's origin is %q, want %q", got, want)
 	}
 
 	// The same size, the modification time put back: the change time

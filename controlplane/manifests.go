@@ -344,14 +344,14 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 	var read int64
 	for i, f := range files {
 		if st := quiet[i]; st != nil {
-			errs = append(errs, objs.replay(st, cache)...)
+			errs = append(errs, objs.replay(f, st, cache)...)
 			cache.keep(f, st)
 			continue
 		}
 		if cache != nil && stats[i] != nil {
 			if id, ok := identify(stats[i]); ok {
 				if st := cache.files[f]; st != nil && st.unchanged(id) {
-					errs = append(errs, objs.replay(st, cache)...)
+					errs = append(errs, objs.replay(f, st, cache)...)
 					cache.keep(f, st)
 					continue
 				}
@@ -412,14 +412,14 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 
 // replay adds what an unchanged file gave when it was read, keeping its
 // documents in the document cache.
-func (o *Objects) replay(st *fileState, cache *DocCache) []error {
+func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 	var errs []error
-	for _, d := range st.docs {
+	for i, d := range st.docs {
 		if d.e == nil {
 			continue // a place that gave no object (an empty document)
 		}
 		d.e.gen = cache.gen
-		errs = append(errs, o.add(d.where, d.e)...)
+		errs = append(errs, o.add(place{file, i + 1}, d.e)...)
 	}
 	for _, sk := range st.skipped {
 		o.skip(sk.gv, sk.where)
@@ -584,15 +584,29 @@ type DocCache struct {
 	symlinks int
 }
 
-// docSlot is the doc-th document of a file as the last load saw it: its
-// name ("file#N", built once, not per load: a reload of a 20k-document
-// file built 20k strings) and, when it decoded into one object, its
-// decoding, which a document with the same text at the same place takes
-// without a map look-up.
+// docSlot is the doc-th document of a file as the last load saw it:
+// when it decoded into one object, its decoding, which a document with
+// the same text at the same place takes without a map look-up.
 type docSlot struct {
-	where string
-	key   docKey
-	e     *docEntry // nil when the place held no cacheable document
+	key docKey
+	e   *docEntry // nil when the place held no cacheable document
+}
+
+// place is where a load found a document: its file and its number there
+// ("file#N"), or, with doc 0, a place given whole in file (a List's
+// item). It is made a string only when one is asked for (an error,
+// Origin): a string kept per document was about 100 B of each Service
+// held at 10k.
+type place struct {
+	file string
+	doc  int
+}
+
+func (p place) String() string {
+	if p.doc == 0 {
+		return p.file
+	}
+	return p.file + "#" + strconv.Itoa(p.doc)
 }
 
 // docEntry is a document's decoding as the cache keeps it.
@@ -614,9 +628,9 @@ func (c *DocCache) slotsOf(file string) []docSlot {
 }
 
 // slot extends ss to the doc-th document's slot and returns it.
-func slot(ss []docSlot, file string, doc int) ([]docSlot, *docSlot) {
+func slot(ss []docSlot, doc int) ([]docSlot, *docSlot) {
 	for len(ss) < doc {
-		ss = append(ss, docSlot{where: fmt.Sprintf("%s#%d", file, len(ss)+1)})
+		ss = append(ss, docSlot{})
 	}
 	return ss, &ss[doc-1]
 }
@@ -686,8 +700,8 @@ type origins struct {
 }
 
 type originEntry struct {
-	where string
-	gen   uint64
+	at  place
+	gen uint64
 }
 
 // newObjects is an empty load with origins of its own.
@@ -705,14 +719,14 @@ func (o *origins) entry(id string) *originEntry {
 	return e
 }
 
-// claim records that load gen found the entry's object at where; when
+// claim records that load gen found the entry's object at at; when
 // this load has already found it, it returns where.
-func (e *originEntry) claim(where string, gen uint64) (first string, dup bool) {
+func (e *originEntry) claim(at place, gen uint64) (first place, dup bool) {
 	if e.gen == gen {
-		return e.where, true
+		return e.at, true
 	}
-	e.where, e.gen = where, gen
-	return "", false
+	e.at, e.gen = at, gen
+	return place{}, false
 }
 
 // sweep drops the entries no load found since gen.
@@ -826,11 +840,11 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			break
 		}
 		var sl *docSlot
-		ss, sl = slot(ss, file, doc)
-		where := sl.where
+		ss, sl = slot(ss, doc)
+		at := place{file, doc}
 		if err != nil {
 			sl.e = nil
-			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML: %w", err)})
+			errs = append(errs, &ManifestError{File: at.String(), Err: fmt.Errorf("malformed YAML: %w", err)})
 			doc++
 			break
 		}
@@ -846,7 +860,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		}
 		if e != nil {
 			sl.key, sl.e = key, e
-			errs = append(errs, o.add(where, e)...)
+			errs = append(errs, o.add(at, e)...)
 			if o.rec != nil {
 				o.rec.objects++
 			}
@@ -859,13 +873,13 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			// Lines counted in the file, not the document (an editor's
 			// line 55, not the third document's line 15).
 			err = fileLines(err, bytes.Count(data[:split.last], []byte("\n")))
-			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
+			errs = append(errs, &ManifestError{File: at.String(), Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
 			continue // the reader split the documents, so the next one is still readable
 		}
 		if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
 			continue
 		}
-		derrs, dc := o.decodeObject(where, js)
+		derrs, dc := o.decodeObject(at, js)
 		if dc != nil {
 			// Nothing cached points into the file's buffer, which the
 			// next read overwrites.
@@ -974,15 +988,15 @@ func (o *Objects) decodeStream(file string, data []byte) []error {
 		if err == io.EOF {
 			break
 		}
-		where := fmt.Sprintf("%s#%d", file, doc)
+		at := place{file, doc}
 		if err != nil {
-			errs = append(errs, &ManifestError{File: where, Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
+			errs = append(errs, &ManifestError{File: at.String(), Err: fmt.Errorf("malformed YAML/JSON: %w", err)})
 			break // the decoder cannot resynchronise after a syntax error
 		}
 		if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 			continue // an empty document, e.g. a trailing ---
 		}
-		derrs, _ := o.decodeObject(where, raw)
+		derrs, _ := o.decodeObject(at, raw)
 		errs = append(errs, derrs...)
 	}
 	return errs
@@ -990,9 +1004,9 @@ func (o *Objects) decodeStream(file string, data []byte) []error {
 
 // add records one decoded object, refusing a second object of the same
 // kind, namespace and name.
-func (o *Objects) add(where string, c *docEntry) []error {
-	if first, dup := c.origin.claim(where, o.gen); dup {
-		return []error{&ManifestError{File: where, Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", first)}}
+func (o *Objects) add(at place, c *docEntry) []error {
+	if first, dup := c.origin.claim(at, o.gen); dup {
+		return []error{&ManifestError{File: at.String(), Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", first)}}
 	}
 	switch obj := c.obj.(type) {
 	case *Service:
@@ -1008,10 +1022,10 @@ func (o *Objects) add(where string, c *docEntry) []error {
 
 // decodeObject decodes one document. It returns the object as a cacheable
 // entry when the document held exactly one valid object.
-func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cachedDoc) {
+func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedDoc) {
 	var tm typeMeta
 	if err := json.Unmarshal(raw, &tm); err != nil {
-		return []error{&ManifestError{File: where, Err: fmt.Errorf("not a Kubernetes object: %w", err)}}, nil
+		return []error{&ManifestError{File: at.String(), Err: fmt.Errorf("not a Kubernetes object: %w", err)}}, nil
 	}
 	ns := tm.Metadata.Namespace
 	if ns == "" {
@@ -1019,19 +1033,19 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	}
 	id := fmt.Sprintf("%s %s/%s", tm.Kind, ns, tm.Metadata.Name)
 	fail := func(field string, err error) ([]error, *cachedDoc) {
-		return []error{&ManifestError{File: where, Object: id, Field: field, Err: err}}, nil
+		return []error{&ManifestError{File: at.String(), Object: id, Field: field, Err: err}}, nil
 	}
 	// As the API server decodes (case-sensitive, strict): an unknown or
 	// repeated field is named by its path in the object.
 	strict := func(into any) []error {
 		serrs, err := kjson.UnmarshalStrict(raw, into, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
 		if err != nil {
-			return []error{&ManifestError{File: where, Object: id, Err: fmt.Errorf("invalid %s: %w", tm.Kind, err)}}
+			return []error{&ManifestError{File: at.String(), Object: id, Err: fmt.Errorf("invalid %s: %w", tm.Kind, err)}}
 		}
 		var errs []error
 		for _, se := range serrs {
 			field, what := strictField(se.Error())
-			errs = append(errs, &ManifestError{File: where, Object: id, Field: field, Err: errors.New(what)})
+			errs = append(errs, &ManifestError{File: at.String(), Object: id, Field: field, Err: errors.New(what)})
 		}
 		return errs
 	}
@@ -1043,16 +1057,16 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 		}
 		var errs []error
 		for i, item := range tm.Items {
-			ierrs, _ := o.decodeObject(fmt.Sprintf("%s items[%d]", where, i), item)
+			ierrs, _ := o.decodeObject(place{file: fmt.Sprintf("%s items[%d]", at, i)}, item)
 			errs = append(errs, ierrs...)
 		}
 		return errs, nil
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
-			o.skip(gv, where)
+			o.skip(gv, at.String())
 			if o.rec != nil {
-				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, where})
+				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, at.String()})
 			}
 			return nil, nil
 		}
@@ -1069,7 +1083,7 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 	}
 	origin := o.origin.entry(id)
 	if origin.gen == o.gen {
-		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", origin.where))
+		return fail("metadata.name", fmt.Errorf("duplicate object, first defined in %s", origin.at))
 	}
 	var obj any
 	switch gv {
@@ -1097,13 +1111,13 @@ func (o *Objects) decodeObject(where string, raw json.RawMessage) ([]error, *cac
 		obj = NewSlice(sl) // what the build reads; the decoded slice is garbage now
 	}
 	c := docEntry{cachedDoc: cachedDoc{id: id, obj: obj, origin: origin}}
-	return o.add(where, &c), &c.cachedDoc
+	return o.add(at, &c), &c.cachedDoc
 }
 
 // Origin returns where this load found an object ("Kind ns/name"), or "".
 func (o *Objects) Origin(id string) string {
 	if e := o.origin.m[id]; e != nil && e.gen == o.gen {
-		return e.where
+		return e.at.String()
 	}
 	return ""
 }
