@@ -41,7 +41,7 @@ func (f nftablesPortals) present() bool {
 func newNFTablesCapture(local *localAddrs, log *slog.Logger) (*portalCapture, error) {
 	var fams []portalFamily
 	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
-		nft, err := knftables.New(fam, portals.NFTablesTable)
+		nft, err := newRenewingNFT(func() (knftables.Interface, error) { return knftables.New(fam, portals.NFTablesTable) })
 		if err != nil {
 			if fam == knftables.IPv4Family {
 				return nil, err

@@ -72,7 +72,7 @@ func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 		loopback: loopbackWarner{mode: "nftables", log: log}}
 	var families []string
 	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
-		nft, err := knftables.New(fam, nftables.Table)
+		nft, err := newRenewingNFT(func() (knftables.Interface, error) { return knftables.New(fam, nftables.Table) })
 		if err != nil {
 			if fam == knftables.IPv4Family {
 				return nil, fmt.Errorf("%w: %v", errNFTablesUnavailable, err)

@@ -57,9 +57,17 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 	for from := 0; from < n; from += 1000 {
 		scaleManifest(t, dir, from, from+1000, "10.244.0.5")
 	}
+	// SLUICE_SCALE_HEAP_PROFILE=FILE also writes the settled process's
+	// heap profile there (go tool pprof -sample_index=inuse_space FILE),
+	// and its text form, MemStats included, to FILE.txt.
+	heapOut := os.Getenv("SLUICE_SCALE_HEAP_PROFILE")
+	args := []string{"--proxy-mode=userspace", "--userspace-capture=nftables", "--userspace-capture-port=15001",
+		"--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce=1ms"}
+	if heapOut != "" {
+		args = append(args, "--profiling", "--metrics-bind-address=127.0.0.1:10249")
+	}
 	start := time.Now()
-	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=userspace", "--userspace-capture=nftables", "--userspace-capture-port=15001",
-		"--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce=1ms")
+	p := b.start(b.node, nil, append([]string{sluiceBin}, args...)...)
 	applied := p.waitLogWithin(5*time.Minute, "state applied")
 	tookReady := time.Since(start)
 	for _, i := range []int{0, n / 2, n - 1} {
@@ -71,6 +79,12 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 	// the first large state, on a goroutine of its own).
 	p.waitLogWithin(time.Minute, "garbage handed back")
 	rss := residentKiB(t, p.cmd.Process.Pid)
+	if heapOut != "" {
+		b.in(b.node, "curl", "-sSfo", heapOut, "http://127.0.0.1:10249/debug/pprof/heap?gc=1")
+		// The text form ends with the runtime's MemStats: HeapAlloc is the
+		// live heap, exactly.
+		b.in(b.node, "curl", "-sSfo", heapOut+".txt", "http://127.0.0.1:10249/debug/pprof/heap?gc=1&debug=1")
+	}
 	// One Service's endpoint moves: the file holding it is rewritten.
 	edit := n / 2 / 1000 * 1000
 	scaleManifest(t, dir, edit, edit+1000, "10.244.0.6")
