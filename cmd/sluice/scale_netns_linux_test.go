@@ -63,13 +63,15 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 	heapOut := os.Getenv("SLUICE_SCALE_HEAP_PROFILE")
 	args := []string{"--proxy-mode=userspace", "--userspace-capture=nftables", "--userspace-capture-port=15001",
 		"--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=", "--manifest-coalesce=1ms"}
-	// SLUICE_SCALE_MODE=nftables runs the same in nftables mode instead
-	// (for its memory and sync figures; the probes are the same).
+	// SLUICE_SCALE_MODE=nftables or iptables runs the same in that mode
+	// instead (for its memory and sync figures; the probes are the same).
 	mode := "userspace mode, one capture port"
-	if m := os.Getenv("SLUICE_SCALE_MODE"); m == "nftables" {
-		args, mode = append([]string{"--proxy-mode=nftables"}, args[3:]...), "nftables mode"
-	} else if m != "" {
-		t.Fatalf("SLUICE_SCALE_MODE=%q: want nftables or nothing", m)
+	switch m := os.Getenv("SLUICE_SCALE_MODE"); m {
+	case "":
+	case "nftables", "iptables":
+		args, mode = append([]string{"--proxy-mode=" + m}, args[3:]...), m+" mode"
+	default:
+		t.Fatalf("SLUICE_SCALE_MODE=%q: want nftables, iptables or nothing", m)
 	}
 	if heapOut != "" {
 		args = append(args, "--profiling", "--metrics-bind-address=127.0.0.1:10249")
