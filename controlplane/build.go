@@ -969,9 +969,25 @@ func merged(eps []lb.Endpoint) bool {
 // never modified once made.
 type Service struct {
 	Namespace, Name string
-	ports           []*lb.ServicePort // no endpoints; copied per build
-	problems        []error
+	// ports are the Service's ports for the builds: the first build takes
+	// them themselves, so that a Service built once holds one copy; the
+	// second makes them anew without endpoints (else the first build's
+	// lists would be held as long as the Service) and gives a copy, as
+	// every later build does. At 10k Services the second copy of every
+	// port was about a tenth of what the manifest source held.
+	ports    []*lb.ServicePort
+	given    portsGiven
+	problems []error
 }
+
+// portsGiven is what the builds have done with a Service's ports.
+type portsGiven uint8
+
+const (
+	portsKept   portsGiven = iota // none built it: the first takes them
+	portsTaken                    // a build took them and gave them endpoints
+	portsCopied                   // they are copies without endpoints, never given
+)
 
 // NewService builds svc's ports, without endpoints, for BuildService.
 // A skipped Service (ExternalName, headless) has none and no problem.
@@ -1015,12 +1031,26 @@ func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.Service
 	return ports, errs
 }
 
-// newPorts are copies of svc's ports, for a build to give endpoints.
+// newPorts are svc's ports for a build to give endpoints: the ports
+// themselves to the first build, copies to the later ones. The builds of
+// one Service run one at a time (each source builds on one goroutine).
 func (svc *Service) newPorts() []*lb.ServicePort {
-	ports := make([]*lb.ServicePort, len(svc.ports))
-	for i, proto := range svc.ports {
-		sp := *proto
-		ports[i] = &sp
+	copies := func() []*lb.ServicePort {
+		ports := make([]*lb.ServicePort, len(svc.ports))
+		for i, proto := range svc.ports {
+			sp := *proto
+			sp.Endpoints = nil
+			ports[i] = &sp
+		}
+		return ports
 	}
-	return ports
+	switch svc.given {
+	case portsKept:
+		svc.given = portsTaken
+		return svc.ports
+	case portsTaken:
+		// A new list, never the one the first build holds.
+		svc.ports, svc.given = copies(), portsCopied
+	}
+	return copies()
 }

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -912,3 +915,63 @@ endpoints:
 		}
 	}
 }
+
+// The first build of a Service takes its ports themselves (one copy held
+// while it is not rebuilt); the second gives copies, never writes into the
+// first's, and lets the first's endpoint lists go; every later one gives
+// copies too.
+func TestTheFirstBuildTakesAServicesPorts(t *testing.T) {
+	objs, err := ParseManifest("test.yaml", []byte(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: x}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: a, port: 80}, {name: b, port: 81}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := objs.Services[0]
+	slice := func(ip string) *Slice {
+		return NewSlice(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "web-" + ip, Labels: map[string]string{ServiceNameLabel: "web"}},
+			AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr("a"), Port: ptr(int32(8080))}, {Name: ptr("b"), Port: ptr(int32(9090))}},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{ip}}}})
+	}
+	build := func(ip string) []*lb.ServicePort {
+		t.Helper()
+		ports, errs := BuildService(svc, []*Slice{slice(ip)}, "")
+		if len(errs) > 0 || len(ports) != 2 {
+			t.Fatalf("%d ports, %v", len(ports), errs)
+		}
+		for _, sp := range ports {
+			if len(sp.Endpoints) != 1 || sp.Endpoints[0].Addr.Addr().String() != ip {
+				t.Fatalf("port %s: endpoints %v, want %s", sp.Name, sp.Endpoints, ip)
+			}
+		}
+		return ports
+	}
+	first := build("10.0.0.1")
+	if first[0] != svc.ports[0] || first[1] != svc.ports[1] {
+		t.Fatal("the first build copied the Service's ports")
+	}
+	second := build("10.0.0.2")
+	third := build("10.0.0.3")
+	for i := range first {
+		if second[i] == first[i] || third[i] == second[i] || third[i] == first[i] {
+			t.Fatalf("port %d: a later build gave a port another build holds", i)
+		}
+		if svc.ports[i] == first[i] || svc.ports[i].Endpoints != nil {
+			t.Fatalf("port %d: the Service still holds the first build's port (endpoints %v)", i, svc.ports[i].Endpoints)
+		}
+	}
+	// Each build's ports kept their own endpoints (checked again).
+	for i, want := range map[int]string{0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"} {
+		for _, sp := range [][]*lb.ServicePort{first, second, third}[i] {
+			if got := sp.Endpoints[0].Addr.Addr().String(); got != want {
+				t.Fatalf("build %d's port %s now has %s", i+1, sp.Name, got)
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
