@@ -95,10 +95,11 @@ type Server struct {
 	ports map[lb.ServicePortName]*servedPort
 	// capture is the CapturePort listener (nil: none); captured maps each
 	// original destination it serves to its Target, read without a lock
-	// by the data path.
+	// by the data path (made with the capture listener; what Apply and
+	// Close write is committed before they return).
 	capture     Listener
 	captureAddr netip.AddrPort // BindAddress and the capture listener's port
-	captured    sync.Map       // netip.AddrPort -> *Target
+	captured    capturedMap
 	// sctpPorts counts the SCTP entries of ports, kept by setPort and
 	// dropPort: the SCTPSkipped count without a walk of every port per
 	// update (issue 16).
@@ -235,6 +236,7 @@ func (s *Server) log() *slog.Logger {
 func (s *Server) Apply(snap *lb.Snapshot) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.captured.commit()
 	if s.ports == nil {
 		s.ports = map[lb.ServicePortName]*servedPort{}
 	}
@@ -577,8 +579,8 @@ func (s *Server) closePort(p *servedPort) {
 		}
 	}
 	for _, dst := range p.captured {
-		if v, ok := s.captured.Load(dst); ok && (v == p.target || v == p.ext) {
-			s.captured.Delete(dst)
+		if t := s.captured.get(dst); t != nil && (t == p.target || t == p.ext) {
+			s.captured.delete(dst)
 		}
 	}
 	s.unserved -= len(p.failed)
@@ -609,12 +611,7 @@ func (s *Server) OpenCapture() error {
 }
 
 // resolveCaptured is the capture listener's Resolve.
-func (s *Server) resolveCaptured(orig netip.AddrPort) *Target {
-	if v, ok := s.captured.Load(orig); ok {
-		return v.(*Target)
-	}
-	return nil
-}
+func (s *Server) resolveCaptured(orig netip.AddrPort) *Target { return s.captured.load(orig) }
 
 // openCaptured serves a TCP service port through the capture listener:
 // its ClusterIPs of the listener's family (and, with CaptureExternal, its
@@ -626,7 +623,7 @@ func (s *Server) openCaptured(p *servedPort, nonLocalExternal []netip.Addr) {
 	capturable := func(ip netip.Addr) bool { return ip.Is4() == to.Addr().Is4() } // as the capture maps them
 	register := func(ip netip.Addr, t *Target) {
 		dst := netip.AddrPortFrom(ip, sp.Port)
-		s.captured.Store(dst, t)
+		s.captured.store(dst, t)
 		p.captured = append(p.captured, dst)
 	}
 	var vip netip.Addr
@@ -737,6 +734,7 @@ func (s *Server) Close() {
 		s.closePort(p)
 		s.dropPort(name)
 	}
+	s.captured.commit()
 	if s.capture != nil {
 		s.capture.Close()
 		s.capture = nil
