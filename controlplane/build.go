@@ -965,8 +965,9 @@ func merged(eps []lb.Endpoint) bool {
 // once, when it is decoded, without endpoints, and the problems found. It
 // is what both sources keep of each Service (the manifest source between
 // reloads, the API source in its informer's cache): a decoded
-// corev1.Service held about 1 KiB (issue 16's memory budget). A Service is
-// never modified once made.
+// corev1.Service held about 1 KiB (issue 16's memory budget). What it
+// says never changes once made; only which copy of its ports it holds
+// does (newPorts), on the goroutine that builds.
 type Service struct {
 	Namespace, Name string
 	// ports are the Service's ports for the builds: the first build takes
