@@ -712,22 +712,29 @@ func TestServerServesTCPPortsThroughOneCapturePort(t *testing.T) {
 		if byRole[RoleProxyPort] != 1001 || byRole[RoleExternalProxyPort] != 1 {
 			t.Fatalf("frontends by role %v, want 1001 proxy ports and 1 external", byRole)
 		}
-		srv.mu.Lock()
-		for name, sp := range ports {
-			if name.Protocol != lb.TCP {
-				continue
-			}
-			p := srv.ports[name]
-			if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ClusterIPs[0], 80)); got != p.target {
-				t.Fatalf("%s's ClusterIP resolves to %p, want its target %p", name, got, p.target)
-			}
-			if len(sp.ExternalIPs) > 0 {
-				if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ExternalIPs[0], 80)); got != p.ext || p.ext == p.target {
-					t.Fatalf("%s's external IP resolves to %p, want its external target %p", name, got, p.ext)
+		// Checked under the server's lock, reported after it (a Fatalf
+		// holding it would deadlock the deferred Close).
+		if err := func() error {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			for name, sp := range ports {
+				if name.Protocol != lb.TCP {
+					continue
+				}
+				p := srv.ports[name]
+				if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ClusterIPs[0], 80)); got != p.target {
+					return fmt.Errorf("%s's ClusterIP resolves to %p, want its target %p", name, got, p.target)
+				}
+				if len(sp.ExternalIPs) > 0 {
+					if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ExternalIPs[0], 80)); got != p.ext || p.ext == p.target {
+						return fmt.Errorf("%s's external IP resolves to %p, want its external target %p", name, got, p.ext)
+					}
 				}
 			}
+			return nil
+		}(); err != nil {
+			t.Fatal(err)
 		}
-		srv.mu.Unlock()
 		if srv.resolveCaptured(netip.MustParseAddrPort("10.96.0.1:81")) != nil || srv.resolveCaptured(netip.MustParseAddrPort("10.96.9.9:53")) != nil {
 			t.Fatal("a destination no TCP port has resolves")
 		}
