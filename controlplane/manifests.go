@@ -720,7 +720,7 @@ func (o *origins) entry(id string) *originEntry {
 }
 
 // claim records that load gen found the entry's object at at; when
-// this load has already found it, it returns where.
+// this load has already found it, it returns the place it found it first.
 func (e *originEntry) claim(at place, gen uint64) (first place, dup bool) {
 	if e.gen == gen {
 		return e.at, true

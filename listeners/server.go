@@ -95,8 +95,8 @@ type Server struct {
 	ports map[lb.ServicePortName]*servedPort
 	// capture is the CapturePort listener (nil: none); captured maps each
 	// original destination it serves to its Target, read without a lock
-	// by the data path (made with the capture listener; what Apply and
-	// Close write is committed before they return).
+	// by the data path (what Apply and Close write to it is committed
+	// before they return).
 	capture     Listener
 	captureAddr netip.AddrPort // BindAddress and the capture listener's port
 	captured    capturedMap
