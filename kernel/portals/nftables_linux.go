@@ -34,16 +34,6 @@ type nftPortalMap struct {
 	name  string
 }
 
-// nftMapFor is the map of proto's portals ("" for none).
-func nftMapFor(proto lb.Protocol) string {
-	for _, m := range nftPortalMaps {
-		if m.proto == proto {
-			return m.name
-		}
-	}
-	return ""
-}
-
 // nftRendered is what the table holds for a list of portals: the map
 // elements of the redirected ones, and the rules of the others (DNAT to
 // an address, or only for clients in source ranges), one per portal,
@@ -53,10 +43,36 @@ type nftRendered struct {
 	rules    []nftRule
 }
 
+// nftKey is a map element's key, kept compact since the applied elements
+// are held for every portal (issue 16's memory budget): 20 B, where a
+// protocol string and a netip.AddrPort were 48, and no pointer for the
+// collector to follow (BenchmarkNFTablesHeldBytesPerPortal).
 type nftKey struct {
-	proto lb.Protocol
-	vip   netip.AddrPort
+	ip    [16]byte // As16
+	port  uint16
+	proto uint8 // index in nftPortalMaps
+	is4   bool
 }
+
+// nftKeyOf is the key of proto's element for vip; false when proto has
+// no map.
+func nftKeyOf(proto lb.Protocol, vip netip.AddrPort) (nftKey, bool) {
+	i := slices.IndexFunc(nftPortalMaps, func(m nftPortalMap) bool { return m.proto == proto })
+	if i < 0 {
+		return nftKey{}, false
+	}
+	return nftKey{ip: vip.Addr().As16(), port: vip.Port(), proto: uint8(i), is4: vip.Addr().Is4()}, true
+}
+
+func (k nftKey) addr() netip.Addr {
+	a := netip.AddrFrom16(k.ip)
+	if k.is4 {
+		return a.Unmap()
+	}
+	return a
+}
+
+func (k nftKey) protocol() lb.Protocol { return nftPortalMaps[k.proto].proto }
 
 type nftRule struct{ rule, comment string }
 
@@ -72,8 +88,8 @@ func renderNFT(ps []Portal, ipv6 bool) nftRendered {
 			continue
 		}
 		redirect := !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified()
-		if redirect && len(p.SourceRanges) == 0 && nftMapFor(p.Protocol) != "" {
-			r.elements[nftKey{p.Protocol, netip.AddrPortFrom(p.IP, p.Port)}] = p.To.Port()
+		if k, ok := nftKeyOf(p.Protocol, netip.AddrPortFrom(p.IP, p.Port)); redirect && len(p.SourceRanges) == 0 && ok {
+			r.elements[k] = p.To.Port()
 			continue
 		}
 		own = append(own, p)
@@ -155,14 +171,14 @@ func writeNFTRules(tx *knftables.Transaction, rules []nftRule, ipv6 bool) {
 }
 
 func nftElement(k nftKey, port uint16) *knftables.Element {
-	return &knftables.Element{Map: nftMapFor(k.proto), Key: []string{k.vip.Addr().String(), strconv.Itoa(int(k.vip.Port()))}, Value: []string{strconv.Itoa(int(port))}}
+	return &knftables.Element{Map: nftPortalMaps[k.proto].name, Key: []string{k.addr().String(), strconv.Itoa(int(k.port))}, Value: []string{strconv.Itoa(int(port))}}
 }
 
 func compareNFTKeys(a, b nftKey) int {
-	if c := strings.Compare(string(a.proto), string(b.proto)); c != 0 {
+	if c := strings.Compare(string(a.protocol()), string(b.protocol())); c != 0 {
 		return c
 	}
-	return a.vip.Compare(b.vip)
+	return netip.AddrPortFrom(a.addr(), a.port).Compare(netip.AddrPortFrom(b.addr(), b.port))
 }
 
 // NFTables applies portals for one family: one transaction per Sync
@@ -254,10 +270,10 @@ func (c *NFTables) Change(ctx context.Context, del, add []Portal) error {
 				continue
 			}
 			redirect := !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified()
-			if !redirect || len(p.SourceRanges) > 0 || nftMapFor(p.Protocol) == "" {
+			k, ok := nftKeyOf(p.Protocol, netip.AddrPortFrom(p.IP, p.Port))
+			if !redirect || len(p.SourceRanges) > 0 || !ok {
 				return ErrWholeNeeded
 			}
-			k := nftKey{p.Protocol, netip.AddrPortFrom(p.IP, p.Port)}
 			if i == 0 {
 				if _, set := next[k]; !set {
 					next[k] = -1

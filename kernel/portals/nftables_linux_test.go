@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -342,4 +343,38 @@ func TestNFTablesPortalChangeLeavesWhatAWholeWriteLeaves(t *testing.T) {
 	if changed < 100 || refused == 0 {
 		t.Fatalf("%d changes applied alone, %d refused", changed, refused)
 	}
+}
+
+// BenchmarkNFTablesHeldBytesPerPortal is what the nftables capture keeps
+// per redirected portal once a sync of 10,000 has applied (the applied
+// elements it diffs the next sync against): issue 16's memory budget.
+func BenchmarkNFTablesHeldBytesPerPortal(b *testing.B) {
+	const n = 10000
+	ps := make([]Portal, n)
+	for i := range ps {
+		ps[i] = Portal{Service: fmt.Sprintf("scale/s%d:p", i), Protocol: lb.TCP, IP: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}),
+			Port: 80, To: netip.MustParseAddrPort("0.0.0.0:40000")}
+	}
+	var perPortal float64
+	for b.Loop() {
+		c := &NFTables{NFT: knftables.NewFake(knftables.IPv4Family, NFTablesTable)}
+		before := heldHeap()
+		if err := c.Sync(context.Background(), ps); err != nil {
+			b.Fatal(err)
+		}
+		c.NFT = nil // the fake's copy of the table is not the capture's
+		perPortal = float64(heldHeap()-before) / n
+		if got := len(c.applied.elements); got != n {
+			b.Fatalf("%d elements applied, want %d", got, n)
+		}
+		runtime.KeepAlive(c)
+	}
+	b.ReportMetric(perPortal, "B/portal")
+}
+
+func heldHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
