@@ -151,7 +151,7 @@ type portalCapture struct {
 	// ports with a portal at each destination (more than one: they
 	// collide, and which wins is the whole list's order).
 	byPort map[lb.ServicePortName][]portals.Portal
-	keys   map[portalKey]int
+	keys   map[portalKey]int32
 	// The frontends' and local addresses' versions last worked out
 	// (valid when worked), and the snapshot seen last.
 	worked                bool
@@ -164,14 +164,33 @@ type portalCapture struct {
 	partials int
 }
 
-// portalKey is where a portal captures: protocol, address and port.
+// portalKey is where a portal captures: protocol, address and port. It
+// is held for every portal, so it is compact (issue 16's memory budget):
+// 20 B and no pointer, where a protocol string and a netip.AddrPort were
+// 48 B and two.
 type portalKey struct {
-	proto lb.Protocol
-	dst   netip.AddrPort
+	ip    [16]byte // As16
+	port  uint16
+	proto uint8 // protoCode
+	is4   bool
 }
 
 func keyOf(p portals.Portal) portalKey {
-	return portalKey{p.Protocol, netip.AddrPortFrom(p.IP, p.Port)}
+	return portalKey{ip: p.IP.As16(), port: p.Port, proto: protoCode(p.Protocol), is4: p.IP.Is4()}
+}
+
+// protoCode tells apart the protocols a service port can have (the
+// sources admit no others).
+func protoCode(p lb.Protocol) uint8 {
+	switch p {
+	case lb.TCP:
+		return 1
+	case lb.UDP:
+		return 2
+	case lb.SCTP:
+		return 3
+	}
+	return 0
 }
 
 func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
@@ -275,7 +294,7 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLis
 	}
 	byPort := portalsByPort(snap, fes.Frontends(), c.local.has)
 	c.mu.Lock()
-	c.byPort, c.keys = byPort, map[portalKey]int{}
+	c.byPort, c.keys = byPort, map[portalKey]int32{}
 	for _, ps := range byPort {
 		for _, p := range ps {
 			c.keys[keyOf(p)]++
@@ -297,7 +316,7 @@ func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortNa
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var del, add []portals.Portal
-	keys := map[portalKey]int{} // the counts of the destinations touched, after the change
+	keys := map[portalKey]int32{} // the counts of the destinations touched, after the change
 	for _, name := range names {
 		for _, p := range c.byPort[name] {
 			k := keyOf(p)

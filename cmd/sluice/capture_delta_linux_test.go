@@ -150,3 +150,63 @@ func sortedLines(s string) string {
 	slices.Sort(elements)
 	return strings.Join(append(other, elements...), "\n")
 }
+
+// A TCP and a UDP port on one address and port (DNS) are two portals
+// that do not collide: a change beside them, or of one of them, is worked
+// out from the change alone, and leaves the other captured.
+func TestCaptureTellsProtocolsApartAtOneDestination(t *testing.T) {
+	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.IPv4Unspecified(),
+		ProxyPorts: listeners.NewPortAllocator(0, 0), Retry: lb.DefaultRetryPolicy()}
+	defer srv.Close()
+	nft := knftables.NewFake(knftables.IPv4Family, portals.NFTablesTable)
+	c := newPortalCapture([]portalFamily{nftablesPortals{&portals.NFTables{NFT: nft}}}, &localAddrs{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	port := func(name string, proto lb.Protocol, ip string, p uint16) *lb.ServicePort {
+		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Port: string(proto), Protocol: proto},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: p,
+			Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:9"), Ready: true, Serving: true}}}
+	}
+	dnsTCP, dnsUDP, web := port("dns", lb.TCP, "10.96.0.10", 53), port("dns", lb.UDP, "10.96.0.10", 53), port("web", lb.TCP, "10.96.0.11", 80)
+	cur := lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{dnsTCP.Name: dnsTCP, dnsUDP.Name: dnsUDP})
+	cur.ID = 1
+	tcp, udp := "tcp-portals { 10.96.0.10 . 53 :", "udp-portals { 10.96.0.10 . 53 :"
+	for step, ch := range []struct {
+		set        *lb.ServicePort
+		del        []lb.ServicePortName
+		want, gone []string
+	}{
+		{want: []string{tcp, udp}},
+		{set: web, want: []string{tcp, udp}},
+		{del: []lb.ServicePortName{dnsUDP.Name}, want: []string{tcp}, gone: []string{udp}},
+		{set: dnsUDP, want: []string{tcp, udp}},
+	} {
+		if step > 0 {
+			set := map[lb.ServicePortName]*lb.ServicePort{}
+			if ch.set != nil {
+				set[ch.set.Name] = ch.set
+			}
+			id := cur.ID
+			cur = cur.With(set, ch.del)
+			cur.ID = id + 1
+		}
+		if err := srv.Apply(cur); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.after(cur, srv.FrontendsVersion(), srv); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if c.partials != step {
+			t.Fatalf("step %d: %d updates worked out from the change alone, want %d (the TCP and UDP portals of 10.96.0.10:53 taken for a collision?)", step, c.partials, step)
+		}
+		dump := nft.Dump()
+		for _, want := range ch.want {
+			if !strings.Contains(dump, want) {
+				t.Fatalf("step %d: no %q in\n%s", step, want, dump)
+			}
+		}
+		for _, gone := range ch.gone {
+			if strings.Contains(dump, gone) {
+				t.Fatalf("step %d: %q left in\n%s", step, gone, dump)
+			}
+		}
+	}
+}
