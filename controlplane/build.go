@@ -734,10 +734,16 @@ type Slice struct {
 	problems []fieldProblem // what is wrong with it, in the order found
 	ports    []slicePort
 	// byPort are its endpoints with each port's number, merged as the
-	// build merges a port's endpoints (mergeEndpoints), none of them
-	// Local: a port whose endpoints all come from this slice, on a node
-	// none of them runs on, takes its list as it is, shared.
+	// build merges a port's endpoints (mergeEndpoints), those on node
+	// Local: a port whose endpoints all come from this slice takes its
+	// list as it is, shared.
 	byPort [][]lb.Endpoint
+	// node is the node the endpoints were marked Local for ("": none).
+	// A build for another node parses src again for it; src is kept
+	// only when node is "" (LoadManifests, which the tools and tests
+	// build for any node), never by the sources, which parse for theirs.
+	node string
+	src  *discoveryv1.EndpointSlice
 }
 
 // fieldProblem is one problem of an object, with the field it is in.
@@ -752,9 +758,19 @@ type slicePort struct {
 // NewSlice parses and checks sl for the build, which reports what it
 // found wrong (when the slice's Service is known) and uses nothing of a
 // slice with a problem. What is kept is sized exactly: it lives as long
-// as the slice is unchanged.
+// as the slice is unchanged. No endpoint is Local; a build for a node
+// parses sl again (it is kept, and must not change).
 func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
-	s := &Slice{Namespace: sl.Namespace, Name: sl.Name, Service: sl.Labels[ServiceNameLabel]}
+	s := NewSliceFor(sl, "")
+	s.src = sl
+	return s
+}
+
+// NewSliceFor is NewSlice for the node named nodeName: the endpoints on it
+// are Local, and sl is not kept, so a build for another node reports the
+// slice instead of guessing (the sources parse for the node they serve).
+func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
+	s := &Slice{Namespace: sl.Namespace, Name: sl.Name, Service: sl.Labels[ServiceNameLabel], node: nodeName}
 	var want func(netip.Addr) bool
 	switch sl.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -803,16 +819,13 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 			continue
 		}
 		c := ep.Conditions
-		le := lb.Endpoint{
+		eps = append(eps, lb.Endpoint{
 			Addr:        netip.AddrPortFrom(a, 0),
 			Ready:       c.Ready == nil || *c.Ready,
 			Serving:     c.Serving == nil || *c.Serving,
 			Terminating: c.Terminating != nil && *c.Terminating,
-		}
-		if ep.NodeName != nil {
-			le.NodeName = *ep.NodeName
-		}
-		eps = append(eps, le)
+			Local:       nodeName != "" && ep.NodeName != nil && *ep.NodeName == nodeName,
+		})
 	}
 	if len(s.problems) > 0 || len(ports) == 0 {
 		return s
@@ -852,15 +865,16 @@ func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr
 	if len(sl.problems) > 0 {
 		return
 	}
+	if sl.node != nodeName {
+		if sl.src == nil {
+			e.add("metadata.name", "parsed for node %q, built for node %q", sl.node, nodeName)
+			return
+		}
+		sl = NewSliceFor(sl.src, nodeName)
+	}
 	for i, p := range sl.ports {
 		name := lb.ServicePortName{Namespace: sl.Namespace, Name: sl.Service, Port: p.name, Protocol: p.proto}
 		eps := sl.byPort[i]
-		if nodeName != "" && slices.ContainsFunc(eps, func(ep lb.Endpoint) bool { return ep.NodeName == nodeName }) {
-			eps = slices.Clone(eps)
-			for j := range eps {
-				eps[j].Local = eps[j].NodeName == nodeName
-			}
-		}
 		if len(out[name]) == 0 {
 			// Shared: the lists are exactly sized, so a later slice's
 			// endpoints are appended to a copy, never into the Slice's.
@@ -886,12 +900,8 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName strin
 					e.add(fmt.Sprintf("subsets[%d].%s[%d].ip", si, field, i), "invalid IP address %q", a.IP)
 					continue
 				}
-				le := lb.Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), 0), Ready: ready, Serving: ready}
-				if a.NodeName != nil {
-					le.NodeName = *a.NodeName
-					le.Local = nodeName != "" && le.NodeName == nodeName
-				}
-				addrs = append(addrs, le)
+				addrs = append(addrs, lb.Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), 0), Ready: ready, Serving: ready,
+					Local: nodeName != "" && a.NodeName != nil && *a.NodeName == nodeName})
 			}
 		}
 		add(ss.Addresses, "addresses", true)

@@ -817,8 +817,10 @@ func TestBuildMemoSplicesFilesThatComeAndGo(t *testing.T) {
 // A slice's endpoints are kept per port, merged, and a port whose
 // endpoints come from that slice alone shares its list with the snapshot
 // (issue 16's memory budget). Each port still gets its own port number,
-// another slice's endpoints are merged into a copy, and a node's Local
-// marks go on a copy: nothing is written through into the shared list.
+// another slice's endpoints are merged into a copy, and a build for a
+// node other than the one a slice was parsed for (none, here: it was
+// parsed without a source) marks a fresh parse: nothing is written
+// through into the shared list.
 func TestSliceListsAreSharedAndNeverWrittenThrough(t *testing.T) {
 	objs, err := ParseManifest("test.yaml", []byte(`apiVersion: v1
 kind: Service
@@ -912,6 +914,71 @@ endpoints:
 		}
 		if sl.Name == "api-1" && len(sl.byPort[0]) != 1 {
 			t.Fatalf("api-1's list took another slice's endpoints: %+v", sl.byPort[0])
+		}
+	}
+}
+
+// A source parses its slices for its node: the endpoints on it are Local
+// in the slice itself, whose lists the snapshot shares as they are, and
+// the slice keeps nothing to be parsed again; a build for another node
+// names the slice instead of guessing; a cache told of another node
+// starts empty.
+func TestASourcesSlicesAreParsedForItsNode(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: x}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: a, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: x, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: a, port: 8080}]
+endpoints:
+- addresses: [10.0.0.1]
+  nodeName: n1
+- addresses: [10.0.0.2]
+  nodeName: n2
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := lb.ServicePortName{Namespace: "x", Name: "web", Port: "a", Protocol: lb.TCP}
+	var c DocCache
+	for _, node := range []string{"n1", "n1", "n2"} {
+		c.forNode(node)
+		objs, err := loadCached(dir, &c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl := objs.EndpointSlices[0]
+		if sl.src != nil {
+			t.Fatalf("node %s: the source's slice kept its decoded form", node)
+		}
+		snap, err := BuildFor(objs, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps := snap.Ports.Get(name).Endpoints
+		var local []string
+		for _, ep := range eps {
+			if ep.Local {
+				local = append(local, ep.Addr.String())
+			}
+		}
+		want := map[string]string{"n1": "10.0.0.1:8080", "n2": "10.0.0.2:8080"}[node]
+		if strings.Join(local, ",") != want {
+			t.Fatalf("node %s: local endpoints %v, want %s", node, local, want)
+		}
+		if &eps[0] != &sl.byPort[0][0] {
+			t.Fatalf("node %s: the snapshot copied the slice's list", node)
+		}
+		other := map[string]string{"n1": "n2", "n2": "n1"}[node]
+		if _, err := BuildFor(objs, other); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("parsed for node %q, built for node %q", node, other)) ||
+			!strings.Contains(err.Error(), "web-1") {
+			t.Fatalf("node %s: a build for %s gave %v", node, other, err)
 		}
 	}
 }

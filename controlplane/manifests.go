@@ -53,6 +53,11 @@ type Objects struct {
 	decoded int64
 	// rec, while a file is decoded, records what its documents give.
 	rec *fileState
+	// forNode: the slices are parsed for node (a source's load), marking
+	// its endpoints Local; otherwise for none, each keeping its decoded
+	// form to be parsed again for whichever node a build is for.
+	forNode bool
+	node    string
 }
 
 // SkippedKind is a kind of object the manifests hold and sluice does not
@@ -336,6 +341,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		// map look-up (a look-up and an insert per object were a fifth of
 		// a reload of a 10k-Service file).
 		objs.origin, objs.gen = &cache.origins, cache.gen
+		objs.forNode, objs.node = true, cache.node
 		// Sized as last time: grown by appends they were 0.6 MB more.
 		objs.Services = make([]*Service, 0, cache.services)
 		objs.EndpointSlices = make([]*Slice, 0, cache.slices)
@@ -554,6 +560,9 @@ type DocCache struct {
 	paths      []string
 	// now is the clock of the reads (time.Now when nil).
 	now func() time.Time
+	// node is the node the cached slices mark endpoints Local for
+	// (forNode); see forNode.
+	node string
 	// reads, stats, listings and patched count the files read and
 	// stat'ed, the directory listings and the names patched into the last
 	// one, for tests.
@@ -617,6 +626,15 @@ type docEntry struct {
 
 // docKey is a document's text hashed under the cache's two seeds.
 type docKey [2]uint64
+
+// forNode makes the cache's slices those of the node named nodeName: a
+// cache of another node's is emptied first (a source's node does not
+// change; this keeps a cache from ever handing a slice to the wrong one).
+func (c *DocCache) forNode(nodeName string) {
+	if c.node != nodeName {
+		*c = DocCache{node: nodeName}
+	}
+}
 
 // slotsOf returns file's document slots as the last load left them, to
 // be this load's (decode stores them in nextSlots).
@@ -1108,7 +1126,11 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 			return errs, nil
 		}
 		sl.Namespace = ns
-		obj = NewSlice(sl) // what the build reads; the decoded slice is garbage now
+		if o.forNode {
+			obj = NewSliceFor(sl, o.node) // what the build reads; the decoded slice is garbage now
+		} else {
+			obj = NewSlice(sl) // keeps sl, to be parsed again for any node
+		}
 	}
 	c := docEntry{cachedDoc: cachedDoc{id: id, obj: obj, origin: origin}}
 	return o.add(at, &c), &c.cachedDoc

@@ -233,6 +233,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	case limit < 0:
 		limit = 0
 	}
+	s.cache.forNode(s.NodeName)
 	s.cache.now = s.Now
 	s.cache.Touched, s.cache.SameListing, s.cache.Renamed = s.readPlan()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)

@@ -43,13 +43,15 @@ func (n ServicePortName) String() string {
 }
 
 // Endpoint is one backend address of a service port with its conditions.
-// The flags come last, together: 56 bytes, where a string between them
-// padded it to 64 (issue 16's memory budget).
+// It is 40 bytes, the flags together after the address (issue 16's memory
+// budget): it holds no node name, only whether the node is this one
+// (Local), which is all a data plane reads; the sources work it out when
+// they parse an object (a string between the address and the flags
+// padded it to 64, and a node name was 16 bytes of every endpoint).
 type Endpoint struct {
-	Addr     netip.AddrPort
-	NodeName string
-	Ready    bool
-	Serving  bool
+	Addr    netip.AddrPort
+	Ready   bool
+	Serving bool
 	// Terminating is set when the endpoint is shutting down.
 	Terminating bool
 	// Local is set when the endpoint runs on this node.

@@ -3,6 +3,7 @@ package lb
 import (
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // Compare orders names exactly as their String forms compare (then by
@@ -46,5 +47,14 @@ func TestSnapshotWithNamesTheChange(t *testing.T) {
 	}
 	if next.Ports.Get(b) != nil || next.Ports.Get(c) == nil || next.Ports.Get(a) == base.Ports.Get(a) || base.Ports.Get(b) == nil {
 		t.Fatal("ports wrong, or the base changed")
+	}
+}
+
+// An endpoint is 40 bytes, as its doc says: one is held per endpoint of
+// every port, and a field added between the address and the flags, or a
+// string, would grow every list (issue 16's memory budget).
+func TestEndpointIs40Bytes(t *testing.T) {
+	if n := unsafe.Sizeof(Endpoint{}); n != 40 {
+		t.Fatalf("lb.Endpoint is %d bytes, want 40", n)
 	}
 }

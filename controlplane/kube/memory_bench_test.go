@@ -89,7 +89,7 @@ func BenchmarkCachedObjectBytes(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			trim := newProxyTrim()
+			trim := newProxyTrim("node-1")
 			var perObject float64
 			for b.Loop() {
 				held := make([]any, n)

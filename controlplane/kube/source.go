@@ -174,7 +174,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.built = map[serviceKey][]*lb.ServicePort{}
 
 	tweak := func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }
-	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(newProxyTrim().transform))
+	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(newProxyTrim(s.NodeName).transform))
 	// No indexes: the factory's default, by namespace, is never read, and
 	// the slices of each Service are the source's own map (slicesOf), kept
 	// by its handlers; client-go's index kept a set per Service, some 0.4
@@ -371,6 +371,7 @@ func (s *Source) Run(ctx context.Context) error {
 // trimming and interning still matter to those: the node names the
 // slices' endpoints keep are the interned ones.
 type proxyTrim struct {
+	node    string // the node whose endpoints the cached slices mark Local
 	mu      sync.Mutex
 	strs    map[string]*string // interned; at most maxInterned
 	yes, no *bool
@@ -381,9 +382,9 @@ type proxyTrim struct {
 // A cluster's node names, zones, namespaces and port names fit many times.
 const maxInterned = 1 << 14
 
-func newProxyTrim() *proxyTrim {
+func newProxyTrim(nodeName string) *proxyTrim {
 	yes, no := true, false
-	t := &proxyTrim{strs: map[string]*string{}, yes: &yes, no: &no, protos: map[corev1.Protocol]*corev1.Protocol{}}
+	t := &proxyTrim{node: nodeName, strs: map[string]*string{}, yes: &yes, no: &no, protos: map[corev1.Protocol]*corev1.Protocol{}}
 	for _, p := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
 		t.protos[p] = &p
 	}
@@ -397,7 +398,7 @@ func (t *proxyTrim) transform(o any) (any, error) {
 		return newCachedService(obj), nil
 	case *discoveryv1.EndpointSlice:
 		t.slice(obj)
-		return newCachedSlice(obj), nil
+		return newCachedSlice(obj, t.node), nil
 	}
 	return o, nil // a cachedSlice or cachedService already, or a tombstone (its object is one)
 }
@@ -436,10 +437,10 @@ type cachedSlice struct {
 	ipv6              bool
 }
 
-func newCachedSlice(sl *discoveryv1.EndpointSlice) *cachedSlice {
+func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
 	return &cachedSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: sl.Name, Namespace: sl.Namespace, ResourceVersion: sl.ResourceVersion},
-		slice:      controlplane.NewSlice(sl),
+		slice:      controlplane.NewSliceFor(sl, nodeName),
 		trigger:    sl.Annotations[corev1.EndpointsLastChangeTriggerTime],
 		ipv6:       sl.AddressType == discoveryv1.AddressTypeIPv6,
 	}

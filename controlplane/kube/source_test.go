@@ -551,7 +551,7 @@ func TestSnapshotsCarryTheirDelta(t *testing.T) {
 // both protocols, ports without a name or protocol). What many slices
 // repeat is shared, not copied.
 func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
-	trim := newProxyTrim()
+	trim := newProxyTrim("")
 	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
 		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
@@ -591,6 +591,8 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 	var kept []*discoveryv1.EndpointSlice
 	served := 0 // built ports with endpoints: the walk must reach them
 	for round := 0; round < 200; round++ {
+		node := fmt.Sprintf("node-%d", rng.IntN(3))
+		trim.node = node // the cached slices are parsed for it; the whole ones for any
 		var trimmed []*discoveryv1.EndpointSlice
 		var cached, whole []*controlplane.Slice
 		for n := rng.IntN(3) + 1; n > 0; n-- {
@@ -633,7 +635,6 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 			}
 			trimmed = append(trimmed, sl)
 		}
-		node := fmt.Sprintf("node-%d", rng.IntN(3))
 		wantPorts, wantErrs := controlplane.BuildService(wholeWeb, whole, node)
 		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, cached, node)
 		if !reflect.DeepEqual(gotPorts, wantPorts) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
@@ -693,7 +694,7 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 // The intern table stops growing at maxInterned: a name past it keeps its
 // own copy.
 func TestProxyTrimInternTableIsBounded(t *testing.T) {
-	trim := newProxyTrim()
+	trim := newProxyTrim("")
 	for i := 0; i < maxInterned+100; i++ {
 		n := fmt.Sprintf("node-%d", i)
 		sl := &discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, NodeName: &n}}}
@@ -710,7 +711,7 @@ func TestProxyTrimInternTableIsBounded(t *testing.T) {
 // The intern table holds copies, never a pointer into an object it was
 // given (&sl.Namespace would keep the whole slice alive for good).
 func TestProxyTrimInternsCopies(t *testing.T) {
-	trim := newProxyTrim()
+	trim := newProxyTrim("")
 	node := "node-a"
 	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "web-1"},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, NodeName: &node}}}
@@ -852,7 +853,7 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 		if svc != "" {
 			sl.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
 		}
-		return newCachedSlice(sl)
+		return newCachedSlice(sl, "")
 	}
 	names := func(svc string) string {
 		var out []string
