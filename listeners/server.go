@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strings"
@@ -202,10 +203,53 @@ type servedPort struct {
 	proxyPorts []int            // allocated from ProxyPorts
 	nodeAddrs  []netip.Addr     // where its NodePort listens
 	captured   []netip.AddrPort // its destinations in Server.captured
+	// capturedFEs says which frontends it has on the capture port
+	// (captureProxyFE, captureExternalFE); they are made when listed,
+	// from sp and the capture's address, not kept: a Frontend is 128
+	// bytes of every captured port (issue 16's memory budget).
+	capturedFEs uint8
 	// failed are the frontends whose listener could not be opened (a port
 	// busy with another process, an address not yet assigned); RetryFailed
 	// tries them again.
 	failed []failedFrontend
+}
+
+// The frontends a port can have on the capture port.
+const (
+	captureProxyFE    uint8 = 1 << iota // its ClusterIPs (RoleProxyPort)
+	captureExternalFE                   // its external IPs, for ext (RoleExternalProxyPort)
+)
+
+// frontendCount is how many frontends p has.
+func (p *servedPort) frontendCount() int {
+	return len(p.frontends) + bits.OnesCount8(p.capturedFEs)
+}
+
+// appendFrontends appends p's frontends to out: its listeners', then
+// those on the capture port, at to.
+func (p *servedPort) appendFrontends(out []Frontend, to netip.AddrPort) []Frontend {
+	out = append(out, p.frontends...)
+	if p.capturedFEs&captureProxyFE != 0 {
+		out = append(out, Frontend{Service: p.sp.Name, Role: RoleProxyPort, VIP: capturedVIP(p.sp, to), Addr: to})
+	}
+	if p.capturedFEs&captureExternalFE != 0 {
+		out = append(out, Frontend{Service: p.sp.Name, Role: RoleExternalProxyPort, Addr: to})
+	}
+	return out
+}
+
+// capturable says whether the capture at to maps ip (its family).
+func capturable(ip netip.Addr, to netip.AddrPort) bool { return ip.Is4() == to.Addr().Is4() }
+
+// capturedVIP is the ClusterIP a port's capture frontend is for: its
+// first of the capture's family.
+func capturedVIP(sp *lb.ServicePort, to netip.AddrPort) netip.Addr {
+	for _, ip := range sp.ClusterIPs {
+		if capturable(ip, to) {
+			return ip
+		}
+	}
+	return netip.Addr{}
 }
 
 // failedFrontend is a listener to open again, with its back-off.
@@ -340,7 +384,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
 		s.setPort(np)
-		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", len(np.frontends), "endpoints", picker.Len())
+		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", np.frontendCount(), "endpoints", picker.Len())
 	}
 	if s.SCTPSkipped != nil {
 		n := 0
@@ -584,10 +628,10 @@ func (s *Server) closePort(p *servedPort) {
 		}
 	}
 	s.unserved -= len(p.failed)
-	if len(p.frontends) > 0 {
+	if p.frontendCount() > 0 {
 		s.frontendsVersion++
 	}
-	p.listeners, p.frontends, p.proxyPorts, p.failed, p.captured = nil, nil, nil, nil, nil
+	p.listeners, p.frontends, p.proxyPorts, p.failed, p.captured, p.capturedFEs = nil, nil, nil, nil, nil, 0
 }
 
 // OpenCapture opens the CapturePort listener on BindAddress; from then on
@@ -620,35 +664,30 @@ func (s *Server) resolveCaptured(orig netip.AddrPort) *Target { return s.capture
 func (s *Server) openCaptured(p *servedPort, nonLocalExternal []netip.Addr) {
 	sp := p.sp
 	to := s.captureAddr
-	capturable := func(ip netip.Addr) bool { return ip.Is4() == to.Addr().Is4() } // as the capture maps them
 	register := func(ip netip.Addr, t *Target) {
 		dst := netip.AddrPortFrom(ip, sp.Port)
 		s.captured.store(dst, t)
 		p.captured = append(p.captured, dst)
 	}
-	var vip netip.Addr
 	for _, ip := range sp.ClusterIPs {
-		if capturable(ip) {
+		if capturable(ip, to) {
 			register(ip, p.target)
-			if !vip.IsValid() {
-				vip = ip
-			}
 		}
 	}
-	if vip.IsValid() {
-		p.frontends = append(p.frontends, Frontend{Service: sp.Name, Role: RoleProxyPort, VIP: vip, Addr: to})
+	if capturedVIP(sp, to).IsValid() {
+		p.capturedFEs |= captureProxyFE
 		s.frontendsVersion++
 	}
 	if !s.CaptureExternal || len(nonLocalExternal) == 0 {
 		return
 	}
 	for _, ip := range nonLocalExternal {
-		if capturable(ip) {
+		if capturable(ip, to) {
 			register(ip, p.ext)
 		}
 	}
 	if p.ext != p.target {
-		p.frontends = append(p.frontends, Frontend{Service: sp.Name, Role: RoleExternalProxyPort, Addr: to})
+		p.capturedFEs |= captureExternalFE
 		s.frontendsVersion++
 	}
 }
@@ -669,7 +708,7 @@ func (s *Server) FrontendCount() int {
 	defer s.mu.Unlock()
 	n := 0
 	for _, p := range s.ports {
-		n += len(p.frontends)
+		n += p.frontendCount()
 	}
 	return n
 }
@@ -680,7 +719,7 @@ func (s *Server) PortFrontends(name lb.ServicePortName) []Frontend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.ports[name]; p != nil {
-		return slices.Clone(p.frontends)
+		return p.appendFrontends(nil, s.captureAddr)
 	}
 	return nil
 }
@@ -696,8 +735,10 @@ func (s *Server) Frontends() []Frontend {
 		fe        Frontend
 	}
 	var ks []keyed
+	var fes []Frontend
 	for _, p := range s.ports {
-		for _, fe := range p.frontends {
+		fes = p.appendFrontends(fes[:0], s.captureAddr)
+		for _, fe := range fes {
 			ks = append(ks, keyed{fe.Service.String() + string(fe.Service.Protocol), fe.Addr.String(), fe})
 		}
 	}
@@ -804,7 +845,7 @@ func (s *Server) Dump() []PortView {
 	out := []PortView{}
 	for name, p := range s.ports {
 		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{}}
-		for _, fe := range p.frontends {
+		for _, fe := range p.appendFrontends(nil, s.captureAddr) {
 			d := string(fe.Role) + " " + fe.Addr.String()
 			if fe.VIP.IsValid() {
 				d += " (for " + fe.VIP.String() + ")"
