@@ -147,16 +147,21 @@ type portalCapture struct {
 	done  chan struct{}
 
 	mu sync.Mutex
-	// byPort is the portals worked out, by service port; keys counts the
+	// byPort is where the ports with portals redirect to, by service
+	// port: their portals are those of the port in snap (a port the
+	// capture has not been told of a change of has the same addresses
+	// there: lb.ServicePort.SameFrontend) redirected there, made again
+	// when needed (portalsOf) rather than kept, which held some 240
+	// bytes of every port (issue 16's memory budget). keys counts the
 	// ports with a portal at each destination (more than one: they
 	// collide, and which wins is the whole list's order).
-	byPort map[lb.ServicePortName][]portals.Portal
+	byPort map[lb.ServicePortName]portalTargets
 	keys   map[portalKey]int32
 	// The frontends' and local addresses' versions last worked out
 	// (valid when worked), and the snapshot seen last.
 	worked                bool
 	frontsSeen, localSeen uint64
-	snapID                uint64
+	snap                  *lb.Snapshot
 	// failed: the last sync of the portals failed (Tick tries again).
 	failed bool
 	// partials counts the updates worked out from the changed ports
@@ -279,27 +284,34 @@ func (c *portalCapture) before(*lb.Snapshot) error { return nil }
 func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLister) error {
 	local := c.local.version()
 	c.mu.Lock()
-	prev := c.snapID
-	c.snapID = snap.ID
+	prev := c.snap
+	c.snap = snap
 	same := c.worked && !c.failed && version == c.frontsSeen && local == c.localSeen
-	canChange := c.worked && !c.failed && local == c.localSeen
+	canChange := c.worked && !c.failed && local == c.localSeen && prev != nil
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
-	if names, ok := snap.DeltaSince(prev); ok && canChange {
-		if done, err := c.afterChanged(snap, names, version, fes); done {
-			return err
+	if canChange {
+		if names, ok := snap.DeltaSince(prev.ID); ok {
+			if done, err := c.afterChanged(prev, snap, names, version, fes); done {
+				return err
+			}
 		}
 	}
-	byPort := portalsByPort(snap, fes.Frontends(), c.local.has)
-	c.mu.Lock()
-	c.byPort, c.keys = byPort, map[portalKey]int32{}
-	for _, ps := range byPort {
+	byPort := targetsByPort(fes.Frontends())
+	keys := map[portalKey]int32{}
+	for name, t := range byPort {
+		ps := portalsOf(snap.Ports.Get(name), t, c.local.has)
+		if len(ps) == 0 {
+			delete(byPort, name)
+		}
 		for _, p := range ps {
-			c.keys[keyOf(p)]++
+			keys[keyOf(p)]++
 		}
 	}
+	c.mu.Lock()
+	c.byPort, c.keys = byPort, keys
 	c.worked, c.frontsSeen, c.localSeen = true, version, local
 	c.mu.Unlock()
 	return c.syncAll() // on failure the next update tries again, as Tick does
@@ -308,17 +320,23 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLis
 // afterChanged works out the portals of the ports named again and applies
 // the change; false when it cannot (two ports' portals collide at one
 // destination), leaving everything as it was.
-func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortName, version uint64, fes frontendLister) (bool, error) {
+func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.ServicePortName, version uint64, fes frontendLister) (bool, error) {
 	now := make(map[lb.ServicePortName][]portals.Portal, len(names))
+	targets := make(map[lb.ServicePortName]portalTargets, len(names))
 	for _, name := range names {
-		now[name] = portalsOfPort(snap.Ports.Get(name), fes.PortFrontends(name), c.local.has)
+		t := targetsOf(fes.PortFrontends(name))
+		now[name], targets[name] = portalsOf(snap.Ports.Get(name), t, c.local.has), t
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var del, add []portals.Portal
 	keys := map[portalKey]int32{} // the counts of the destinations touched, after the change
 	for _, name := range names {
-		for _, p := range c.byPort[name] {
+		var was []portals.Portal
+		if t, ok := c.byPort[name]; ok {
+			was = portalsOf(prev.Ports.Get(name), t, c.local.has)
+		}
+		for _, p := range was {
 			k := keyOf(p)
 			if _, ok := keys[k]; !ok {
 				keys[k] = c.keys[k]
@@ -351,7 +369,7 @@ func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortNa
 		if len(ps) == 0 {
 			delete(c.byPort, name)
 		} else {
-			c.byPort[name] = ps
+			c.byPort[name] = targets[name]
 		}
 	}
 	c.frontsSeen = version
@@ -374,13 +392,13 @@ func (c *portalCapture) afterChanged(snap *lb.Snapshot, names []lb.ServicePortNa
 }
 
 // allLocked is every portal worked out, by service port name.
-func (c *portalCapture) allLocked() []portals.Portal { return allPortals(c.byPort) }
-
-// allPortals is every port's portals, by service port name.
-func allPortals(byPort map[lb.ServicePortName][]portals.Portal) []portals.Portal {
+func (c *portalCapture) allLocked() []portals.Portal {
+	if c.snap == nil {
+		return nil
+	}
 	var out []portals.Portal
-	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
-		out = append(out, byPort[n]...)
+	for _, n := range slices.SortedFunc(maps.Keys(c.byPort), lb.ServicePortName.Compare) {
+		out = append(out, portalsOf(c.snap.Ports.Get(n), c.byPort[n], c.local.has)...)
 	}
 	return out
 }
@@ -414,51 +432,65 @@ func (c *portalCapture) syncAll() error {
 	return errors.Join(errs...)
 }
 
-// portalsByPort maps each service port's ClusterIPs to its proxy port,
-// and its non-local external and load-balancer IPs to its external proxy
-// port (or the proxy port when it has none). An address of the other
-// family than its proxy port's listener is not captured.
-func portalsByPort(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) map[lb.ServicePortName][]portals.Portal {
+// portalTargets are where a port's portals redirect: its proxy port
+// (to), and its external proxy port (eto; to when it has none).
+type portalTargets struct{ to, eto netip.AddrPort }
+
+// targetsOf is where the portals of a port with these frontends redirect
+// (to invalid: nowhere, it has no proxy port).
+func targetsOf(fes []listeners.Frontend) portalTargets {
+	var t portalTargets
+	for _, fe := range fes {
+		switch fe.Role {
+		case listeners.RoleProxyPort:
+			t.to = fe.Addr
+		case listeners.RoleExternalProxyPort:
+			t.eto = fe.Addr
+		}
+	}
+	if !t.eto.IsValid() {
+		t.eto = t.to
+	}
+	return t
+}
+
+// targetsByPort is targetsOf for every port with a proxy port among fes.
+func targetsByPort(fes []listeners.Frontend) map[lb.ServicePortName]portalTargets {
 	byPort := map[lb.ServicePortName][]listeners.Frontend{}
 	for _, fe := range fes {
 		if fe.Role == listeners.RoleProxyPort || fe.Role == listeners.RoleExternalProxyPort {
 			byPort[fe.Service] = append(byPort[fe.Service], fe)
 		}
 	}
-	out := make(map[lb.ServicePortName][]portals.Portal, len(byPort))
+	out := make(map[lb.ServicePortName]portalTargets, len(byPort))
 	for name, fes := range byPort {
-		if ps := portalsOfPort(snap.Ports.Get(name), fes, isLocal); len(ps) > 0 {
-			out[name] = ps
+		if t := targetsOf(fes); t.to.IsValid() {
+			out[name] = t
 		}
 	}
 	return out
 }
 
-// portalsFor is every portal, by service port name.
+// portalsFor is every portal, by service port name: each service port's
+// ClusterIPs redirected to its proxy port, and its non-local external
+// and load-balancer IPs to its external proxy port (or the proxy port
+// when it has none). An address of the other family than its proxy
+// port's listener is not captured.
 func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	return allPortals(portalsByPort(snap, fes, isLocal))
+	byPort := targetsByPort(fes)
+	var out []portals.Portal
+	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
+		out = append(out, portalsOf(snap.Ports.Get(n), byPort[n], isLocal)...)
+	}
+	return out
 }
 
-// portalsOfPort is portalsByPort for one port (nil: gone) and its frontends.
-func portalsOfPort(sp *lb.ServicePort, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	if sp == nil {
+// portalsOf is portalsFor for one port (nil: gone) redirected to t.
+func portalsOf(sp *lb.ServicePort, t portalTargets, isLocal func(netip.Addr) bool) []portals.Portal {
+	if sp == nil || !t.to.IsValid() {
 		return nil
 	}
-	var to, eto netip.AddrPort
-	for _, fe := range fes {
-		switch fe.Role {
-		case listeners.RoleProxyPort:
-			to = fe.Addr
-		case listeners.RoleExternalProxyPort:
-			eto = fe.Addr
-		}
-	}
-	if !to.IsValid() {
-		return nil
-	}
-	if !eto.IsValid() {
-		eto = to
-	}
+	to, eto := t.to, t.eto
 	var out []portals.Portal
 	add := func(ip netip.Addr, to netip.AddrPort, ranges []netip.Prefix) {
 		if !to.IsValid() || ip.Is4() != to.Addr().Is4() {
