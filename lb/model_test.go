@@ -50,11 +50,14 @@ func TestSnapshotWithNamesTheChange(t *testing.T) {
 	}
 }
 
-// An endpoint is 40 bytes, as its doc says: one is held per endpoint of
-// every port, and a field added between the address and the flags, or a
-// string, would grow every list (issue 16's memory budget).
-func TestEndpointIs40Bytes(t *testing.T) {
+// An endpoint is 40 bytes and a service port 208, as their docs say: one
+// is held per endpoint or port, and a field added between the others, or
+// a string, would grow every one (issue 16's memory budget).
+func TestModelSizes(t *testing.T) {
 	if n := unsafe.Sizeof(Endpoint{}); n != 40 {
 		t.Fatalf("lb.Endpoint is %d bytes, want 40", n)
+	}
+	if n := unsafe.Sizeof(ServicePort{}); n != 208 {
+		t.Fatalf("lb.ServicePort is %d bytes, want 208", n)
 	}
 }
