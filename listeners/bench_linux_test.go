@@ -35,7 +35,7 @@ func benchSystems() []benchSystem {
 				defer cancel()
 				e.Shutdown(ctx)
 			})
-			tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy()}
+			tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry()}
 			tg.Picker.SetEndpoints([]netip.AddrPort{backend})
 			ln, err := e.Listen(lb.TCP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
 			if err != nil {
@@ -49,7 +49,7 @@ func benchSystems() []benchSystem {
 		{"eventloop", engine(EngineEventLoop)},
 		{"goroutine", engine(EngineGoroutine)},
 		{"gnet", func(b *testing.B, backend netip.AddrPort) netip.AddrPort {
-			tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy()}
+			tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry()}
 			tg.Picker.SetEndpoints([]netip.AddrPort{backend})
 			return startGnetCandidate(b, tg).Addr()
 		}},
@@ -173,7 +173,7 @@ func BenchmarkUDPRequestResponse(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { e.Shutdown(context.Background()) })
-				tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Minute}
+				tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
 				tg.Picker.SetEndpoints([]netip.AddrPort{addr})
 				ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
 				if err != nil {

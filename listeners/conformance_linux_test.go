@@ -95,7 +95,7 @@ func newFixture(t *testing.T, e Engine, proto lb.Protocol, backends ...netip.Add
 	f := &fixture{t: t, e: e, clock: clk, ctr: newCounters()}
 	f.target = &Target{
 		Picker:     lb.NewPicker(clk, lb.EjectionPolicy{Failures: 2, Backoff: time.Minute, MaxBackoff: time.Hour}),
-		Retry:      lb.RetryPolicy{Attempts: 4, TryTimeouts: []time.Duration{300 * time.Millisecond}, Budget: 5 * time.Second},
+		Retry:      &lb.RetryPolicy{Attempts: 4, TryTimeouts: []time.Duration{300 * time.Millisecond}, Budget: 5 * time.Second},
 		UDPTimeout: 100 * time.Millisecond,
 		Counters:   f.ctr,
 	}
@@ -821,7 +821,7 @@ func TestConformanceUDPFlowsPinAndExpire(t *testing.T) {
 func TestConformanceUDPReplyComesFromTheAddressTheClientUsed(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, e Engine) {
 		backend := serveUDP(t, udpEcho)
-		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Second}
+		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Second}
 		tg.Picker.SetEndpoints([]netip.AddrPort{backend})
 		ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("0.0.0.0:0"), tg)
 		if err != nil {
@@ -864,7 +864,7 @@ func TestConformanceIPv6(t *testing.T) {
 		tcp6 := serveTCPAt(t, net.IPv6loopback, echoHandler)
 		udp6 := serveUDPAt(t, net.IPv6loopback, udpEcho)
 		tg := func(ep netip.AddrPort) *Target {
-			t := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Second}
+			t := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Second}
 			t.Picker.SetEndpoints([]netip.AddrPort{ep})
 			return t
 		}
@@ -908,7 +908,7 @@ func TestConformanceWaitingUDPFlowsHoldNoBuffers(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, e Engine) {
 		got := make(chan struct{}, flows)
 		backend := serveUDP(t, func([]byte) []byte { got <- struct{}{}; return nil }) // answers with nothing
-		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy(), UDPTimeout: time.Minute}
+		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
 		tg.Picker.SetEndpoints([]netip.AddrPort{backend})
 		ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
 		if err != nil {
@@ -1164,4 +1164,10 @@ func TestPipePoolIsBoundedAndBudgeted(t *testing.T) {
 	if p.idleCount() != 0 || open() != 0 {
 		t.Fatal("a pipe pooled after close")
 	}
+}
+
+// defaultRetry is the default retry policy as a Target takes it.
+func defaultRetry() *lb.RetryPolicy {
+	r := lb.DefaultRetryPolicy()
+	return &r
 }

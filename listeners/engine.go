@@ -46,8 +46,11 @@ func (noCounters) Closed(uint64, uint64)        {}
 // knobs the data path needs. Fields are read-only once the target is in use;
 // endpoint and affinity changes go through the Picker.
 type Target struct {
-	Picker     *lb.Picker
-	Retry      lb.RetryPolicy
+	Picker *lb.Picker
+	// Retry is shared by a server's targets (nil: the zero policy): by
+	// value it was 40 of a Target's 88 bytes, one or two per service port
+	// (issue 16's memory budget).
+	Retry      *lb.RetryPolicy
 	UDPTimeout time.Duration
 	Counters   Counters // nil means none
 	// Admit, when set, says which client addresses may use this frontend
@@ -62,6 +65,15 @@ type Target struct {
 	// is read of such a target. It runs on the data path: it must not
 	// block.
 	Resolve func(orig netip.AddrPort) *Target
+}
+
+// walk starts a connection's walk over order under the target's retry
+// policy.
+func (t *Target) walk(order []netip.AddrPort, start time.Time) *lb.Walk {
+	if t.Retry == nil {
+		return lb.RetryPolicy{}.Walk(order, start)
+	}
+	return t.Retry.Walk(order, start)
 }
 
 // errNotAdmitted refuses a client outside the frontend's source ranges.

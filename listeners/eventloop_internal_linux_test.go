@@ -75,7 +75,7 @@ func TestEventLoopListenerAfterShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: lb.DefaultRetryPolicy()}
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry()}
 	ln, err := e.Listen(lb.TCP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
 	if err != nil {
 		t.Fatal(err)

@@ -856,7 +856,7 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 		return
 	}
 	l.conns[c] = struct{}{}
-	c.walk = t.Retry.Walk(order, c.started)
+	c.walk = t.walk(order, c.started)
 	c.tryNext()
 }
 

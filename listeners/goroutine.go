@@ -341,7 +341,7 @@ func (l *goTCPListener) handle(gc *goConn) {
 		return
 	}
 	start := l.g.opts.Now()
-	walk := t.Retry.Walk(order, start)
+	walk := t.walk(order, start)
 	var backend *net.TCPConn
 	for backend == nil {
 		ep, timeout, ok := walk.Next(l.g.opts.Now())

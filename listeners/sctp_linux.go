@@ -270,7 +270,7 @@ func (l *sctpListener) handle(client net.Conn) {
 		return
 	}
 	start := l.s.opts.Now()
-	walk := t.Retry.Walk(order, start)
+	walk := t.walk(order, start)
 	var backend net.Conn
 	for backend == nil {
 		ep, timeout, ok := walk.Next(l.s.opts.Now())

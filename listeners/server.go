@@ -93,6 +93,7 @@ type Server struct {
 	Log      *slog.Logger
 
 	mu    sync.Mutex
+	retry *lb.RetryPolicy // Retry, shared by every target (retryPolicy)
 	ports map[lb.ServicePortName]*servedPort
 	// capture is the CapturePort listener (nil: none); captured maps each
 	// original destination it serves to its Target, read without a lock
@@ -267,6 +268,16 @@ const (
 	retryMax   = 30 * time.Second
 )
 
+// retryPolicy is Retry as the targets share it, made at the first use
+// (Retry does not change once the server serves). Called with mu held.
+func (s *Server) retryPolicy() *lb.RetryPolicy {
+	if s.retry == nil {
+		r := s.Retry
+		s.retry = &r
+	}
+	return s.retry
+}
+
 func (s *Server) log() *slog.Logger {
 	if s.Log == nil {
 		return slog.New(slog.DiscardHandler)
@@ -373,13 +384,13 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
-		np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: picker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}}
+		np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr}}
 		np.ext = np.target
 		if sp.SplitPolicy() {
 			if extPicker == nil {
 				extPicker = s.newPicker(sp.Name)
 			}
-			np.ext = &Target{Picker: extPicker, Retry: s.Retry, UDPTimeout: s.UDPTimeout, Counters: ctr}
+			np.ext = &Target{Picker: extPicker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr}
 		}
 		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
