@@ -197,22 +197,57 @@ type servedPort struct {
 	// target serves cluster traffic (the proxy port); ext serves NodePort,
 	// external and load-balancer frontends. They are the same Target unless
 	// the traffic policies select different endpoints.
-	target     *Target
-	ext        *Target
-	frontends  []Frontend
-	listeners  []Listener
-	proxyPorts []int            // allocated from ProxyPorts
-	nodeAddrs  []netip.Addr     // where its NodePort listens
-	captured   []netip.AddrPort // its destinations in Server.captured
+	target   *Target
+	ext      *Target
+	captured []netip.AddrPort // its destinations in Server.captured
 	// capturedFEs says which frontends it has on the capture port
 	// (captureProxyFE, captureExternalFE); they are made when listed,
 	// from sp and the capture's address, not kept: a Frontend is 128
 	// bytes of every captured port (issue 16's memory budget).
 	capturedFEs uint8
+	// own is what it has beyond the capture port (mine makes it): nil for
+	// a port served through the capture port alone, which is then 64
+	// bytes here instead of 176 (issue 16's memory budget).
+	own *ownFrontends
+}
+
+// ownFrontends are a service port's listeners of its own and what goes
+// with them.
+type ownFrontends struct {
+	frontends  []Frontend
+	listeners  []Listener
+	proxyPorts []int        // allocated from ProxyPorts
+	nodeAddrs  []netip.Addr // where its NodePort listens
 	// failed are the frontends whose listener could not be opened (a port
 	// busy with another process, an address not yet assigned); RetryFailed
 	// tries them again.
 	failed []failedFrontend
+}
+
+// mine is p.own, made if p has none.
+func (p *servedPort) mine() *ownFrontends {
+	if p.own == nil {
+		p.own = &ownFrontends{}
+	}
+	return p.own
+}
+
+// nodeAddrs is where p's NodePort listens (nil: it has none).
+func (p *servedPort) nodeAddrs() []netip.Addr {
+	if p.own == nil {
+		return nil
+	}
+	return p.own.nodeAddrs
+}
+
+// newServedPort is a port for sp whose NodePort, if it has one, listens
+// on nodeAddrs.
+func newServedPort(sp *lb.ServicePort, nodeAddrs []netip.Addr, t *Target) *servedPort {
+	p := &servedPort{sp: sp, target: t, ext: t}
+	if sp.NodePort != 0 {
+		p.mine().nodeAddrs = nodeAddrs
+	}
+	return p
 }
 
 // The frontends a port can have on the capture port.
@@ -223,13 +258,19 @@ const (
 
 // frontendCount is how many frontends p has.
 func (p *servedPort) frontendCount() int {
-	return len(p.frontends) + bits.OnesCount8(p.capturedFEs)
+	n := bits.OnesCount8(p.capturedFEs)
+	if p.own != nil {
+		n += len(p.own.frontends)
+	}
+	return n
 }
 
 // appendFrontends appends p's frontends to out: its listeners', then
 // those on the capture port, at to.
 func (p *servedPort) appendFrontends(out []Frontend, to netip.AddrPort) []Frontend {
-	out = append(out, p.frontends...)
+	if p.own != nil {
+		out = append(out, p.own.frontends...)
+	}
 	if p.capturedFEs&captureProxyFE != 0 {
 		out = append(out, Frontend{Service: p.sp.Name, Role: RoleProxyPort, VIP: capturedVIP(p.sp, to), Addr: to})
 	}
@@ -321,7 +362,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	var changed []*lb.ServicePort
 	consider := func(name lb.ServicePortName, sp *lb.ServicePort) {
 		p := s.ports[name]
-		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs, nodeAddrs)) {
+		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs(), nodeAddrs)) {
 			changed = append(changed, sp)
 		}
 	}
@@ -349,7 +390,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	s.appliedID, s.appliedNodeAddrs = snap.ID, nodeAddrs
 	for _, sp := range lb.SortPorts(changed) {
 		p := s.ports[sp.Name]
-		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs, nodeAddrs))
+		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs(), nodeAddrs))
 		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {
 			p.sp = sp
 			p.setEndpoints(sp)
@@ -364,9 +405,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 				s.log().Warn("SCTP service port not served", "service", sp.Name.String(), "why", why)
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
-			np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: s.newPicker(sp.Name)}}
-			np.ext = np.target
-			s.setPort(np)
+			s.setPort(newServedPort(sp, nodeAddrs, &Target{Picker: s.newPicker(sp.Name)}))
 			continue
 		}
 		var picker, extPicker *lb.Picker
@@ -384,8 +423,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
-		np := &servedPort{sp: sp, nodeAddrs: nodeAddrs, target: &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr}}
-		np.ext = np.target
+		np := newServedPort(sp, nodeAddrs, &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr})
 		if sp.SplitPolicy() {
 			if extPicker == nil {
 				extPicker = s.newPicker(sp.Name)
@@ -468,7 +506,8 @@ func (s *Server) openPort(p *servedPort) []error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			if fe.Role != RoleProxyPort && fe.Role != RoleExternalProxyPort { // those move to another port of the range
-				p.failed = append(p.failed, failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
+				own := p.mine()
+				own.failed = append(own.failed, failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
 				s.unserved++
 			}
 			return false
@@ -477,14 +516,15 @@ func (s *Server) openPort(p *servedPort) []error {
 		// engine listens on [::] for 0.0.0.0, and the VIP capture maps
 		// IPv4 VIPs only to IPv4 frontends.
 		fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port())
-		p.frontends = append(p.frontends, fe)
-		p.listeners = append(p.listeners, ln)
+		own := p.mine()
+		own.frontends = append(own.frontends, fe)
+		own.listeners = append(own.listeners, ln)
 		s.frontendsVersion++
 		return true
 	}
 	bind := s.bindAddress()
 	if sp.NodePort != 0 {
-		for _, a := range p.nodeAddrs {
+		for _, a := range p.nodeAddrs() {
 			open(Frontend{Service: sp.Name, Role: RoleNodePort, Addr: netip.AddrPortFrom(a, sp.NodePort)})
 		}
 	}
@@ -534,7 +574,8 @@ func (s *Server) openPort(p *servedPort) []error {
 			before := len(errs)
 			if open(Frontend{Service: sp.Name, Role: role, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
 				if port != 0 {
-					p.proxyPorts = append(p.proxyPorts, port)
+					own := p.mine()
+					own.proxyPorts = append(own.proxyPorts, port)
 				}
 				return
 			}
@@ -587,9 +628,13 @@ func (s *Server) RetryFailed() (int, error) {
 	var errs []error
 	left := 0
 	for _, p := range s.ports {
-		before := len(p.failed)
-		kept := p.failed[:0]
-		for _, f := range p.failed {
+		if p.own == nil {
+			continue
+		}
+		own := p.own
+		before := len(own.failed)
+		kept := own.failed[:0]
+		for _, f := range own.failed {
 			if now.Before(f.next) {
 				kept = append(kept, f)
 				continue
@@ -604,12 +649,12 @@ func (s *Server) RetryFailed() (int, error) {
 			}
 			fe := f.fe
 			fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port()) // as openPort
-			p.frontends = append(p.frontends, fe)
-			p.listeners = append(p.listeners, ln)
+			own.frontends = append(own.frontends, fe)
+			own.listeners = append(own.listeners, ln)
 			s.frontendsVersion++
 			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 		}
-		p.failed = kept
+		own.failed = kept
 		s.unserved += len(kept) - before
 		left += len(kept)
 	}
@@ -625,24 +670,29 @@ func (s *Server) listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (List
 }
 
 func (s *Server) closePort(p *servedPort) {
-	for _, ln := range p.listeners {
-		ln.Close()
-	}
-	if s.ProxyPorts != nil {
-		for _, port := range p.proxyPorts {
-			s.ProxyPorts.Release(port)
+	if own := p.own; own != nil {
+		for _, ln := range own.listeners {
+			ln.Close()
 		}
+		if s.ProxyPorts != nil {
+			for _, port := range own.proxyPorts {
+				s.ProxyPorts.Release(port)
+			}
+		}
+		s.unserved -= len(own.failed)
 	}
 	for _, dst := range p.captured {
 		if t := s.captured.get(dst); t != nil && (t == p.target || t == p.ext) {
 			s.captured.delete(dst)
 		}
 	}
-	s.unserved -= len(p.failed)
 	if p.frontendCount() > 0 {
 		s.frontendsVersion++
 	}
-	p.listeners, p.frontends, p.proxyPorts, p.failed, p.captured, p.capturedFEs = nil, nil, nil, nil, nil, 0
+	if p.own != nil {
+		p.own.listeners, p.own.frontends, p.own.proxyPorts, p.own.failed = nil, nil, nil, nil
+	}
+	p.captured, p.capturedFEs = nil, 0
 }
 
 // OpenCapture opens the CapturePort listener on BindAddress; from then on
