@@ -954,7 +954,7 @@ endpoints:
 			t.Fatal(err)
 		}
 		sl := objs.EndpointSlices[0]
-		if sl.src != nil {
+		if sl.rare != nil && sl.rare.src != nil {
 			t.Fatalf("node %s: the source's slice kept its decoded form", node)
 		}
 		snap, err := BuildFor(objs, node)
