@@ -408,8 +408,8 @@ func (t *proxyTrim) transform(o any) (any, error) {
 // built and checked once (controlplane.Service). A Service as a chart
 // writes it held 1 KiB as a trimmed corev1 object.
 type cachedService struct {
-	metav1.ObjectMeta // Name, Namespace and ResourceVersion only
-	svc               *controlplane.Service
+	objectName
+	svc *controlplane.Service
 	// clusterIP: kube-proxy skips a Service without one (no ports, no
 	// problem reported).
 	clusterIP bool
@@ -417,29 +417,28 @@ type cachedService struct {
 
 func newCachedService(svc *corev1.Service) *cachedService {
 	return &cachedService{
-		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace, ResourceVersion: svc.ResourceVersion},
+		objectName: nameOf(&svc.ObjectMeta),
 		svc:        controlplane.NewService(svc),
 		clusterIP:  svc.Spec.ClusterIP != "",
 	}
 }
 
 // cachedSlice is what the EndpointSlice informer keeps of a slice: the
-// names its keys are made of (the informer reads them through an
-// ObjectMeta), its last-change-trigger-time, and the slice as the build
-// reads it, parsed and checked once (controlplane.Slice), whose endpoint
-// lists the snapshot shares. A slice of 10 endpoints as the EndpointSlice
+// names its keys are made of (objectName), its last-change-trigger-time,
+// and the slice as the build reads it, parsed and checked once
+// (controlplane.Slice), whose endpoint lists the snapshot shares. A slice of 10 endpoints as the EndpointSlice
 // controller writes it held 3.3 KiB as a trimmed discoveryv1 object, and
 // the snapshot a copy of its endpoints besides (BenchmarkCachedObjectBytes).
 type cachedSlice struct {
-	metav1.ObjectMeta // Name, Namespace and ResourceVersion only
-	slice             *controlplane.Slice
-	trigger           string // endpoints.kubernetes.io/last-change-trigger-time; "" if none
-	ipv6              bool
+	objectName
+	slice   *controlplane.Slice
+	trigger string // endpoints.kubernetes.io/last-change-trigger-time; "" if none
+	ipv6    bool
 }
 
 func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
 	return &cachedSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: sl.Name, Namespace: sl.Namespace, ResourceVersion: sl.ResourceVersion},
+		objectName: nameOf(&sl.ObjectMeta),
 		slice:      controlplane.NewSliceFor(sl, nodeName),
 		trigger:    sl.Annotations[corev1.EndpointsLastChangeTriggerTime],
 		ipv6:       sl.AddressType == discoveryv1.AddressTypeIPv6,

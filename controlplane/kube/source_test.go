@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -887,5 +888,36 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 	s.indexSlice(nil, cached("loose", "", "10.0.0.3"))
 	if len(s.bySvc) != 0 {
 		t.Fatalf("a slice without the label was kept: %v", s.bySvc)
+	}
+}
+
+// What the informers cache is keyed and versioned through its objectName
+// as it was through an ObjectMeta: meta.Accessor takes it, the store's
+// key is namespace/name (also for a tombstone), and the resource version
+// that tells an update from a resync is kept; setting other metadata is
+// dropped, never a panic.
+func TestCachedObjectsAreInformerObjects(t *testing.T) {
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1", ResourceVersion: "42",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", ResourceVersion: "43"}}
+	for _, o := range []any{newCachedSlice(sl, ""), newCachedService(svc)} {
+		acc, err := meta.Accessor(o)
+		if err != nil {
+			t.Fatalf("%T: %v", o, err)
+		}
+		want := map[bool]string{true: "default/web-1", false: "default/web"}[acc.GetName() == "web-1"]
+		for _, obj := range []any{o, cache.DeletedFinalStateUnknown{Key: want, Obj: o}} {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err != nil || key != want {
+				t.Fatalf("%T: key %q, %v; want %q", obj, key, err, want)
+			}
+		}
+		if rv := acc.GetResourceVersion(); rv != map[string]string{"default/web-1": "42", "default/web": "43"}[want] {
+			t.Fatalf("%s: resource version %q", want, rv)
+		}
+		acc.SetLabels(map[string]string{"a": "b"})
+		acc.SetUID("u")
+		if acc.GetLabels() != nil || acc.GetUID() != "" || acc.GetNamespace() != "default" {
+			t.Fatalf("%s: metadata kept beyond the names: %v %q", want, acc.GetLabels(), acc.GetUID())
+		}
 	}
 }
