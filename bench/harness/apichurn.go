@@ -408,15 +408,19 @@ type arrivalWatch struct {
 	done  chan struct{}
 }
 
-// watchArrivals opens the watch from the slice's current version, so only
-// writes after it arrive.
+// watchArrivals opens the watch from the version of a list of the slice,
+// the store's version now, so only writes after it arrive. (From the
+// slice's own version, which is as old as its last change, the watch
+// ended at once with 410 Gone once thousands of other objects had been
+// written since: the API server's watch cache no longer held it.)
 func watchArrivals(ctx context.Context, client kubernetes.Interface, name string) (*arrivalWatch, error) {
-	cur, err := client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Get(ctx, name, metav1.GetOptions{})
+	sel := "metadata.name=" + name
+	cur, err := client.DiscoveryV1().EndpointSlices(apiChurnNamespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
 	if err != nil {
 		return nil, err
 	}
 	w, err := client.DiscoveryV1().EndpointSlices(apiChurnNamespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector: "metadata.name=" + name, ResourceVersion: cur.ResourceVersion})
+		FieldSelector: sel, ResourceVersion: cur.ResourceVersion})
 	if err != nil {
 		return nil, fmt.Errorf("watching EndpointSlice %s: %w", name, err)
 	}
