@@ -586,8 +586,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			before := len(errs)
 			if open(Frontend{Service: sp.Name, Role: role, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
 				if port != 0 {
-					own := p.mine()
-					own.open[len(own.open)-1].proxyPort = port // open added it last
+					p.own.open[len(p.own.open)-1].proxyPort = port // open added it last
 				}
 				return
 			}
@@ -684,12 +683,8 @@ func (s *Server) closePort(p *servedPort) {
 	if own := p.own; own != nil {
 		for _, o := range own.open {
 			o.ln.Close()
-		}
-		if s.ProxyPorts != nil {
-			for _, o := range own.open {
-				if o.proxyPort != 0 {
-					s.ProxyPorts.Release(o.proxyPort)
-				}
+			if o.proxyPort != 0 && s.ProxyPorts != nil {
+				s.ProxyPorts.Release(o.proxyPort)
 			}
 		}
 		s.unserved -= len(own.failed)

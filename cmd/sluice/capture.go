@@ -156,7 +156,7 @@ type portalCapture struct {
 	// ports with a portal at each destination (more than one: they
 	// collide, and which wins is the whole list's order).
 	byPort map[lb.ServicePortName]portalTargets
-	keys   map[portalKey]int32
+	keys   map[portals.Dest]int32
 	// The frontends' and local addresses' versions last worked out
 	// (valid when worked), and the snapshot seen last.
 	worked                bool
@@ -167,35 +167,6 @@ type portalCapture struct {
 	// partials counts the updates worked out from the changed ports
 	// alone (for tests).
 	partials int
-}
-
-// portalKey is where a portal captures: protocol, address and port. It
-// is held for every portal, so it is compact (issue 16's memory budget):
-// 20 B and no pointer, where a protocol string and a netip.AddrPort were
-// 48 B and two.
-type portalKey struct {
-	ip    [16]byte // As16
-	port  uint16
-	proto uint8 // protoCode
-	is4   bool
-}
-
-func keyOf(p portals.Portal) portalKey {
-	return portalKey{ip: p.IP.As16(), port: p.Port, proto: protoCode(p.Protocol), is4: p.IP.Is4()}
-}
-
-// protoCode tells apart the protocols a service port can have (the
-// sources admit no others).
-func protoCode(p lb.Protocol) uint8 {
-	switch p {
-	case lb.TCP:
-		return 1
-	case lb.UDP:
-		return 2
-	case lb.SCTP:
-		return 3
-	}
-	return 0
 }
 
 func newPortalCapture(fams []portalFamily, local *localAddrs, log *slog.Logger) *portalCapture {
@@ -300,14 +271,14 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLis
 		}
 	}
 	byPort := targetsByPort(fes.Frontends())
-	keys := map[portalKey]int32{}
+	keys := map[portals.Dest]int32{}
 	for name, t := range byPort {
 		ps := portalsOf(snap.Ports.Get(name), t, c.local.has)
 		if len(ps) == 0 {
 			delete(byPort, name)
 		}
 		for _, p := range ps {
-			keys[keyOf(p)]++
+			keys[portals.DestOf(p)]++
 		}
 	}
 	c.mu.Lock()
@@ -330,14 +301,14 @@ func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.Service
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var del, add []portals.Portal
-	keys := map[portalKey]int32{} // the counts of the destinations touched, after the change
+	keys := map[portals.Dest]int32{} // the counts of the destinations touched, after the change
 	for _, name := range names {
 		var was []portals.Portal
 		if t, ok := c.byPort[name]; ok {
 			was = portalsOf(prev.Ports.Get(name), t, c.local.has)
 		}
 		for _, p := range was {
-			k := keyOf(p)
+			k := portals.DestOf(p)
 			if _, ok := keys[k]; !ok {
 				keys[k] = c.keys[k]
 			}
@@ -345,7 +316,7 @@ func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.Service
 			del = append(del, p)
 		}
 		for _, p := range now[name] {
-			k := keyOf(p)
+			k := portals.DestOf(p)
 			if _, ok := keys[k]; !ok {
 				keys[k] = c.keys[k]
 			}
@@ -354,7 +325,7 @@ func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.Service
 		}
 	}
 	for k, n := range keys {
-		if n > 1 || n == 1 && !slices.ContainsFunc(add, func(p portals.Portal) bool { return keyOf(p) == k }) {
+		if n > 1 || n == 1 && !slices.ContainsFunc(add, func(p portals.Portal) bool { return portals.DestOf(p) == k }) {
 			return false, nil // collides with a port not in the change
 		}
 	}
@@ -396,9 +367,15 @@ func (c *portalCapture) allLocked() []portals.Portal {
 	if c.snap == nil {
 		return nil
 	}
+	return allPortals(c.snap, c.byPort, c.local.has)
+}
+
+// allPortals is the portals of every port of byPort in snap, redirected
+// where byPort says, by service port name.
+func allPortals(snap *lb.Snapshot, byPort map[lb.ServicePortName]portalTargets, isLocal func(netip.Addr) bool) []portals.Portal {
 	var out []portals.Portal
-	for _, n := range slices.SortedFunc(maps.Keys(c.byPort), lb.ServicePortName.Compare) {
-		out = append(out, portalsOf(c.snap.Ports.Get(n), c.byPort[n], c.local.has)...)
+	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
+		out = append(out, portalsOf(snap.Ports.Get(n), byPort[n], isLocal)...)
 	}
 	return out
 }
@@ -477,12 +454,7 @@ func targetsByPort(fes []listeners.Frontend) map[lb.ServicePortName]portalTarget
 // when it has none). An address of the other family than its proxy
 // port's listener is not captured.
 func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	byPort := targetsByPort(fes)
-	var out []portals.Portal
-	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
-		out = append(out, portalsOf(snap.Ports.Get(n), byPort[n], isLocal)...)
-	}
-	return out
+	return allPortals(snap, targetsByPort(fes), isLocal)
 }
 
 // portalsOf is portalsFor for one port (nil: gone) redirected to t.

@@ -367,9 +367,9 @@ func (s *Source) Run(ctx context.Context) error {
 // (managedFields and annotations) and 3.3 KiB after this one, a Service
 // as a chart writes it 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes). The
 // trimmed objects are then made into what the build reads (cachedSlice,
-// cachedService), 1.1 and 0.6 KiB, and the decoded ones dropped; the
-// trimming and interning still matter to those: the node names the
-// slices' endpoints keep are the interned ones.
+// cachedService), 0.7 and 0.5 KiB, and the decoded ones dropped. Of the
+// interning, what those keep is the namespaces and port names; an
+// endpoint keeps no node name or zone (lb.Endpoint has only Local).
 type proxyTrim struct {
 	node    string // the node whose endpoints the cached slices mark Local
 	mu      sync.Mutex

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,36 +42,26 @@ type nftRendered struct {
 	rules    []nftRule
 }
 
-// nftKey is a map element's key, kept compact since the applied elements
-// are held for every portal (issue 16's memory budget): 20 B, where a
-// protocol string and a netip.AddrPort were 48, and no pointer for the
-// collector to follow (BenchmarkNFTablesHeldBytesPerPortal).
-type nftKey struct {
-	ip    [16]byte // As16
-	port  uint16
-	proto uint8 // index in nftPortalMaps
-	is4   bool
+// nftKey is a map element's key: the portal's Dest, compact since the
+// applied elements are held for every portal
+// (BenchmarkNFTablesHeldBytesPerPortal).
+type nftKey = Dest
+
+// nftKeyOf is p's element's key; false when its protocol has no map.
+func nftKeyOf(p Portal) (nftKey, bool) {
+	k := DestOf(p)
+	return k, nftMapFor(k.Protocol()) != ""
 }
 
-// nftKeyOf is the key of proto's element for vip; false when proto has
-// no map.
-func nftKeyOf(proto lb.Protocol, vip netip.AddrPort) (nftKey, bool) {
-	i := slices.IndexFunc(nftPortalMaps, func(m nftPortalMap) bool { return m.proto == proto })
-	if i < 0 {
-		return nftKey{}, false
+// nftMapFor is the map of proto's portals ("" for none).
+func nftMapFor(proto lb.Protocol) string {
+	for _, m := range nftPortalMaps {
+		if m.proto == proto {
+			return m.name
+		}
 	}
-	return nftKey{ip: vip.Addr().As16(), port: vip.Port(), proto: uint8(i), is4: vip.Addr().Is4()}, true
+	return ""
 }
-
-func (k nftKey) addr() netip.Addr {
-	a := netip.AddrFrom16(k.ip)
-	if k.is4 {
-		return a.Unmap()
-	}
-	return a
-}
-
-func (k nftKey) protocol() lb.Protocol { return nftPortalMaps[k.proto].proto }
 
 type nftRule struct{ rule, comment string }
 
@@ -88,7 +77,7 @@ func renderNFT(ps []Portal, ipv6 bool) nftRendered {
 			continue
 		}
 		redirect := !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified()
-		if k, ok := nftKeyOf(p.Protocol, netip.AddrPortFrom(p.IP, p.Port)); redirect && len(p.SourceRanges) == 0 && ok {
+		if k, ok := nftKeyOf(p); redirect && len(p.SourceRanges) == 0 && ok {
 			r.elements[k] = p.To.Port()
 			continue
 		}
@@ -171,14 +160,15 @@ func writeNFTRules(tx *knftables.Transaction, rules []nftRule, ipv6 bool) {
 }
 
 func nftElement(k nftKey, port uint16) *knftables.Element {
-	return &knftables.Element{Map: nftPortalMaps[k.proto].name, Key: []string{k.addr().String(), strconv.Itoa(int(k.port))}, Value: []string{strconv.Itoa(int(port))}}
+	vip := k.AddrPort()
+	return &knftables.Element{Map: nftMapFor(k.Protocol()), Key: []string{vip.Addr().String(), strconv.Itoa(int(vip.Port()))}, Value: []string{strconv.Itoa(int(port))}}
 }
 
 func compareNFTKeys(a, b nftKey) int {
-	if c := strings.Compare(string(a.protocol()), string(b.protocol())); c != 0 {
+	if c := strings.Compare(string(a.Protocol()), string(b.Protocol())); c != 0 {
 		return c
 	}
-	return netip.AddrPortFrom(a.addr(), a.port).Compare(netip.AddrPortFrom(b.addr(), b.port))
+	return a.AddrPort().Compare(b.AddrPort())
 }
 
 // NFTables applies portals for one family: one transaction per Sync
@@ -270,7 +260,7 @@ func (c *NFTables) Change(ctx context.Context, del, add []Portal) error {
 				continue
 			}
 			redirect := !p.To.Addr().IsValid() || p.To.Addr().IsUnspecified()
-			k, ok := nftKeyOf(p.Protocol, netip.AddrPortFrom(p.IP, p.Port))
+			k, ok := nftKeyOf(p)
 			if !redirect || len(p.SourceRanges) > 0 || !ok {
 				return ErrWholeNeeded
 			}

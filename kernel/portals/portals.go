@@ -64,6 +64,45 @@ type Portal struct {
 	SourceRanges []netip.Prefix
 }
 
+// Dest is where a portal captures: its protocol, address and port, as a
+// comparable key. The sets that hold one per portal (the nftables
+// method's applied elements, the capture's collision counts) keep it in
+// 20 bytes with no pointer, where a protocol string and a netip.AddrPort
+// were 48 bytes and two (issue 16's memory budget).
+type Dest struct {
+	ip    [16]byte // As16
+	port  uint16
+	proto uint8 // index in destProtocols; 0: none of them
+	is4   bool
+}
+
+// destProtocols are the protocols a Dest tells apart (the sources admit no
+// others), at their codes.
+var destProtocols = [...]lb.Protocol{1: lb.TCP, 2: lb.UDP, 3: lb.SCTP}
+
+// DestOf is where p captures.
+func DestOf(p Portal) Dest { return destOf(p.Protocol, netip.AddrPortFrom(p.IP, p.Port)) }
+
+func destOf(proto lb.Protocol, vip netip.AddrPort) Dest {
+	d := Dest{ip: vip.Addr().As16(), port: vip.Port(), is4: vip.Addr().Is4()}
+	if i := slices.Index(destProtocols[:], proto); i > 0 {
+		d.proto = uint8(i)
+	}
+	return d
+}
+
+// Protocol is d's protocol ("" for one other than TCP, UDP and SCTP).
+func (d Dest) Protocol() lb.Protocol { return destProtocols[d.proto] }
+
+// AddrPort is d's address and port.
+func (d Dest) AddrPort() netip.AddrPort {
+	a := netip.AddrFrom16(d.ip)
+	if d.is4 {
+		a = a.Unmap()
+	}
+	return netip.AddrPortFrom(a, d.port)
+}
+
 func (p Portal) String() string {
 	return fmt.Sprintf("%s %s %s -> %s", p.Service, p.Protocol, netip.AddrPortFrom(p.IP, p.Port), p.To)
 }
