@@ -5,6 +5,7 @@ package listeners
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
@@ -137,4 +138,156 @@ func TestEventLoopListenersStayWithinTheDescriptorBudget(t *testing.T) {
 		t.Fatalf("after the closes: %v, want one socket per loop again", err)
 	}
 	ln.Close()
+}
+
+// heldUDPBackend receives datagrams and answers each only when told, so a
+// test can queue replies while the loop that relays them is held.
+type heldUDPBackend struct {
+	pc   *net.UDPConn
+	got  chan heldDatagram
+	done chan struct{}
+}
+
+type heldDatagram struct {
+	data string
+	from netip.AddrPort
+}
+
+func newHeldUDPBackend(t *testing.T) *heldUDPBackend {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &heldUDPBackend{pc: pc, got: make(chan heldDatagram, 1024), done: make(chan struct{})}
+	t.Cleanup(func() { pc.Close(); <-b.done })
+	go func() {
+		defer close(b.done)
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			b.got <- heldDatagram{string(buf[:n]), from}
+		}
+	}()
+	return b
+}
+
+// holdLoop keeps l busy until the returned release is called.
+func holdLoop(l *loop) (release func()) {
+	held, free := make(chan struct{}), make(chan struct{})
+	l.post(func() { close(held); <-free })
+	<-held
+	return func() { close(free) }
+}
+
+// Datagrams that queue while the loop is busy are relayed in batches (a
+// receive of up to 16, a run of one flow's datagrams sent up at once, a
+// flow's replies sent down at once): every one arrives, once, in order,
+// from and to the right flow, and the flows' byte counts add up.
+func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.Shutdown(ctx)
+	})
+	backend := newHeldUDPBackend(t)
+	ctr := newCounters()
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute, Counters: ctr}
+	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
+	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ln.(*elUDPListener).l
+	c1, c2 := udpClient(t), udpClient(t)
+	clients := map[string]*net.UDPConn{"a": c1, "b": c2}
+
+	// Up: a's 20, b's 5, a's 5 more, all queued before the loop reads one.
+	var sent []heldDatagram
+	release := holdLoop(l)
+	for _, burst := range []struct {
+		client string
+		from   int
+		n      int
+	}{{"a", 0, 20}, {"b", 0, 5}, {"a", 20, 5}} {
+		for i := burst.from; i < burst.from+burst.n; i++ {
+			msg := fmt.Sprintf("%s-%02d", burst.client, i)
+			if _, err := clients[burst.client].WriteToUDPAddrPort([]byte(msg), ln.Addr()); err != nil {
+				release()
+				t.Fatal(err)
+			}
+			sent = append(sent, heldDatagram{data: msg})
+		}
+	}
+	release()
+	flowOf := map[string]netip.AddrPort{} // client -> the flow's source at the backend
+	next := map[string]int{}
+	var arrived []heldDatagram
+	for range sent {
+		select {
+		case d := <-backend.got:
+			arrived = append(arrived, d)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the backend got %d of %d datagrams", len(arrived), len(sent))
+		}
+	}
+	for _, d := range arrived {
+		client, seq := d.data[:1], 0
+		fmt.Sscanf(d.data[2:], "%d", &seq)
+		if prev, ok := flowOf[client]; ok && prev != d.from {
+			t.Fatalf("%s's datagram %q came from %s, its earlier ones from %s", client, d.data, d.from, prev)
+		}
+		flowOf[client] = d.from
+		if seq != next[client] {
+			t.Fatalf("%s's datagram %d arrived when %d was due (all: %v)", client, seq, next[client], arrived)
+		}
+		next[client]++
+	}
+	if flowOf["a"] == flowOf["b"] {
+		t.Fatalf("both clients' datagrams came from one flow, %s", flowOf["a"])
+	}
+
+	// Down: every reply queued on the flows' sockets before the loop runs.
+	release = holdLoop(l)
+	for _, d := range arrived {
+		if _, err := backend.pc.WriteToUDPAddrPort([]byte("re:"+d.data), d.from); err != nil {
+			release()
+			t.Fatal(err)
+		}
+	}
+	release()
+	for name, c := range clients {
+		buf := make([]byte, 2048)
+		for i := 0; i < next[name]; i++ {
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("%s got %d of %d replies: %v", name, i, next[name], err)
+			}
+			if want := fmt.Sprintf("re:%s-%02d", name, i); string(buf[:n]) != want || from != ln.Addr() {
+				t.Fatalf("%s's reply %d was %q from %s, want %q from %s", name, i, buf[:n], from, want, ln.Addr())
+			}
+		}
+	}
+
+	// Each flow counted its own bytes: 4 B per datagram up, 7 down.
+	ln.Close()
+	totals := map[[2]uint64]int{}
+	for range 2 {
+		select {
+		case c := <-ctr.closed:
+			totals[c]++
+		case <-time.After(10 * time.Second):
+			t.Fatal("a flow never closed")
+		}
+	}
+	if totals[[2]uint64{25 * 4, 25 * 7}] != 1 || totals[[2]uint64{5 * 4, 5 * 7}] != 1 {
+		t.Fatalf("flows closed with bytes (up, down) %v, want (100, 175) and (20, 35)", totals)
+	}
 }

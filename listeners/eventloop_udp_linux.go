@@ -32,7 +32,7 @@ type udpFlow struct {
 	ln         *elUDPListener
 	fd         int
 	client     netip.AddrPort
-	clientSA   unix.Sockaddr
+	clientSA   rawSockaddr // where replies go
 	oob        []byte // pktinfo for replies from a wildcard listener
 	ep         netip.AddrPort
 	lastActive time.Time
@@ -153,21 +153,23 @@ func (ln *elUDPListener) event(ev uint32) {
 			}
 			continue // a queued ICMP error; keep reading
 		}
+		// Consecutive datagrams of one flow go up in one send; a run is
+		// sent before the next datagram's flow is looked up, which may
+		// close and replace a flow.
+		var run *udpFlow
+		start := 0
 		for i := 0; i < n; i++ {
-			if b.truncated(i) {
-				continue
-			}
 			client := b.from(i)
-			f := ln.flow(client, b.oob(i))
-			if f == nil {
+			if run != nil && client == run.client && !b.truncated(i) && ln.t.Picker.Has(run.ep) {
 				continue
 			}
-			d := b.data(i)
-			if _, err := sockSend(f.fd, d); err == nil {
-				f.up += uint64(len(d))
-				f.lastActive = l.now
+			run.sendUp(start, i)
+			run, start = nil, i
+			if !b.truncated(i) {
+				run = ln.flow(client, b.oob(i))
 			}
 		}
+		run.sendUp(start, n)
 		if n < len(b.hdrs) {
 			return // drained: the next datagram brings a new edge
 		}
@@ -213,8 +215,7 @@ func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 		ctr.Refused()
 		return nil
 	}
-	sa, _ := toSockaddr(client)
-	f := &udpFlow{ln: ln, fd: fd, client: client, clientSA: sa, ep: ep, lastActive: ln.l.now}
+	f := &udpFlow{ln: ln, fd: fd, client: client, clientSA: newRawSockaddr(client), ep: ep, lastActive: ln.l.now}
 	if ln.wildcard {
 		f.oob = pktinfoSrc(pktinfoDst(oob))
 	}
@@ -280,12 +281,9 @@ func (f *udpFlow) event(ev uint32) {
 			}
 			continue
 		}
-		for i := 0; i < n; i++ {
-			d := b.data(i)
-			if err := unix.Sendmsg(f.ln.fd, d, f.oob, f.clientSA, 0); err == nil {
-				f.down += uint64(len(d))
-				f.lastActive = l.now
-			}
+		if sent := b.send(f.ln.fd, 0, n, &f.clientSA, f.oob); sent > 0 {
+			f.down += sent
+			f.lastActive = l.now
 		}
 		if n < len(b.hdrs) {
 			return // drained
@@ -296,6 +294,28 @@ func (f *udpFlow) event(ev uint32) {
 			f.event(unix.EPOLLIN)
 		}
 	})
+}
+
+// sendUp relays datagrams [i, j) of the loop's last receive, all from f's
+// client, to f's endpoint; a lone datagram with a plain send.
+func (f *udpFlow) sendUp(i, j int) {
+	if f == nil || i == j {
+		return
+	}
+	b := f.ln.l.batch
+	var sent uint64
+	if j-i == 1 {
+		d := b.data(i)
+		if _, err := sockSend(f.fd, d); err == nil {
+			sent = uint64(len(d))
+		}
+	} else {
+		sent = b.send(f.fd, i, j, nil, nil)
+	}
+	if sent > 0 {
+		f.up += sent
+		f.lastActive = f.ln.l.now
+	}
 }
 
 func (f *udpFlow) close() {

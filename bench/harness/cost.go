@@ -370,3 +370,47 @@ func costUDPFlows(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		})
 	})
 }
+
+// udpBulkBurst and udpBulkSize shape cost-udp-bulk: bursts of this many
+// datagrams of this size, written back to back, then their echoes read.
+const (
+	udpBulkBurst = 16
+	udpBulkSize  = 1200
+)
+
+// costUDPBulk: one flow carrying bursts of udpBulkBurst datagrams of
+// udpBulkSize bytes (a media stream or a QUIC transfer's shape rather than
+// DNS's), each burst's echoes read before the next; per datagram echoed. A
+// proxy that relays one datagram per call pays a send per datagram each
+// way; one that batches pays fewer.
+func costUDPBulk(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	c, err := net.Dial("udp", in.Addr("udp").String())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	msg, buf := make([]byte, udpBulkSize), make([]byte, 2048)
+	c.Write(msg)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(buf); err != nil { // the flow exists before counting starts
+		return nil, fmt.Errorf("first datagram: %w", err)
+	}
+	return countWork(in, func() (int, error) {
+		n := 0
+		for sent := 0; sent < sz.CostUnits && ctx.Err() == nil; sent += udpBulkBurst {
+			for i := 0; i < udpBulkBurst; i++ {
+				if _, err := c.Write(msg); err != nil {
+					return n, err
+				}
+			}
+			for i := 0; i < udpBulkBurst; i++ {
+				c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+				if _, err := c.Read(buf); err != nil {
+					break // lost: the rest of the burst is not a unit
+				}
+				n++
+			}
+		}
+		return n, nil
+	})
+}

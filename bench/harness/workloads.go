@@ -93,6 +93,7 @@ func Workloads() []Workload {
 		{"cost-crr", "cost: a new connection per 64 B request, 4 clients, fixed count; per connection", "cpu_us_per_unit", true, "echo", costCRR},
 		{"cost-udp-rr", "cost: 64 B UDP request/response on one flow, fixed count; per datagram exchanged", "cpu_us_per_unit", true, "udp", costUDPRR},
 		{"cost-udp-flows", "cost: a new UDP flow per 64 B request/response (a fresh client tuple each), 4 clients, fixed count; per flow set up", "cpu_us_per_unit", true, "udp", costUDPFlows},
+		{"cost-udp-bulk", "cost: one UDP flow carrying bursts of 16 datagrams of 1,200 B, each burst's echoes read before the next, fixed count; per datagram echoed", "cpu_us_per_unit", true, "udp", costUDPBulk},
 		{"restart", "restarted 3 times under new-connection load (sluice's hand-over, HAProxy's seamless reload -x -sf)", "failed_conns", true, "echo", restartLoad},
 		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
 		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
