@@ -33,7 +33,7 @@ type udpFlow struct {
 	fd         int
 	client     netip.AddrPort
 	clientSA   rawSockaddr // where replies go
-	oob        []byte // pktinfo for replies from a wildcard listener
+	oob        []byte      // pktinfo for replies from a wildcard listener
 	ep         netip.AddrPort
 	lastActive time.Time
 	up, down   uint64
