@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-proxy/sluice/lb"
 )
@@ -184,9 +187,19 @@ func holdLoop(l *loop) (release func()) {
 
 // Datagrams that queue while the loop is busy are relayed in batches (a
 // receive of up to 16, a run of one flow's datagrams sent up at once, a
-// flow's replies sent down at once): every one arrives, once, in order,
-// from and to the right flow, and the flows' byte counts add up.
+// flow's replies sent down at once: one GSO send when they are of one
+// size, sendmmsg when not): every one arrives, once, in order, from and to
+// the right flow, and the flows' byte counts add up.
 func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pad  func(i int) int
+	}{{"one size", func(int) int { return 0 }}, {"mixed sizes", func(i int) int { return i % 3 }}} {
+		t.Run(tc.name, func(t *testing.T) { testUDPBursts(t, tc.pad) })
+	}
+}
+
+func testUDPBursts(t *testing.T, pad func(i int) int) {
 	e, err := NewEventLoop(Options{Loops: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -207,9 +220,12 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 	l := ln.(*elUDPListener).l
 	c1, c2 := udpClient(t), udpClient(t)
 	clients := map[string]*net.UDPConn{"a": c1, "b": c2}
+	message := func(client string, i int) string {
+		return fmt.Sprintf("%s-%02d", client, i) + strings.Repeat(".", pad(i))
+	}
 
 	// Up: a's 20, b's 5, a's 5 more, all queued before the loop reads one.
-	var sent []heldDatagram
+	var sent []string
 	release := holdLoop(l)
 	for _, burst := range []struct {
 		client string
@@ -217,17 +233,18 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 		n      int
 	}{{"a", 0, 20}, {"b", 0, 5}, {"a", 20, 5}} {
 		for i := burst.from; i < burst.from+burst.n; i++ {
-			msg := fmt.Sprintf("%s-%02d", burst.client, i)
+			msg := message(burst.client, i)
 			if _, err := clients[burst.client].WriteToUDPAddrPort([]byte(msg), ln.Addr()); err != nil {
 				release()
 				t.Fatal(err)
 			}
-			sent = append(sent, heldDatagram{data: msg})
+			sent = append(sent, msg)
 		}
 	}
 	release()
 	flowOf := map[string]netip.AddrPort{} // client -> the flow's source at the backend
 	next := map[string]int{}
+	want := map[string][2]uint64{} // client -> bytes up and down
 	var arrived []heldDatagram
 	for range sent {
 		select {
@@ -239,15 +256,17 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 	}
 	for _, d := range arrived {
 		client, seq := d.data[:1], 0
-		fmt.Sscanf(d.data[2:], "%d", &seq)
+		fmt.Sscanf(d.data[2:4], "%d", &seq)
 		if prev, ok := flowOf[client]; ok && prev != d.from {
 			t.Fatalf("%s's datagram %q came from %s, its earlier ones from %s", client, d.data, d.from, prev)
 		}
 		flowOf[client] = d.from
-		if seq != next[client] {
-			t.Fatalf("%s's datagram %d arrived when %d was due (all: %v)", client, seq, next[client], arrived)
+		if d.data != message(client, next[client]) {
+			t.Fatalf("%q arrived when %q was due (all: %v)", d.data, message(client, next[client]), arrived)
 		}
 		next[client]++
+		w := want[client]
+		want[client] = [2]uint64{w[0] + uint64(len(d.data)), w[1] + uint64(len(d.data)+3)}
 	}
 	if flowOf["a"] == flowOf["b"] {
 		t.Fatalf("both clients' datagrams came from one flow, %s", flowOf["a"])
@@ -270,13 +289,13 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s got %d of %d replies: %v", name, i, next[name], err)
 			}
-			if want := fmt.Sprintf("re:%s-%02d", name, i); string(buf[:n]) != want || from != ln.Addr() {
+			if want := "re:" + message(name, i); string(buf[:n]) != want || from != ln.Addr() {
 				t.Fatalf("%s's reply %d was %q from %s, want %q from %s", name, i, buf[:n], from, want, ln.Addr())
 			}
 		}
 	}
 
-	// Each flow counted its own bytes: 4 B per datagram up, 7 down.
+	// Each flow counted its own bytes.
 	ln.Close()
 	totals := map[[2]uint64]int{}
 	for range 2 {
@@ -287,7 +306,58 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 			t.Fatal("a flow never closed")
 		}
 	}
-	if totals[[2]uint64{25 * 4, 25 * 7}] != 1 || totals[[2]uint64{5 * 4, 5 * 7}] != 1 {
-		t.Fatalf("flows closed with bytes (up, down) %v, want (100, 175) and (20, 35)", totals)
+	if totals[want["a"]] != 1 || totals[want["b"]] != 1 {
+		t.Fatalf("flows closed with bytes (up, down) %v, want %v and %v", totals, want["a"], want["b"])
+	}
+}
+
+// fill puts msgs in the batch as a receive would have.
+func (b *dgramBatch) fill(msgs []string) {
+	for i, m := range msgs {
+		copy(b.bufs[i], m)
+		b.iovs[i] = unix.Iovec{Base: &b.bufs[i][0]}
+		b.hdrs[i] = mmsghdr{n: uint32(len(m))}
+	}
+}
+
+// A GSO send the kernel refuses is sent again with sendmmsg, and the flow
+// stops trying GSO. SO_NO_CHECK (no UDP checksum) is one such refusal.
+func TestUDPRelayFallsBackWhenGSOIsRefused(t *testing.T) {
+	for _, noCheck := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no-check=%v", noCheck), func(t *testing.T) {
+			rx := udpClient(t)
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if noCheck {
+				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+			if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
+				t.Fatal(err)
+			}
+			b := newDgramBatch(dgramBatchSize, 2048)
+			msgs := []string{"one-", "two-", "thr-", "fo"}
+			b.fill(msgs)
+			f := &udpFlow{ln: &elUDPListener{l: &loop{batch: b}}}
+			if sent := f.relay(fd, 0, len(msgs), nil, nil); sent != 14 {
+				t.Fatalf("relay sent %d bytes, want 14", sent)
+			}
+			if f.noGSO != noCheck {
+				t.Fatalf("noGSO = %v after a send with SO_NO_CHECK %v", f.noGSO, noCheck)
+			}
+			buf := make([]byte, 64)
+			for _, m := range msgs {
+				rx.SetReadDeadline(time.Now().Add(10 * time.Second))
+				n, err := rx.Read(buf)
+				if err != nil || string(buf[:n]) != m {
+					t.Fatalf("got %q (%v), want %q", buf[:n], err, m)
+				}
+			}
+		})
 	}
 }

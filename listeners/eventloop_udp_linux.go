@@ -37,6 +37,7 @@ type udpFlow struct {
 	ep         netip.AddrPort
 	lastActive time.Time
 	up, down   uint64
+	noGSO      bool // a GSO send was refused on this flow's path
 }
 
 func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) {
@@ -281,7 +282,7 @@ func (f *udpFlow) event(ev uint32) {
 			}
 			continue
 		}
-		if sent := b.send(f.ln.fd, 0, n, &f.clientSA, f.oob); sent > 0 {
+		if sent := f.relay(f.ln.fd, 0, n, &f.clientSA, f.oob); sent > 0 {
 			f.down += sent
 			f.lastActive = l.now
 		}
@@ -310,12 +311,32 @@ func (f *udpFlow) sendUp(i, j int) {
 			sent = uint64(len(d))
 		}
 	} else {
-		sent = b.send(f.fd, i, j, nil, nil)
+		sent = f.relay(f.fd, i, j, nil, nil)
 	}
 	if sent > 0 {
 		f.up += sent
 		f.lastActive = f.ln.l.now
 	}
+}
+
+// relay sends datagrams [i, j) of the loop's last receive, two or more of
+// one flow, on fd: as one GSO send when they are of one size and the
+// flow's path takes it, else with sendmmsg. A GSO send the kernel refuses
+// (a datagram larger than the path's MTU, a kernel before 4.18) is sent
+// the other way, and the flow stops trying GSO.
+func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
+	b := f.ln.l.batch
+	if size, ok := b.gsoSize(i, j); ok && !f.noGSO {
+		sent, err := b.sendGSO(fd, i, j, size, name, oob)
+		switch {
+		case err == nil:
+			return sent
+		case errAgain(err):
+			return 0 // the send buffer is full: dropped, as sendmmsg would
+		}
+		f.noGSO = true
+	}
+	return b.send(fd, i, j, name, oob)
 }
 
 func (f *udpFlow) close() {
