@@ -33,6 +33,10 @@ type dgramBatch struct {
 	names []unix.RawSockaddrAny
 	oobs  [][]byte
 	ctl   [128]byte // a GSO send's control messages
+
+	// A merged datagram cut back into its datagrams (sendSplit).
+	split     [groMaxSegments]mmsghdr
+	splitIovs [groMaxSegments]unix.Iovec
 }
 
 func newDgramBatch(n, size int) *dgramBatch {
@@ -45,8 +49,8 @@ func newDgramBatch(n, size int) *dgramBatch {
 	return b
 }
 
-// recv reads up to len(b.hdrs) datagrams from fd without blocking. With
-// addrs, the source address and control messages of each are kept.
+// recv reads up to len(b.hdrs) datagrams from fd without blocking, with
+// their control messages; with addrs, their source addresses too.
 func (b *dgramBatch) recv(fd int, addrs bool) (int, error) {
 	for i := range b.hdrs {
 		h := &b.hdrs[i]
@@ -58,9 +62,10 @@ func (b *dgramBatch) recv(fd int, addrs bool) (int, error) {
 		if addrs {
 			h.hdr.Name = (*byte)(unsafe.Pointer(&b.names[i]))
 			h.hdr.Namelen = uint32(unsafe.Sizeof(b.names[i]))
-			h.hdr.Control = &b.oobs[i][0]
-			h.hdr.SetControllen(len(b.oobs[i]))
 		}
+		// Control messages always: a GRO socket says so in one.
+		h.hdr.Control = &b.oobs[i][0]
+		h.hdr.SetControllen(len(b.oobs[i]))
 	}
 	for {
 		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(len(b.hdrs)), unix.MSG_DONTWAIT, 0, 0)
@@ -97,8 +102,15 @@ func (b *dgramBatch) send(fd, i, j int, name *rawSockaddr, oob []byte) (bytes ui
 			h.hdr.SetControllen(len(oob))
 		}
 	}
-	for i < j {
-		r, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[i])), uintptr(j-i), unix.MSG_DONTWAIT, 0, 0)
+	return sendmmsgAll(fd, b.hdrs[i:j])
+}
+
+// sendmmsgAll sends hdrs on fd, as few sendmmsg calls as the kernel allows.
+// A datagram the kernel refuses is dropped and the next one tried; a full
+// send buffer (EAGAIN) drops the rest. It returns the bytes sent.
+func sendmmsgAll(fd int, hdrs []mmsghdr) (bytes uint64) {
+	for i := 0; i < len(hdrs); {
+		r, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdrs[i])), uintptr(len(hdrs)-i), unix.MSG_DONTWAIT, 0, 0)
 		switch {
 		case errno == unix.EINTR:
 		case errno == unix.EAGAIN:
@@ -107,10 +119,83 @@ func (b *dgramBatch) send(fd, i, j int, name *rawSockaddr, oob []byte) (bytes ui
 			i++ // refused: dropped, and the next one tried
 		default:
 			for k := i; k < i+int(r); k++ {
-				bytes += uint64(b.hdrs[k].n)
+				bytes += uint64(hdrs[k].n)
 			}
 			i += int(r)
 		}
+	}
+	return bytes
+}
+
+// groMaxSegments is how many datagrams the kernel merges into one at most
+// (UDP_GRO_CNT_MAX), and the fewest a UDP GSO send may carry on any
+// kernel that has it (UDP_MAX_SEGMENTS, 64 before Linux 6.9).
+const groMaxSegments = 64
+
+// enableGRO asks the kernel to hand fd a run of one flow's datagrams as one
+// buffer (UDP_GRO, Linux 5.0), as it arrives from a GSO sender or a device
+// that merged them; seg tells the size they were cut to. An older kernel
+// says no, and datagrams come one by one as before.
+func enableGRO(fd int) {
+	unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1)
+}
+
+// seg is datagram i's GRO segment size: when the kernel merged a run of
+// datagrams into it, the size of each (the last may be shorter); 0 when it
+// is one datagram.
+func (b *dgramBatch) seg(i int) int {
+	oob := b.oobs[i][:b.hdrs[i].hdr.Controllen]
+	for len(oob) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		if h.Len < unix.SizeofCmsghdr || int(h.Len) > len(oob) {
+			return 0
+		}
+		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && int(h.Len) >= unix.CmsgLen(4) {
+			return int(*(*int32)(unsafe.Pointer(&oob[unix.CmsgLen(0)])))
+		}
+		oob = oob[min(unix.CmsgSpace(int(h.Len)-unix.CmsgLen(0)), len(oob)):]
+	}
+	return 0
+}
+
+// merged reports whether any of datagrams [i, j) holds several.
+func (b *dgramBatch) merged(i, j int) bool {
+	for k := i; k < j; k++ {
+		if g := b.seg(k); g > 0 && int(b.hdrs[k].n) > g {
+			return true
+		}
+	}
+	return false
+}
+
+// sendSplit sends datagrams [i, j) as send does, cutting each merged one
+// back into the datagrams it was made of (the path to the destination
+// refused GSO). name and oob are as for send.
+func (b *dgramBatch) sendSplit(fd, i, j int, name *rawSockaddr, oob []byte) (bytes uint64) {
+	for k := i; k < j; k++ {
+		g, n := b.seg(k), int(b.hdrs[k].n)
+		if g <= 0 || n <= g {
+			bytes += b.send(fd, k, k+1, name, oob)
+			continue
+		}
+		hdrs, iovs := b.split[:0], b.splitIovs[:0]
+		for off := 0; off < n && len(hdrs) < len(b.split); off += g {
+			iovs = append(iovs, unix.Iovec{Base: &b.bufs[k][off]})
+			iovs[len(iovs)-1].SetLen(min(g, n-off))
+			h := mmsghdr{}
+			h.hdr.Iov = &iovs[len(iovs)-1]
+			h.hdr.SetIovlen(1)
+			if name != nil {
+				h.hdr.Name = (*byte)(unsafe.Pointer(&name.raw))
+				h.hdr.Namelen = name.len
+			}
+			if len(oob) > 0 {
+				h.hdr.Control = &oob[0]
+				h.hdr.SetControllen(len(oob))
+			}
+			hdrs = append(hdrs, h)
+		}
+		bytes += sendmmsgAll(fd, hdrs)
 	}
 	return bytes
 }
@@ -120,22 +205,35 @@ func (b *dgramBatch) send(fd, i, j int, name *rawSockaddr, oob []byte) (bytes ui
 const gsoMaxPayload = 65507
 
 // gsoSize reports whether datagrams [i, j) of the last recv can go as one
-// UDP GSO send (UDP_SEGMENT, Linux 4.18): two or more, each of one size
-// but the last, which may be shorter, and no more than a payload in all.
+// UDP GSO send (UDP_SEGMENT, Linux 4.18): two or more datagrams in all,
+// each of one size but the last, which may be shorter, and no more than a
+// payload. A merged datagram (GRO) counts as the datagrams it was made of.
 // The kernel cuts the one buffer back into the same datagrams.
 func (b *dgramBatch) gsoSize(i, j int) (int, bool) {
-	if j-i < 2 {
+	size := b.seg(i)
+	if size <= 0 {
+		size = int(b.hdrs[i].n)
+	}
+	if size == 0 {
 		return 0, false
 	}
-	size, total := int(b.hdrs[i].n), 0
+	total, segs := 0, 0
 	for k := i; k < j; k++ {
-		n := int(b.hdrs[k].n)
-		if n == 0 || n > size || (n < size && k != j-1) {
+		n, g, last := int(b.hdrs[k].n), b.seg(k), k == j-1
+		switch {
+		case g > 0 && n > g: // merged: g-sized datagrams, the last maybe shorter
+			if g != size || (n%g != 0 && !last) {
+				return 0, false
+			}
+			segs += (n + g - 1) / g
+		case n == 0 || n > size || (n < size && !last):
 			return 0, false
+		default:
+			segs++
 		}
 		total += n
 	}
-	return size, total <= gsoMaxPayload
+	return size, segs >= 2 && segs <= groMaxSegments && total <= gsoMaxPayload
 }
 
 // sendGSO sends datagrams [i, j), which gsoSize passed, in one sendmsg

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -311,53 +312,183 @@ func testUDPBursts(t *testing.T, pad func(i int) int) {
 	}
 }
 
-// fill puts msgs in the batch as a receive would have.
-func (b *dgramBatch) fill(msgs []string) {
+// fill puts msgs in the batch as a receive would have; a message with a
+// GRO size came merged from datagrams of that size.
+func (b *dgramBatch) fill(msgs []string, gro []int) {
 	for i, m := range msgs {
 		copy(b.bufs[i], m)
 		b.iovs[i] = unix.Iovec{Base: &b.bufs[i][0]}
 		b.hdrs[i] = mmsghdr{n: uint32(len(m))}
+		if gro != nil && gro[i] > 0 {
+			b.hdrs[i].hdr.SetControllen(copy(b.oobs[i], groCmsg(gro[i])))
+		}
 	}
 }
 
-// A GSO send the kernel refuses is sent again with sendmmsg, and the flow
-// stops trying GSO. SO_NO_CHECK (no UDP checksum) is one such refusal.
+// A GSO send the kernel refuses is sent again with sendmmsg, a merged
+// datagram cut back into the datagrams it was made of, and the flow stops
+// trying GSO. SO_NO_CHECK (no UDP checksum) is one such refusal.
 func TestUDPRelayFallsBackWhenGSOIsRefused(t *testing.T) {
-	for _, noCheck := range []bool{false, true} {
-		t.Run(fmt.Sprintf("no-check=%v", noCheck), func(t *testing.T) {
-			rx := udpClient(t)
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer unix.Close(fd)
-			if noCheck {
-				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+	for _, in := range []struct {
+		name string
+		msgs []string
+		gro  []int
+		want []string
+	}{
+		{"datagrams", []string{"one-", "two-", "thr-", "fo"}, nil, []string{"one-", "two-", "thr-", "fo"}},
+		{"merged", []string{"one-two-", "thr-fo"}, []int{4, 4}, []string{"one-", "two-", "thr-", "fo"}},
+	} {
+		for _, noCheck := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/no-check=%v", in.name, noCheck), func(t *testing.T) {
+				rx := udpClient(t)
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
-			if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
-				t.Fatal(err)
-			}
-			b := newDgramBatch(dgramBatchSize, 2048)
-			msgs := []string{"one-", "two-", "thr-", "fo"}
-			b.fill(msgs)
-			f := &udpFlow{ln: &elUDPListener{l: &loop{batch: b}}}
-			if sent := f.relay(fd, 0, len(msgs), nil, nil); sent != 14 {
-				t.Fatalf("relay sent %d bytes, want 14", sent)
-			}
-			if f.noGSO != noCheck {
-				t.Fatalf("noGSO = %v after a send with SO_NO_CHECK %v", f.noGSO, noCheck)
-			}
-			buf := make([]byte, 64)
-			for _, m := range msgs {
-				rx.SetReadDeadline(time.Now().Add(10 * time.Second))
-				n, err := rx.Read(buf)
-				if err != nil || string(buf[:n]) != m {
-					t.Fatalf("got %q (%v), want %q", buf[:n], err, m)
+				defer unix.Close(fd)
+				if noCheck {
+					if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
+						t.Fatal(err)
+					}
 				}
+				to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+				if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
+					t.Fatal(err)
+				}
+				b := newDgramBatch(dgramBatchSize, 2048)
+				b.fill(in.msgs, in.gro)
+				f := &udpFlow{ln: &elUDPListener{l: &loop{batch: b}}}
+				if sent := f.relay(fd, 0, len(in.msgs), nil, nil); sent != 14 {
+					t.Fatalf("relay sent %d bytes, want 14", sent)
+				}
+				if f.noGSO != noCheck {
+					t.Fatalf("noGSO = %v after a send with SO_NO_CHECK %v", f.noGSO, noCheck)
+				}
+				buf := make([]byte, 64)
+				for _, m := range in.want {
+					rx.SetReadDeadline(time.Now().Add(10 * time.Second))
+					n, err := rx.Read(buf)
+					if err != nil || string(buf[:n]) != m {
+						t.Fatalf("got %q (%v), want %q", buf[:n], err, m)
+					}
+				}
+			})
+		}
+	}
+}
+
+// gsoCmsg is a UDP_SEGMENT control message: cut what is sent every size bytes.
+func gsoCmsg(size int) []byte {
+	b := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = uint16(size)
+	return b
+}
+
+// groCmsg is the control message a GRO socket receives with a merged datagram.
+func groCmsg(size int) []byte {
+	b := make([]byte, unix.CmsgSpace(4))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_GRO
+	h.SetLen(unix.CmsgLen(4))
+	*(*int32)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = int32(size)
+	return b
+}
+
+// sendBurstGSO sends msgs (one size but the last) from c to `to` in one
+// GSO send, as a QUIC stack does.
+func sendBurstGSO(t *testing.T, c *net.UDPConn, to netip.AddrPort, msgs []string) {
+	t.Helper()
+	if _, _, err := c.WriteMsgUDPAddrPort([]byte(strings.Join(msgs, "")), gsoCmsg(len(msgs[0])), to); err != nil {
+		t.Fatalf("GSO send: %v", err)
+	}
+}
+
+// burst is n messages named after tag, each size bytes but the last.
+func burst(tag string, n, size int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		m := fmt.Sprintf("%s-%02d-", tag, i)
+		l := size
+		if i == n-1 {
+			l = size / 2
+		}
+		out = append(out, m+strings.Repeat("x", l-len(m)))
+	}
+	return out
+}
+
+// A client or an endpoint that sends its bursts with GSO: the kernel hands
+// the loop each burst merged into one buffer (UDP_GRO on the listener, and
+// on a flow's socket once it has seen a burst), which goes on as one GSO
+// send; whoever receives it without GRO gets the same datagrams, in order.
+func TestEventLoopUDPMergedBurstsArriveAsTheirDatagrams(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.Shutdown(ctx)
+	})
+	backend := newHeldUDPBackend(t)
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
+	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
+	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	c := udpClient(t)
+	read := func(what string, want []string, next func() (string, error)) {
+		t.Helper()
+		for i, w := range want {
+			got, err := next()
+			if err != nil {
+				t.Fatalf("%s: %d of %d datagrams: %v", what, i, len(want), err)
 			}
-		})
+			if got != w {
+				t.Fatalf("%s: datagram %d is %q, want %q", what, i, got, w)
+			}
+		}
+	}
+	var flow netip.AddrPort
+	fromBackend := func() (string, error) {
+		select {
+		case d := <-backend.got:
+			flow = d.from
+			return d.data, nil
+		case <-time.After(10 * time.Second):
+			return "", errors.New("timed out")
+		}
+	}
+	buf := make([]byte, 65536)
+	fromLB := func() (string, error) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(buf)
+		return string(buf[:n]), err
+	}
+	for round := 0; round < 2; round++ { // the flow's socket merges from the second
+		up := burst(fmt.Sprintf("up%d", round), 11, 100)
+		sendBurstGSO(t, c, ln.Addr(), up)
+		read(fmt.Sprintf("round %d, at the endpoint", round), up, fromBackend)
+		down := burst(fmt.Sprintf("down%d", round), 11, 100)
+		sendBurstGSO(t, backend.pc, flow, down)
+		read(fmt.Sprintf("round %d, at the client", round), down, fromLB)
+	}
+	el := ln.(*elUDPListener)
+	var listenerGRO, flowGRO, flows int
+	el.l.do(func() {
+		listenerGRO, _ = unix.GetsockoptInt(el.fd, unix.SOL_UDP, unix.UDP_GRO)
+		for _, f := range el.flows {
+			flows++
+			flowGRO, _ = unix.GetsockoptInt(f.fd, unix.SOL_UDP, unix.UDP_GRO)
+		}
+	})
+	if listenerGRO != 1 || flows != 1 || flowGRO != 1 {
+		t.Fatalf("UDP_GRO is %d on the listener and %d on the flow's socket (%d flows), want 1 and 1", listenerGRO, flowGRO, flows)
 	}
 }

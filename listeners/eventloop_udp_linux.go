@@ -38,6 +38,7 @@ type udpFlow struct {
 	lastActive time.Time
 	up, down   uint64
 	noGSO      bool // a GSO send was refused on this flow's path
+	gro        bool // its socket takes merged datagrams (enableGRO)
 }
 
 func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) {
@@ -45,6 +46,7 @@ func (e *EventLoop) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 	if err != nil {
 		return nil, err
 	}
+	enableGRO(fd)
 	wildcard := addr.Addr().IsUnspecified()
 	if wildcard {
 		if err := enablePktinfo(uintptr(fd), addr.Addr().Is6()); err != nil {
@@ -282,6 +284,13 @@ func (f *udpFlow) event(ev uint32) {
 			}
 			continue
 		}
+		if n > 1 && !f.gro {
+			// A burst: the endpoint may send more like it, which the
+			// kernel can then hand over merged. A flow of one exchange
+			// never pays the setsockopt.
+			enableGRO(f.fd)
+			f.gro = true
+		}
 		if sent := f.relay(f.ln.fd, 0, n, &f.clientSA, f.oob); sent > 0 {
 			f.down += sent
 			f.lastActive = l.now
@@ -305,7 +314,7 @@ func (f *udpFlow) sendUp(i, j int) {
 	}
 	b := f.ln.l.batch
 	var sent uint64
-	if j-i == 1 {
+	if j-i == 1 && b.seg(i) == 0 {
 		d := b.data(i)
 		if _, err := sockSend(f.fd, d); err == nil {
 			sent = uint64(len(d))
@@ -319,8 +328,8 @@ func (f *udpFlow) sendUp(i, j int) {
 	}
 }
 
-// relay sends datagrams [i, j) of the loop's last receive, two or more of
-// one flow, on fd: as one GSO send when they are of one size and the
+// relay sends datagrams [i, j) of the loop's last receive, of one flow
+// (two or more, or one the kernel merged from several), on fd: as one GSO send when they are of one size and the
 // flow's path takes it, else with sendmmsg. A GSO send the kernel refuses
 // (a datagram larger than the path's MTU, a kernel before 4.18) is sent
 // the other way, and the flow stops trying GSO.
@@ -335,6 +344,9 @@ func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
 			return 0 // the send buffer is full: dropped, as sendmmsg would
 		}
 		f.noGSO = true
+	}
+	if b.merged(i, j) {
+		return b.sendSplit(fd, i, j, name, oob)
 	}
 	return b.send(fd, i, j, name, oob)
 }

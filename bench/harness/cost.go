@@ -4,6 +4,7 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The cost workloads do a fixed amount of work through a system while
@@ -382,35 +386,63 @@ const (
 // udpBulkSize bytes (a media stream or a QUIC transfer's shape rather than
 // DNS's), each burst's echoes read before the next; per datagram echoed. A
 // proxy that relays one datagram per call pays a send per datagram each
-// way; one that batches pays fewer.
-func costUDPBulk(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
-	c, err := net.Dial("udp", in.Addr("udp").String())
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	msg, buf := make([]byte, udpBulkSize), make([]byte, 2048)
-	c.Write(msg)
-	c.SetReadDeadline(time.Now().Add(time.Second))
-	if _, err := c.Read(buf); err != nil { // the flow exists before counting starts
-		return nil, fmt.Errorf("first datagram: %w", err)
-	}
-	return countWork(in, func() (int, error) {
-		n := 0
-		for sent := 0; sent < sz.CostUnits && ctx.Err() == nil; sent += udpBulkBurst {
+// way; one that batches pays fewer. With gso the client sends each burst
+// in one UDP GSO send, as QUIC stacks do, so a proxy that takes merged
+// datagrams (UDP_GRO) gets the burst as one buffer.
+func costUDPBulk(gso bool) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+		c, err := net.Dial("udp", in.Addr("udp").String())
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		uc := c.(*net.UDPConn)
+		msg, buf := make([]byte, udpBulkSize), make([]byte, 2048)
+		c.Write(msg)
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := c.Read(buf); err != nil { // the flow exists before counting starts
+			return nil, fmt.Errorf("first datagram: %w", err)
+		}
+		burst := bytes.Repeat(msg, udpBulkBurst)
+		oob := udpSegmentCmsg(udpBulkSize)
+		send := func() error {
+			if gso {
+				_, _, err := uc.WriteMsgUDP(burst, oob, nil)
+				return err
+			}
 			for i := 0; i < udpBulkBurst; i++ {
 				if _, err := c.Write(msg); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return countWork(in, func() (int, error) {
+			n := 0
+			for sent := 0; sent < sz.CostUnits && ctx.Err() == nil; sent += udpBulkBurst {
+				if err := send(); err != nil {
 					return n, err
 				}
-			}
-			for i := 0; i < udpBulkBurst; i++ {
-				c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-				if _, err := c.Read(buf); err != nil {
-					break // lost: the rest of the burst is not a unit
+				for i := 0; i < udpBulkBurst; i++ {
+					c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+					if _, err := c.Read(buf); err != nil {
+						break // lost: the rest of the burst is not a unit
+					}
+					n++
 				}
-				n++
 			}
-		}
-		return n, nil
-	})
+			return n, nil
+		})
+	}
+}
+
+// udpSegmentCmsg is a UDP_SEGMENT control message: the kernel cuts what is
+// sent with it into datagrams of size bytes.
+func udpSegmentCmsg(size int) []byte {
+	b := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = uint16(size)
+	return b
 }
