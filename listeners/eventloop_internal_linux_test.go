@@ -492,3 +492,49 @@ func TestEventLoopUDPMergedBurstsArriveAsTheirDatagrams(t *testing.T) {
 		t.Fatalf("UDP_GRO is %d on the listener and %d on the flow's socket (%d flows), want 1 and 1", listenerGRO, flowGRO, flows)
 	}
 }
+
+// The goroutine engine reads a datagram at a time, so when it takes a UDP
+// socket over from an event loop (which turned UDP_GRO on), it turns it off:
+// a GSO burst still reaches the endpoint as its datagrams.
+func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
+	socks := &heldSockets{}
+	backend := newHeldUDPBackend(t)
+	target := func() *Target {
+		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
+		tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
+		return tg
+	}
+	old, err := NewEventLoop(Options{Loops: 1, Sockets: socks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := old.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	succ, err := New(EngineGoroutine, Options{Loops: 1, Sockets: socks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer succ.Shutdown(t.Context())
+	sln, err := succ.Listen(lb.UDP, ln.Addr(), target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sln.Close() // before the shutdown: its flow would wait out its timeout
+	if err := old.Shutdown(t.Context()); err != nil { // the successor reads from here on
+		t.Fatal(err)
+	}
+	up := burst("up", 11, 100)
+	sendBurstGSO(t, udpClient(t), ln.Addr(), up)
+	for i, want := range up {
+		select {
+		case d := <-backend.got:
+			if d.data != want {
+				t.Fatalf("datagram %d at the endpoint is %d bytes (%.12q...), want %q", i, len(d.data), d.data, want[:12])
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the endpoint got %d of %d datagrams", i, len(up))
+		}
+	}
+}

@@ -51,6 +51,7 @@ func (g *Goroutine) listenUDP(addr netip.AddrPort, t *Target) (Listener, error) 
 	}
 	var pc net.PacketConn
 	for _, fd := range g.opts.sockets().Take("udp", addr) { // a predecessor's (hitless restart)
+		disableGRO(uintptr(fd)) // an event-loop predecessor's socket merges bursts
 		f := os.NewFile(uintptr(fd), "inherited UDP socket")
 		if c, err := net.FilePacketConn(f); err == nil && pc == nil {
 			pc = c

@@ -51,3 +51,10 @@ func pktinfoSrc(src netip.Addr) []byte {
 	}
 	return unix.PktInfo6(&unix.Inet6Pktinfo{Addr: src.As16()})
 }
+
+// disableGRO undoes enableGRO on a socket a predecessor may have set it on
+// (the event loop does): a listener that reads a datagram at a time must
+// not be handed a burst merged into one.
+func disableGRO(fd uintptr) {
+	unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 0)
+}

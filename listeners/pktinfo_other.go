@@ -11,3 +11,5 @@ func pktinfoDst([]byte) netip.Addr      { return netip.Addr{} }
 func pktinfoSrc(netip.Addr) []byte      { return nil }
 
 const oobSize = 0
+
+func disableGRO(uintptr) {}
