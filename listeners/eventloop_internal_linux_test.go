@@ -521,7 +521,7 @@ func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sln.Close() // before the shutdown: its flow would wait out its timeout
+	defer sln.Close()                                 // before the shutdown: its flow would wait out its timeout
 	if err := old.Shutdown(t.Context()); err != nil { // the successor reads from here on
 		t.Fatal(err)
 	}
