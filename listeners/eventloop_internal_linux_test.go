@@ -521,8 +521,10 @@ func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sln.Close()                                 // before the shutdown: its flow would wait out its timeout
-	if err := old.Shutdown(t.Context()); err != nil { // the successor reads from here on
+	// Closed before the shutdown, which would wait out its flow's timeout.
+	defer sln.Close()
+	// The old engine stops reading; the successor reads from here on.
+	if err := old.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	up := burst("up", 11, 100)
