@@ -81,11 +81,18 @@ func (p *Proc) WaitFor(timeout time.Duration, ready func() bool) bool {
 	return true
 }
 
+// Pause stops the process group (SIGSTOP) until Resume.
+func (p *Proc) Pause() { syscall.Kill(-p.PID(), syscall.SIGSTOP) }
+
+// Resume continues a paused process group.
+func (p *Proc) Resume() { syscall.Kill(-p.PID(), syscall.SIGCONT) }
+
 // Stop sends SIGTERM to the process group, then SIGKILL after grace.
 func (p *Proc) Stop(grace time.Duration) {
 	if ok, _ := p.Exited(); ok {
 		return
 	}
+	syscall.Kill(-p.PID(), syscall.SIGCONT) // a paused one would not see the TERM
 	syscall.Kill(-p.PID(), syscall.SIGTERM)
 	select {
 	case <-p.done:

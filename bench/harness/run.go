@@ -151,6 +151,15 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 				runs = append(runs, r)
 				continue
 			}
+			for _, in := range instances {
+				if Spins(in.System.Name()) && in.Proc != nil {
+					if in == p.in {
+						in.Proc.Resume()
+					} else {
+						in.Proc.Pause()
+					}
+				}
+			}
 			u0, h0, t0 := p.in.Usage(), HostBusySeconds(), time.Now()
 			wctx, cancel := context.WithTimeout(ctx, runLimit(p.w.Name))
 			m, err := p.w.Run(wctx, p.in, size)

@@ -90,6 +90,12 @@ func Systems(c Config, t *Topology) []System {
 		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-1loop", args: []string{"--event-loops=1"}}, haproxy{oneThread: true})
 }
 
+// Spins reports whether a system keeps a CPU busy while it has nothing to
+// do (HAProxy's busy-polling spins for good; sluice's --busy-poll for a
+// while after each event): the run pauses it while it is not measured, so
+// it takes no core from the others.
+func Spins(name string) bool { return strings.HasSuffix(name, "-busypoll") }
+
 // OptIn reports whether a system runs only when --systems names it.
 func OptIn(name string) bool {
 	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread") ||
