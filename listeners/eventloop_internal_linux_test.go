@@ -540,3 +540,53 @@ func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 		}
 	}
 }
+
+// On a wildcard listener a burst's replies go as one GSO send that also
+// carries the address the client used (IP_PKTINFO): every datagram of it
+// comes from that address, whole and in order.
+func TestEventLoopUDPBurstRepliesLeaveFromTheAddressTheClientUsed(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.Shutdown(ctx)
+	})
+	backend := newHeldUDPBackend(t)
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
+	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
+	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("0.0.0.0:0"), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), ln.Addr().Port())
+	c := udpClient(t)
+	if _, err := c.WriteToUDPAddrPort([]byte("hello"), to); err != nil {
+		t.Fatal(err)
+	}
+	var flow netip.AddrPort
+	select {
+	case d := <-backend.got:
+		flow = d.from
+	case <-time.After(10 * time.Second):
+		t.Fatal("the endpoint got nothing")
+	}
+	for round := 0; round < 2; round++ { // plain datagrams, then merged ones
+		down := burst(fmt.Sprintf("down%d", round), 11, 100)
+		sendBurstGSO(t, backend.pc, flow, down)
+		buf := make([]byte, 2048)
+		for i, want := range down {
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("round %d: %d of %d replies: %v", round, i, len(down), err)
+			}
+			if string(buf[:n]) != want || from != to {
+				t.Fatalf("round %d: reply %d is %.12q... from %s, want %.12q... from %s", round, i, buf[:n], from, want, to)
+			}
+		}
+	}
+}
