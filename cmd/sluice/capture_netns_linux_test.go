@@ -99,6 +99,9 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	}
 	want2("NodePort TCP", b.tries("tcp", "192.168.10.1:30080", 10))
 	want2("NodePort UDP", b.tries("udp", "192.168.10.1:30053", 10))
+	// Bursts sent with GSO (merged on the way in, relayed as GSO, NATed
+	// back as one): every datagram whole, in order, from the address asked.
+	want2("NodePort UDP bursts", b.tries("udp-burst", "192.168.10.1:30053", 6))
 	if method == "none" {
 		// Nothing captured: the packets follow the node's route into the
 		// backend namespace, which does not forward them.
@@ -110,6 +113,7 @@ func userspaceCaptureInNetns(t *testing.T, method, backend string, env, logLine 
 	} else {
 		want2("ClusterIP TCP", b.tries("tcp", "10.96.0.10:80", 10))
 		want2("ClusterIP UDP", b.tries("udp", "10.96.0.10:53", 10))
+		want2("ClusterIP UDP bursts", b.tries("udp-burst", "10.96.0.10:53", 6))
 		want2("externalIP TCP", b.tries("tcp", "203.0.113.10:80", 10))
 		want2("externalIP UDP", b.tries("udp", "203.0.113.10:53", 10))
 		if d := distinct(b.tries("tcp", "10.96.0.11:80", 10)); len(d) != 1 || d["error"] > 0 {

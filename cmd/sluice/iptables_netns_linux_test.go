@@ -17,6 +17,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
 )
@@ -75,6 +78,9 @@ func runHelper() bool {
 }
 
 func clientTry(proto, addr string) string {
+	if proto == "udp-burst" {
+		return udpBurstTry(addr)
+	}
 	if proto == "udp" || strings.HasPrefix(proto, "udp@") {
 		// udp@PORT sends from a fixed source port: the same conntrack entry.
 		d := net.Dialer{}
@@ -105,6 +111,49 @@ func clientTry(proto, addr string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// udpBurstTry sends 11 datagrams (100 bytes each, the last 50) in one UDP
+// GSO send, as a QUIC stack does, and reads the 11 echoes: the answering
+// backend when every one came back whole and in order, else "error: ...".
+func udpBurstTry(addr string) string {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	defer c.Close()
+	var msgs []string
+	for i := 0; i < 11; i++ {
+		m := fmt.Sprintf("burst-%02d-", i)
+		size := 100
+		if i == 10 {
+			size = 50
+		}
+		msgs = append(msgs, m+strings.Repeat("x", size-len(m)))
+	}
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = 100
+	if _, _, err := c.(*net.UDPConn).WriteMsgUDP([]byte(strings.Join(msgs, "")), oob, nil); err != nil {
+		return "error: GSO send: " + err.Error()
+	}
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 65536)
+	var from string
+	for i, m := range msgs {
+		n, err := c.Read(buf)
+		if err != nil {
+			return fmt.Sprintf("error: echo %d of %d: %v", i, len(msgs), err)
+		}
+		name, payload, _ := strings.Cut(string(buf[:n]), "|")
+		if payload != m || from != "" && name != from {
+			return fmt.Sprintf("error: echo %d is %.20q... from %s, want %.20q... from %s", i, payload, name, m, from)
+		}
+		from = name
+	}
+	return from
 }
 
 type netnsBed struct {
