@@ -590,3 +590,52 @@ func TestEventLoopUDPBurstRepliesLeaveFromTheAddressTheClientUsed(t *testing.T) 
 		}
 	}
 }
+
+// A GSO send that fails for the socket's own reason (here an endpoint's
+// earlier ICMP refusal, reported on the next send) is sent again one by
+// one, and the flow goes on trying GSO: the path did not refuse it.
+func TestUDPRelayKeepsGSOAfterAnErrorOfTheSocket(t *testing.T) {
+	rx := udpClient(t)
+	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody on the port for a moment: the datagram sent then comes back
+	// as an ICMP port unreachable, pending on the socket.
+	rx.Close()
+	if _, err := sockSend(fd, []byte("nobody home")); err != nil {
+		t.Fatal(err)
+	}
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLERR}}
+	if n, err := unix.Poll(pfd, 10000); n != 1 || err != nil || pfd[0].Revents&unix.POLLERR == 0 {
+		t.Fatalf("no pending error on the socket (poll %d, %v, revents %#x)", n, err, pfd[0].Revents)
+	}
+	rx2, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx2.Close()
+	b := newDgramBatch(dgramBatchSize, 2048)
+	msgs := []string{"one-", "two-", "thr-", "fo"}
+	b.fill(msgs, nil)
+	f := &udpFlow{ln: &elUDPListener{l: &loop{batch: b}}}
+	if sent := f.relay(fd, 0, len(msgs), nil, nil); sent != 14 {
+		t.Fatalf("relay sent %d bytes, want 14", sent)
+	}
+	if f.noGSO {
+		t.Fatal("the flow stopped trying GSO after an error that was not GSO's")
+	}
+	buf := make([]byte, 64)
+	for _, m := range msgs {
+		rx2.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := rx2.Read(buf)
+		if err != nil || string(buf[:n]) != m {
+			t.Fatalf("got %q (%v), want %q", buf[:n], err, m)
+		}
+	}
+}

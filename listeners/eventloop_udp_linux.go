@@ -329,10 +329,12 @@ func (f *udpFlow) sendUp(i, j int) {
 }
 
 // relay sends datagrams [i, j) of the loop's last receive, of one flow
-// (two or more, or one the kernel merged from several), on fd: as one GSO send when they are of one size and the
-// flow's path takes it, else with sendmmsg. A GSO send the kernel refuses
+// (two or more, or one the kernel merged from several), on fd: as one GSO
+// send when they are of one size and the flow's path takes it, else with
+// sendmmsg. A GSO send the kernel refuses
 // (a datagram larger than the path's MTU, a kernel before 4.18) is sent
-// the other way, and the flow stops trying GSO.
+// the other way, and the flow stops trying GSO; one that fails for another
+// reason is sent the other way too, and the next burst tries GSO again.
 func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
 	b := f.ln.l.batch
 	if size, ok := b.gsoSize(i, j); ok && !f.noGSO {
@@ -342,13 +344,29 @@ func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
 			return sent
 		case errAgain(err):
 			return 0 // the send buffer is full: dropped, as sendmmsg would
+		case gsoRefused(err):
+			f.noGSO = true
 		}
-		f.noGSO = true
+		// Else an error of the socket's, such as an endpoint's earlier
+		// ICMP refusal reported on this send: the datagrams go one by one,
+		// as before GSO, and the next burst tries GSO again.
 	}
 	if b.merged(i, j) {
 		return b.sendSplit(fd, i, j, name, oob)
 	}
 	return b.send(fd, i, j, name, oob)
+}
+
+// gsoRefused reports whether a GSO send failed for being one: a segment
+// over the path's MTU or a payload over the limit (EINVAL, EMSGSIZE), a
+// device without checksum offload on an older kernel (EIO), or a kernel
+// without UDP_SEGMENT.
+func gsoRefused(err error) bool {
+	switch err {
+	case unix.EINVAL, unix.EMSGSIZE, unix.EIO, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
+		return true
+	}
+	return false
 }
 
 func (f *udpFlow) close() {
