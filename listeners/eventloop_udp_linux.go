@@ -331,10 +331,10 @@ func (f *udpFlow) sendUp(i, j int) {
 // relay sends datagrams [i, j) of the loop's last receive, of one flow
 // (two or more, or one the kernel merged from several), on fd: as one GSO
 // send when they are of one size and the flow's path takes it, else with
-// sendmmsg. A GSO send the kernel refuses
-// (a datagram larger than the path's MTU, a kernel before 4.18) is sent
-// the other way, and the flow stops trying GSO; one that fails for another
-// reason is sent the other way too, and the next burst tries GSO again.
+// sendmmsg. A GSO send the kernel refuses (a datagram larger than the
+// path's MTU, a kernel before 4.18) is sent the other way, and the flow
+// stops trying GSO, both ways; one that fails for another reason is sent
+// the other way too, and the next burst tries GSO again.
 func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
 	b := f.ln.l.batch
 	if size, ok := b.gsoSize(i, j); ok && !f.noGSO {
