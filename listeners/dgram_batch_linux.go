@@ -93,16 +93,35 @@ func (b *dgramBatch) send(fd, i, j int, name *rawSockaddr, oob []byte) (bytes ui
 		b.iovs[k].SetLen(int(h.n))
 		h.hdr = unix.Msghdr{Iov: &b.iovs[k]}
 		h.hdr.SetIovlen(1)
-		if name != nil {
-			h.hdr.Name = (*byte)(unsafe.Pointer(&name.raw))
-			h.hdr.Namelen = name.len
-		}
-		if len(oob) > 0 {
-			h.hdr.Control = &oob[0]
-			h.hdr.SetControllen(len(oob))
-		}
+		address(&h.hdr, name, oob)
 	}
 	return sendmmsgAll(fd, b.hdrs[i:j])
+}
+
+// address makes m go to name (nil: the socket is connected) with ctl as
+// its control messages.
+func address(m *unix.Msghdr, name *rawSockaddr, ctl []byte) {
+	if name != nil {
+		m.Name = (*byte)(unsafe.Pointer(&name.raw))
+		m.Namelen = name.len
+	}
+	if len(ctl) > 0 {
+		m.Control = &ctl[0]
+		m.SetControllen(len(ctl))
+	}
+}
+
+// appendUDPSegment appends a UDP_SEGMENT control message to ctl: the
+// kernel cuts what is sent with it into datagrams of size bytes. Within
+// ctl's capacity it does not allocate.
+func appendUDPSegment(ctl []byte, size int) []byte {
+	at := len(ctl)
+	ctl = append(ctl, make([]byte, unix.CmsgSpace(2))...)
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[at]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&ctl[at+unix.CmsgLen(0)])) = uint16(size)
+	return ctl
 }
 
 // sendmmsgAll sends hdrs on fd, as few sendmmsg calls as the kernel allows.
@@ -185,14 +204,7 @@ func (b *dgramBatch) sendSplit(fd, i, j int, name *rawSockaddr, oob []byte) (byt
 			h := mmsghdr{}
 			h.hdr.Iov = &iovs[len(iovs)-1]
 			h.hdr.SetIovlen(1)
-			if name != nil {
-				h.hdr.Name = (*byte)(unsafe.Pointer(&name.raw))
-				h.hdr.Namelen = name.len
-			}
-			if len(oob) > 0 {
-				h.hdr.Control = &oob[0]
-				h.hdr.SetControllen(len(oob))
-			}
+			address(&h.hdr, name, oob)
 			hdrs = append(hdrs, h)
 		}
 		bytes += sendmmsgAll(fd, hdrs)
@@ -241,27 +253,16 @@ func (b *dgramBatch) gsoSize(i, j int) (int, bool) {
 // the burst instead of one per datagram. name and oob are as for send.
 // Nothing is sent when it fails; the caller may send them one by one.
 func (b *dgramBatch) sendGSO(fd, i, j, size int, name *rawSockaddr, oob []byte) (uint64, error) {
-	seg := unix.CmsgSpace(2)
-	if len(oob)+seg > len(b.ctl) {
+	if len(oob)+unix.CmsgSpace(2) > len(b.ctl) {
 		return 0, unix.ENOBUFS
 	}
 	for k := i; k < j; k++ {
 		b.iovs[k].SetLen(int(b.hdrs[k].n))
 	}
-	ctl := b.ctl[:len(oob)+seg]
-	copy(ctl, oob)
-	clear(ctl[len(oob):])
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[len(oob)]))
-	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
-	h.SetLen(unix.CmsgLen(2))
-	*(*uint16)(unsafe.Pointer(&ctl[len(oob)+unix.CmsgLen(0)])) = uint16(size)
-	msg := unix.Msghdr{Iov: &b.iovs[i], Control: &ctl[0]}
+	ctl := appendUDPSegment(append(b.ctl[:0], oob...), size)
+	msg := unix.Msghdr{Iov: &b.iovs[i]}
 	msg.SetIovlen(j - i)
-	msg.SetControllen(len(ctl))
-	if name != nil {
-		msg.Name = (*byte)(unsafe.Pointer(&name.raw))
-		msg.Namelen = name.len
-	}
+	address(&msg, name, ctl)
 	for {
 		r, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT)
 		if errno == unix.EINTR {

@@ -178,6 +178,51 @@ func newHeldUDPBackend(t *testing.T) *heldUDPBackend {
 	return b
 }
 
+// target is a target of one endpoint, the backend, whose flows idle out
+// only after a minute: tests hold the loop for a while.
+func (b *heldUDPBackend) target() *Target {
+	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
+	tg.Picker.SetEndpoints([]netip.AddrPort{b.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
+	return tg
+}
+
+// listenUDPOnOneLoop is a UDP listener on addr for tg, on an event loop of
+// one loop; both end with the test, the listener first (an open flow would
+// hold the shutdown to its deadline).
+func listenUDPOnOneLoop(t *testing.T, addr string, tg *Target) *elUDPListener {
+	t.Helper()
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.Shutdown(ctx)
+	})
+	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort(addr), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.(*elUDPListener)
+}
+
+// connectedUDP is a non-blocking UDP socket connected to `to`, closed
+// with the test.
+func connectedUDP(t *testing.T, to netip.AddrPort) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
 // holdLoop keeps l busy until the returned release is called.
 func holdLoop(l *loop) (release func()) {
 	held, free := make(chan struct{}), make(chan struct{})
@@ -201,24 +246,12 @@ func TestEventLoopUDPBurstsRelayWholeAndInOrder(t *testing.T) {
 }
 
 func testUDPBursts(t *testing.T, pad func(i int) int) {
-	e, err := NewEventLoop(Options{Loops: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	})
 	backend := newHeldUDPBackend(t)
 	ctr := newCounters()
-	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute, Counters: ctr}
-	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
-	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := ln.(*elUDPListener).l
+	tg := backend.target()
+	tg.Counters = ctr
+	ln := listenUDPOnOneLoop(t, "127.0.0.1:0", tg)
+	l := ln.l
 	c1, c2 := udpClient(t), udpClient(t)
 	clients := map[string]*net.UDPConn{"a": c1, "b": c2}
 	message := func(client string, i int) string {
@@ -341,19 +374,11 @@ func TestUDPRelayFallsBackWhenGSOIsRefused(t *testing.T) {
 		for _, noCheck := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/no-check=%v", in.name, noCheck), func(t *testing.T) {
 				rx := udpClient(t)
-				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer unix.Close(fd)
+				fd := connectedUDP(t, rx.LocalAddr().(*net.UDPAddr).AddrPort())
 				if noCheck {
 					if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_NO_CHECK, 1); err != nil {
 						t.Fatal(err)
 					}
-				}
-				to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
-				if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
-					t.Fatal(err)
 				}
 				b := newDgramBatch(dgramBatchSize, 2048)
 				b.fill(in.msgs, in.gro)
@@ -377,16 +402,6 @@ func TestUDPRelayFallsBackWhenGSOIsRefused(t *testing.T) {
 	}
 }
 
-// gsoCmsg is a UDP_SEGMENT control message: cut what is sent every size bytes.
-func gsoCmsg(size int) []byte {
-	b := make([]byte, unix.CmsgSpace(2))
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
-	h.SetLen(unix.CmsgLen(2))
-	*(*uint16)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = uint16(size)
-	return b
-}
-
 // groCmsg is the control message a GRO socket receives with a merged datagram.
 func groCmsg(size int) []byte {
 	b := make([]byte, unix.CmsgSpace(4))
@@ -401,7 +416,7 @@ func groCmsg(size int) []byte {
 // GSO send, as a QUIC stack does.
 func sendBurstGSO(t *testing.T, c *net.UDPConn, to netip.AddrPort, msgs []string) {
 	t.Helper()
-	if _, _, err := c.WriteMsgUDPAddrPort([]byte(strings.Join(msgs, "")), gsoCmsg(len(msgs[0])), to); err != nil {
+	if _, _, err := c.WriteMsgUDPAddrPort([]byte(strings.Join(msgs, "")), appendUDPSegment(nil, len(msgs[0])), to); err != nil {
 		t.Fatalf("GSO send: %v", err)
 	}
 }
@@ -425,23 +440,8 @@ func burst(tag string, n, size int) []string {
 // on a flow's socket once it has seen a burst), which goes on as one GSO
 // send; whoever receives it without GRO gets the same datagrams, in order.
 func TestEventLoopUDPMergedBurstsArriveAsTheirDatagrams(t *testing.T) {
-	e, err := NewEventLoop(Options{Loops: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	})
 	backend := newHeldUDPBackend(t)
-	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
-	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
-	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), tg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenUDPOnOneLoop(t, "127.0.0.1:0", backend.target())
 	c := udpClient(t)
 	read := func(what string, want []string, next func() (string, error)) {
 		t.Helper()
@@ -479,7 +479,7 @@ func TestEventLoopUDPMergedBurstsArriveAsTheirDatagrams(t *testing.T) {
 		sendBurstGSO(t, backend.pc, flow, down)
 		read(fmt.Sprintf("round %d, at the client", round), down, fromLB)
 	}
-	el := ln.(*elUDPListener)
+	el := ln
 	var listenerGRO, flowGRO, flows int
 	el.l.do(func() {
 		listenerGRO, _ = unix.GetsockoptInt(el.fd, unix.SOL_UDP, unix.UDP_GRO)
@@ -499,16 +499,11 @@ func TestEventLoopUDPMergedBurstsArriveAsTheirDatagrams(t *testing.T) {
 func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 	socks := &heldSockets{}
 	backend := newHeldUDPBackend(t)
-	target := func() *Target {
-		tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
-		tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
-		return tg
-	}
 	old, err := NewEventLoop(Options{Loops: 1, Sockets: socks})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := old.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), target())
+	ln, err := old.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), backend.target())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +512,7 @@ func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer succ.Shutdown(t.Context())
-	sln, err := succ.Listen(lb.UDP, ln.Addr(), target())
+	sln, err := succ.Listen(lb.UDP, ln.Addr(), backend.target())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,23 +540,8 @@ func TestGoroutineEngineTakesOverAGROSocketUnmerged(t *testing.T) {
 // carries the address the client used (IP_PKTINFO): every datagram of it
 // comes from that address, whole and in order.
 func TestEventLoopUDPBurstRepliesLeaveFromTheAddressTheClientUsed(t *testing.T) {
-	e, err := NewEventLoop(Options{Loops: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	})
 	backend := newHeldUDPBackend(t)
-	tg := &Target{Picker: lb.NewPicker(nil, lb.DefaultEjectionPolicy()), Retry: defaultRetry(), UDPTimeout: time.Minute}
-	tg.Picker.SetEndpoints([]netip.AddrPort{backend.pc.LocalAddr().(*net.UDPAddr).AddrPort()})
-	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort("0.0.0.0:0"), tg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenUDPOnOneLoop(t, "0.0.0.0:0", backend.target())
 	to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), ln.Addr().Port())
 	c := udpClient(t)
 	if _, err := c.WriteToUDPAddrPort([]byte("hello"), to); err != nil {
@@ -597,14 +577,7 @@ func TestEventLoopUDPBurstRepliesLeaveFromTheAddressTheClientUsed(t *testing.T) 
 func TestUDPRelayKeepsGSOAfterAnErrorOfTheSocket(t *testing.T) {
 	rx := udpClient(t)
 	to := rx.LocalAddr().(*net.UDPAddr).AddrPort()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()}); err != nil {
-		t.Fatal(err)
-	}
+	fd := connectedUDP(t, to)
 	// Nobody on the port for a moment: the datagram sent then comes back
 	// as an ICMP port unreachable, pending on the socket.
 	rx.Close()

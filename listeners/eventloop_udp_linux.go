@@ -337,7 +337,11 @@ func (f *udpFlow) sendUp(i, j int) {
 // the other way too, and the next burst tries GSO again.
 func (f *udpFlow) relay(fd, i, j int, name *rawSockaddr, oob []byte) uint64 {
 	b := f.ln.l.batch
-	if size, ok := b.gsoSize(i, j); ok && !f.noGSO {
+	size, ok := 0, false
+	if !f.noGSO { // not worked out once the path refused GSO
+		size, ok = b.gsoSize(i, j)
+	}
+	if ok {
 		sent, err := b.sendGSO(fd, i, j, size, name, oob)
 		switch {
 		case err == nil:
