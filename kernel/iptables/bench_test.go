@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/lb"
@@ -130,3 +131,48 @@ func BenchmarkSync(b *testing.B) {
 type restoresTakenAsDone struct{ Runner }
 
 func (restoresTakenAsDone) Restore([]byte) error { return nil }
+
+// BenchmarkProxierHeldBytesPerPort is what the iptables proxier keeps per
+// service port (10 endpoints each) once a full sync of 10,000 has applied,
+// and once a partial sync from a delta has followed it: its port cache,
+// fingerprints and order, which the next partial sync starts from (issue
+// 16's memory budget). The Fake's copy of the tables is not counted.
+func BenchmarkProxierHeldBytesPerPort(b *testing.B) {
+	const n = 10000
+	snap := bigSnapshot(n)
+	one := *snap.Sorted()[n/2]
+	one.Endpoints = one.Endpoints[1:]
+	var full, partial float64
+	for b.Loop() {
+		cur := &lb.Snapshot{Ports: snap.Ports, ID: 1}
+		before := heldHeap()
+		f := NewFake()
+		p := &Proxier{Runner: f, Options: opts()}
+		if err := p.Sync(cur); err != nil {
+			b.Fatal(err)
+		}
+		p.Runner = restoresTakenAsDone{}
+		f = nil
+		full = float64(heldHeap()-before) / n
+		next := cur.With(map[lb.ServicePortName]*lb.ServicePort{one.Name: &one}, nil)
+		next.ID = 2
+		if err := p.Sync(next); err != nil {
+			b.Fatal(err)
+		}
+		if p.delta.deltas != 1 {
+			b.Fatal("the partial sync was not rendered from the delta")
+		}
+		partial = float64(heldHeap()-before) / n
+		runtime.KeepAlive(p)
+		runtime.KeepAlive(next)
+	}
+	b.ReportMetric(full, "B/port-full")
+	b.ReportMetric(partial, "B/port-partial")
+}
+
+func heldHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}

@@ -24,13 +24,13 @@ type deltaState struct {
 // port's lines in the top-level chains come from the cache, in the order
 // kept, and its chains are neither listed nor compared. It writes what
 // renderPartial would write for the same sync, and changes the proxier's
-// chains, bodies, cache and order in place (a failed restore makes the
-// next sync full, which rebuilds them). False, having changed nothing,
+// bodies, cache and order in place (a failed restore makes the next sync
+// full, which rebuilds them). False, having changed nothing,
 // when snap does not say so, or when the change turns large-cluster mode
 // on or off (every port renders differently then).
 func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (rendered, bool) {
 	d := &p.delta
-	if d.snap == nil || p.applied == nil || p.chains == nil {
+	if d.snap == nil || p.applied == nil || p.cache.ports == nil {
 		return rendered{}, false
 	}
 	names, ok := snap.DeltaSince(d.snap.ID)
@@ -56,15 +56,15 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		return rendered{}, false
 	}
 
-	pr := &portsRendered{active: p.chains, bodies: p.applied, bodyRulesAll: d.bodyRulesAll}
+	// The ports' own chains are distinct by name (each is named from its
+	// port, and a KUBE-SEP from its endpoint too), so a changed port's
+	// chains are its own: only those the old ports had and the new ones
+	// have not are stale.
+	pr := &portsRendered{bodies: p.applied, bodyRulesAll: d.bodyRulesAll}
 	scratch := newPortScratch()
 	var portChains, declared, gone []string
-	chain := func(name string) {
-		if !pr.active[name] {
-			pr.active[name] = true
-			portChains = append(portChains, name)
-		}
-	}
+	chain := func(name string) { portChains = append(portChains, name) }
+	made := map[string]bool{}
 	byName := func(sp *lb.ServicePort, n lb.ServicePortName) int { return sp.Name.Compare(n) }
 	written := 0
 	for _, n := range names {
@@ -76,9 +76,6 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		if old != nil {
 			c := p.cache.ports[old]
 			delete(p.cache.ports, old)
-			for _, ch := range c.chains {
-				delete(pr.active, ch)
-			}
 			gone = append(gone, c.chains...)
 			pr.bodyRulesAll -= c.bodyRules
 		}
@@ -97,6 +94,9 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		portChains = portChains[:0]
 		c, w := pr.renderPort(sp, o, mark, pr.bodies, &portChains, chain, scratch, true)
 		p.cache.ports[sp] = c
+		for _, ch := range c.chains {
+			made[ch] = true
+		}
 		if len(c.chains) == 0 {
 			delete(pr.bodies, n)
 		}
@@ -107,7 +107,7 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 	}
 	pr.declare(declared)
 	for _, ch := range gone {
-		if !pr.active[ch] {
+		if !made[ch] {
 			pr.stale = append(pr.stale, ch)
 		}
 	}

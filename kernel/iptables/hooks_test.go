@@ -165,8 +165,8 @@ func TestRenderWritesTheHookPlan(t *testing.T) {
 		}},
 	}
 	snap := freshState(3)
-	plain := string(renderPartial(snap, opts(), nil, nil, nil, nil, hookPlan{}).data)
-	got := string(renderPartial(snap, opts(), nil, nil, nil, nil, p).data)
+	plain := string(renderPartial(snap, opts(), nil, nil, false, nil, hookPlan{}).data)
+	got := string(renderPartial(snap, opts(), nil, nil, false, nil, p).data)
 	inserts := "-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-I PREROUTING -j KUBE-SERVICES\n"
 	if !strings.HasPrefix(got, "*filter\n:KUBE-PROXY-CANARY - [0:0]\n") {
 		t.Fatalf("the filter canary is not declared after the header:\n%s", got)

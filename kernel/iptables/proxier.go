@@ -37,10 +37,12 @@ type Proxier struct {
 	// nft (Backend), else one restore; negative: one restore, always.
 	FullSyncBatch int
 
-	applied  Bodies  // nil: the next sync is full
-	top      TopSums // the top-level chains as last applied (valid with applied)
+	applied Bodies  // nil: the next sync is full
+	top     TopSums // the top-level chains as last applied (valid with applied)
+	// cache also says which per-service chains the last sync left: each
+	// port's own (a set of every chain's name, kept between syncs, was
+	// some 600 bytes per port at 10 endpoints: issue 16's memory budget).
 	cache    portCache
-	chains   map[string]bool // the per-service chains after the last sync
 	delta    deltaState
 	optsKey  string
 	lastFull time.Time
@@ -101,10 +103,6 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 		hooks = planHooks(o, tables)
 		prev = nil
 	}
-	known := p.chains // a partial sync deletes those no longer used
-	if full {
-		known = nil
-	}
 	batchRules := 0
 	if full {
 		if err := p.ensureRules(hooks.ensure); err != nil {
@@ -130,7 +128,9 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 		r, delta = p.renderDelta(snap, o, lastTop)
 	}
 	if !delta {
-		r = renderPartial(snap, o, prev, &p.cache, known, lastTop, hooks)
+		// A partial sync deletes the chains the last one left that are no
+		// longer used.
+		r = renderPartial(snap, o, prev, &p.cache, !full, lastTop, hooks)
 	}
 	data, bodies := r.data, r.bodies
 	st := SyncStats{Full: full, Bytes: len(data)}
@@ -156,7 +156,6 @@ func (p *Proxier) SyncStats(snap *lb.Snapshot) (SyncStats, error) {
 	if full {
 		p.lastFull = now
 	}
-	p.chains = r.active
 	p.delta.snap, p.delta.order, p.delta.endpoints, p.delta.bodyRulesAll = snap, r.sorted, r.endpoints, r.bodyRulesAll
 	return st, nil
 }

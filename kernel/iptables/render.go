@@ -281,7 +281,7 @@ type Bodies map[lb.ServicePortName]uint64
 // the next sync once this one is applied, and the per-service chains that
 // exist once it is.
 func RenderPartial(snap *lb.Snapshot, o Options, applied Bodies) ([]byte, Bodies, []string) {
-	r := renderPartial(snap, o, applied, nil, nil, nil, hookPlan{})
+	r := renderPartial(snap, o, applied, nil, false, nil, hookPlan{})
 	chains := make([]string, 0, len(r.active))
 	for c := range r.active {
 		chains = append(chains, c)
@@ -363,15 +363,16 @@ type portCache struct {
 }
 
 // renderPartial is RenderPartial with the proxier's port cache and, for a
-// partial sync, the per-service chains the last one left (known): those
-// not active any more are deleted, as o.ExistingNATChains' are on a full
-// sync. A map, not a list: at 10k services a partial sync listed 110k
-// chain names to find the few stale ones.
+// partial sync (known), the per-service chains the last one left, which
+// are those of the ports in the cache: those not active any more are
+// deleted, as o.ExistingNATChains' are on a full sync. Only the ports not
+// carried over as they were are looked at: at 10k services a partial
+// sync once listed 110k chain names to find the few stale ones.
 //
 // It also leaves out the top-level chains of a table whose fingerprint is
 // as in lastTop (nil: none is left out), and writes hooks' lines where
 // they go (the fingerprints leave them out).
-func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known map[string]bool, lastTop *TopSums, hooks hookPlan) rendered {
+func renderPartial(snap *lb.Snapshot, o Options, applied Bodies, cache *portCache, known bool, lastTop *TopSums, hooks hookPlan) rendered {
 	mark := o.Mark()
 	o, endpoints := o.forSnapshot(snap)
 	pr := renderPorts(snap, o, mark, endpoints, applied, cache, known)
@@ -398,12 +399,13 @@ type portsRendered struct {
 
 // renderPorts renders every port of snap, or takes it from cache when it
 // is the very port rendered and applied before.
-func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, applied Bodies, cache *portCache, known map[string]bool) *portsRendered {
+func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, applied Bodies, cache *portCache, known bool) *portsRendered {
 	pr := &portsRendered{
 		// Sized for every port's chains: an SVC, EXT and SEP per
 		// endpoint, as most ports have (a map grown from empty to 120k
-		// names was a tenth of a 10k-Service full render).
-		active: make(map[string]bool, max(len(known), len(o.ExistingNATChains), endpoints+2*snap.Ports.Len())),
+		// names was a tenth of a 10k-Service full render). It lives for
+		// the render only.
+		active: make(map[string]bool, max(len(o.ExistingNATChains), endpoints+2*snap.Ports.Len())),
 		bodies: make(Bodies, snap.Ports.Len()),
 	}
 	active := pr.active
@@ -423,8 +425,9 @@ func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, appli
 	}
 	pr.natRules.b.Grow(snap.Ports.Len() * 256)
 	pr.natChains.b.Grow(snap.Ports.Len() * 512)
-	var cached map[*lb.ServicePort]portRender
+	var cached, last map[*lb.ServicePort]portRender
 	if cache != nil {
+		last = cache.ports
 		key := o.cacheKey()
 		if cache.key == key {
 			cached = cache.ports
@@ -466,9 +469,16 @@ func renderPorts(snap *lb.Snapshot, o Options, mark string, endpoints int, appli
 			pr.stale = append(pr.stale, c)
 		}
 	}
-	for c := range known {
-		if !active[c] {
-			pr.stale = append(pr.stale, c)
+	if known {
+		for sp, c := range last {
+			if now, ok := cache.ports[sp]; ok && slices.Equal(now.chains, c.chains) {
+				continue // carried over, or rendered with the same chains
+			}
+			for _, ch := range c.chains {
+				if !active[ch] {
+					pr.stale = append(pr.stale, ch)
+				}
+			}
 		}
 	}
 	return pr
