@@ -76,7 +76,9 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		if old != nil {
 			c := p.cache.ports[old]
 			delete(p.cache.ports, old)
-			gone = append(gone, c.chains...)
+			for ch := range c.chains.all {
+				gone = append(gone, ch)
+			}
 			pr.bodyRulesAll -= c.bodyRules
 		}
 		switch {
@@ -94,7 +96,7 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		portChains = portChains[:0]
 		c, w := pr.renderPort(sp, o, mark, pr.bodies, &portChains, chain, scratch, true)
 		p.cache.ports[sp] = c
-		for _, ch := range c.chains {
+		for ch := range c.chains.all {
 			made[ch] = true
 		}
 		if len(c.chains) == 0 {

@@ -41,7 +41,7 @@ type Proxier struct {
 	top     TopSums // the top-level chains as last applied (valid with applied)
 	// cache also says which per-service chains the last sync left: each
 	// port's own (a set of every chain's name, kept between syncs, was
-	// some 600 bytes per port at 10 endpoints: issue 16's memory budget).
+	// about 700 bytes per port at 10 endpoints: issue 16's memory budget).
 	cache    portCache
 	delta    deltaState
 	optsKey  string
