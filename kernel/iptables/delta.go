@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/sluice-proxy/sluice/lb"
 )
@@ -76,7 +77,7 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		if old != nil {
 			c := p.cache.ports[old]
 			delete(p.cache.ports, old)
-			for ch := range c.chains.all {
+			for ch := range strings.FieldsSeq(c.chains) {
 				gone = append(gone, ch)
 			}
 			pr.bodyRulesAll -= c.bodyRules
@@ -96,7 +97,7 @@ func (p *Proxier) renderDelta(snap *lb.Snapshot, o Options, lastTop *TopSums) (r
 		portChains = portChains[:0]
 		c, w := pr.renderPort(sp, o, mark, pr.bodies, &portChains, chain, scratch, true)
 		p.cache.ports[sp] = c
-		for ch := range c.chains.all {
+		for ch := range strings.FieldsSeq(c.chains) {
 			made[ch] = true
 		}
 		if len(c.chains) == 0 {

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"net/netip"
-	"slices"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/lb"
@@ -25,25 +24,5 @@ func TestChainNamesHashAsKubeProxyDoes(t *testing.T) {
 	}
 	if !IsServiceChain("KUBE-SEP-X") || IsServiceChain("KUBE-SERVICES") {
 		t.Error("IsServiceChain")
-	}
-}
-
-func TestChainNamesGiveBackEachNameInOrder(t *testing.T) {
-	for _, names := range [][]string{nil, {"KUBE-SVC-A"}, {"KUBE-SVC-ABC", "KUBE-SEP-1", "KUBE-EXT-XYZ"}} {
-		var got []string
-		for c := range joinChains(names).all {
-			got = append(got, c)
-		}
-		if !slices.Equal(got, names) {
-			t.Errorf("joinChains(%q) gives back %q", names, got)
-		}
-	}
-	if joinChains(nil) != "" {
-		t.Error("no chains should be the empty string, which is what a port without chains compares equal to")
-	}
-	for c := range joinChains([]string{"A", "B", "C"}).all {
-		if c == "B" {
-			break // all must stop when asked
-		}
 	}
 }
