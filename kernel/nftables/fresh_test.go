@@ -343,3 +343,37 @@ func TestFreshTableOfAFamilyWithoutPorts(t *testing.T) {
 		}
 	}
 }
+
+// A full sync after successful ones (the hourly one) lists the table: a
+// service chain that its syncs did not make (an earlier run's, left when
+// that run's partial sync failed) is found and deleted, and the table is
+// what one transaction would write. The proxier keeps no set of the
+// table's chains between syncs.
+func TestPeriodicFullSyncListsTheTableForStaleChains(t *testing.T) {
+	for _, batch := range []int{-1, 2} {
+		fake := knftables.NewFake(knftables.IPv4Family, Table)
+		p := &Proxier{NFT: fake, Options: opts(), FullSyncBatch: batch}
+		if err := p.Sync(context.Background(), freshPorts(5)); err != nil {
+			t.Fatal(err)
+		}
+		if p.chains != nil || p.sets != nil {
+			t.Fatalf("batch %d: the proxier kept the table's chains (%d) or sets (%d) after the sync", batch, len(p.chains), len(p.sets))
+		}
+		leftover := ServiceChain(spn("gone", "old", "p"))
+		tx := fake.NewTransaction()
+		tx.Add(&knftables.Chain{Name: leftover})
+		if err := fake.Run(context.Background(), tx); err != nil {
+			t.Fatal(err)
+		}
+		p.FullSyncPeriod = time.Nanosecond
+		if st, err := p.SyncStats(context.Background(), movedPorts(5, 10)); err != nil || !st.Full {
+			t.Fatalf("batch %d: %+v %v, want a full sync", batch, st, err)
+		}
+		if fake.Table.Chains[leftover] != nil {
+			t.Fatalf("batch %d: the full sync left %s in the table", batch, leftover)
+		}
+		if got, want := normalized(fake.Dump()), oneTransaction(t, movedPorts(5, 10)); got != want {
+			t.Fatalf("batch %d: after the full sync:\n%s\nwant:\n%s", batch, got, want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -31,8 +32,9 @@ type Proxier struct {
 	// DefaultFullSyncBatch; negative: one transaction, always.
 	FullSyncBatch int
 
-	// What the table holds of the per-service objects after the last
-	// successful sync; nil: unknown (listed before the next sync).
+	// What the table holds of the per-service objects, as a full sync
+	// listed it (nil: not listed; every full sync lists it). Kept only
+	// while that sync runs.
 	chains, sets map[string]bool
 	// applied is each port's bundle as last applied (nil: the next sync
 	// is full), with the options it was rendered with.
@@ -229,8 +231,6 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		p.from, p.clusterIPRefs, p.snapID = from, cips, snap.ID
 		return SyncStats{}, nil
 	}
-	// In place, as above.
-	chains, sets := p.chains, p.sets
 	for _, a := range addIPs {
 		tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{a}})
 	}
@@ -242,12 +242,6 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		p.replaceChangedSets(tx, c.old, c.new)
 		if c.new != nil {
 			c.new.writeObjects(tx)
-			for _, ch := range c.new.chains {
-				chains[ch] = true
-			}
-			for _, st := range c.new.sets {
-				sets[st.Name] = true
-			}
 		}
 	}
 	// 2. Elements: the stale ones go, then the new ones come.
@@ -269,14 +263,14 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		}
 		using := map[string]bool{}
 		if c.new != nil {
-			for _, ch := range c.new.chains {
+			for ch := range strings.FieldsSeq(c.new.chains) {
 				using[ch] = true
 			}
 			for _, st := range c.new.sets {
 				using[st.Name] = true
 			}
 		}
-		for _, ch := range c.old.chains {
+		for ch := range strings.FieldsSeq(c.old.chains) {
 			if !using[ch] {
 				staleChains = append(staleChains, ch)
 				tx.Flush(&knftables.Chain{Name: ch})
@@ -285,20 +279,18 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		for _, st := range c.old.sets {
 			if !using[st.Name] {
 				tx.Delete(&knftables.Set{Name: st.Name})
-				delete(sets, st.Name)
 			}
 		}
 	}
 	for _, ch := range staleChains {
 		tx.Delete(&knftables.Chain{Name: ch})
-		delete(chains, ch)
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
 		p.forget() // a full sync next
 		p.snapID = 0
 		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
 	}
-	p.applied, p.chains, p.sets, p.clusterIPRefs, p.from, p.snapID = next, chains, sets, cips, from, snap.ID
+	p.applied, p.clusterIPRefs, p.from, p.snapID = next, cips, from, snap.ID
 	return SyncStats{Changed: len(changes)}, nil
 }
 
@@ -329,7 +321,7 @@ func (p *Proxier) replaceChangedSets(tx *knftables.Transaction, old, new *portBu
 	if len(changed) == 0 {
 		return
 	}
-	for _, c := range old.chains {
+	for c := range strings.FieldsSeq(old.chains) {
 		if held(p.chains, c) {
 			tx.Flush(&knftables.Chain{Name: c})
 		}
@@ -457,7 +449,11 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 
 // record records d, rendered from snap, as what the table holds.
 func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
-	p.chains, p.sets, p.applied, p.kept = d.Chains, d.Sets, d.Ports, nil
+	// The table's chains and sets are not kept: the next full sync lists
+	// them (a set of every name was some 360 bytes per port at 10
+	// endpoints, issue 16's memory budget), and a partial one knows a
+	// changed port's from its bundle.
+	p.chains, p.sets, p.applied, p.kept = nil, nil, d.Ports, nil
 	p.clusterIPRefs, p.snapID = clusterIPRefs(snap, p.Options), snap.ID
 	p.from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
 	for name, sp := range snap.Ports.All() {

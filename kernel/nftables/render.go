@@ -387,7 +387,7 @@ func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase, w
 // take records b, port name's bundle, as written.
 func (d *Desired) take(name lb.ServicePortName, b *portBundle) {
 	d.Ports[name] = b
-	for _, c := range b.chains {
+	for c := range strings.FieldsSeq(b.chains) {
 		d.Chains[c] = true
 	}
 	for _, st := range b.sets {
@@ -399,7 +399,10 @@ func (d *Desired) take(name lb.ServicePortName, b *portBundle) {
 // chains with their rules, its affinity sets, and its elements of the
 // shared sets and maps. A partial sync compares bundles by fingerprint.
 type portBundle struct {
-	chains []string
+	// chains are its chains' names, space-separated (read with
+	// strings.FieldsSeq): a []string, each name its own allocation, was
+	// issue 16's memory budget's to pay at some 12 names per port.
+	chains string
 	rules  []*knftables.Rule
 	sets   []*knftables.Set
 	elems  []*knftables.Element
@@ -415,7 +418,7 @@ func (b *portBundle) writeObjects(tx *knftables.Transaction) {
 	for _, st := range b.sets {
 		tx.Add(st)
 	}
-	for _, c := range b.chains {
+	for c := range strings.FieldsSeq(b.chains) {
 		tx.Add(&knftables.Chain{Name: c})
 		tx.Flush(&knftables.Chain{Name: c})
 	}
@@ -467,7 +470,7 @@ func (b *portBundle) deleteElements(tx *knftables.Transaction, old *portBundle) 
 
 func (b *portBundle) fingerprint() uint64 {
 	h := fnv.New64a()
-	for _, c := range b.chains {
+	for c := range strings.FieldsSeq(b.chains) {
 		h.Write([]byte("c " + c + "\n"))
 	}
 	for _, r := range b.rules {
@@ -494,8 +497,12 @@ func toAny(ss []string) []any {
 // nil when the port has nothing in this family.
 func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	b := &portBundle{}
-	defer func() { b.fp = b.fingerprint() }()
-	chain := func(c string) { b.chains = append(b.chains, c) }
+	var chains []string
+	defer func() {
+		b.chains = strings.Join(chains, " ")
+		b.fp = b.fingerprint()
+	}()
+	chain := func(c string) { chains = append(chains, c) }
 	rule := func(c string, parts ...string) {
 		b.rules = append(b.rules, &knftables.Rule{Chain: c, Rule: knftables.Concat(toAny(parts)...)})
 	}
