@@ -187,3 +187,62 @@ func TestFullSyncAfterAFailureReplacesAChangedAffinitySet(t *testing.T) {
 		}
 	}
 }
+
+// The proxier keeps an applied port's fingerprint alone (its affinity
+// sets too, when it has some) and makes its chains and elements again
+// from the port when it changes. Should that rendering not be what was
+// applied, the sync lists and rewrites the whole table instead of
+// writing a change from a wrong start.
+func TestAppliedPortsAreKeptSlimAndRemadeWhenChanged(t *testing.T) {
+	ctx := context.Background()
+	snap := movedPorts(8, 0)
+	snap.ID = 1
+	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	p := &Proxier{NFT: fake, Options: opts()}
+	if err := p.Sync(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	var slim []int // the ports with endpoints kept slim, by index in snap.Sorted()
+	for i, sp := range snap.Sorted() {
+		b := p.applied[sp.Name]
+		if whole := len(b.sets) > 0; whole == b.slimmed || b.slimmed && (b.chains != "" || b.elems != nil) {
+			t.Fatalf("%v after a full sync: %+v; want it whole only with affinity sets", sp.Name, b)
+		}
+		if b.slimmed && len(sp.Endpoints) > 0 {
+			slim = append(slim, i)
+		}
+	}
+	if len(slim) < 2 || len(slim) == len(p.applied) {
+		t.Fatalf("%d of %d ports slim; the test wants two or more, and one with affinity sets", len(slim), len(p.applied))
+	}
+	// A partial sync from the delta: the changed port is remade whole to
+	// write its change, then kept slim again.
+	moved := movedPorts(8, 10).Sorted()[slim[0]]
+	next := snap.With(map[lb.ServicePortName]*lb.ServicePort{moved.Name: moved}, nil)
+	next.ID = 2
+	if st, err := p.SyncStats(ctx, next); err != nil || st.Full || st.Changed != 1 {
+		t.Fatalf("%+v %v, want a partial sync of one port", st, err)
+	}
+	if b := p.applied[moved.Name]; !b.slimmed {
+		t.Fatalf("the changed port is kept whole: %+v", b)
+	}
+	if got, want := normalized(fake.Dump()), oneTransaction(t, next); got != want {
+		t.Fatalf("after the partial sync:\n%s\nwant:\n%s", got, want)
+	}
+	// What was applied of a port no longer renders from it (as if its
+	// rendering had changed): the next change of it makes a full sync.
+	other := next.Sorted()[slim[1]]
+	p.applied[other.Name] = &portBundle{fp: p.applied[other.Name].fp + 1, slimmed: true}
+	movedOther := movedPorts(8, 20).Sorted()[slim[1]]
+	last := next.With(map[lb.ServicePortName]*lb.ServicePort{movedOther.Name: movedOther}, nil)
+	last.ID = 3
+	if st, err := p.SyncStats(ctx, last); err != nil || !st.Full {
+		t.Fatalf("%+v %v, want a full sync", st, err)
+	}
+	if got, want := normalized(fake.Dump()), oneTransaction(t, last); got != want {
+		t.Fatalf("after the full sync:\n%s\nwant:\n%s", got, want)
+	}
+	if st, err := p.SyncStats(ctx, last); err != nil || st.Full || st.Changed != 0 {
+		t.Fatalf("%+v %v, want partial syncs again", st, err)
+	}
+}

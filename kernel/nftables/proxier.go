@@ -124,8 +124,13 @@ func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, 
 // port is, its pointer first.
 func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
 	tx := p.NFT.NewTransaction()
-	type change struct{ old, new *portBundle }
+	type change struct {
+		name     lb.ServicePortName
+		old, new *portBundle // old whole (see whole)
+	}
 	var changes []change
+	// unknown: a changed port's applied bundle could not be made whole.
+	unknown := false
 	// consider compares a port with what was applied of it, recording its
 	// bundle in next.
 	next := p.applied
@@ -133,7 +138,10 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		old := p.applied[name]
 		if sp == nil {
 			if old != nil {
-				changes = append(changes, change{old, nil})
+				if old = p.whole(name, old); old == nil {
+					unknown = true
+				}
+				changes = append(changes, change{name, old, nil})
 				delete(next, name)
 			}
 			return
@@ -153,7 +161,12 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		case b != nil && old != nil && b.fp == old.fp:
 			next[name] = old
 		default:
-			changes = append(changes, change{old, b})
+			if old != nil {
+				if old = p.whole(name, old); old == nil {
+					unknown = true
+				}
+			}
+			changes = append(changes, change{name, old, b})
 		}
 	}
 	var from map[lb.ServicePortName]*lb.ServicePort
@@ -227,6 +240,15 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 			}
 		}
 	}
+	if unknown {
+		// Not what was applied (it cannot happen unless the rendering of
+		// an unchanged port changed): the whole table is listed and
+		// written instead.
+		p.forget()
+		p.snapID = 0
+		err := p.full(ctx, snap)
+		return SyncStats{Full: true, Changed: len(p.applied)}, err
+	}
 	if len(changes) == 0 && len(addIPs) == 0 && len(delIPs) == 0 {
 		p.from, p.clusterIPRefs, p.snapID = from, cips, snap.ID
 		return SyncStats{}, nil
@@ -289,6 +311,11 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		p.forget() // a full sync next
 		p.snapID = 0
 		return SyncStats{}, fmt.Errorf("nftables transaction (%s, partial): %w", p.familyName(), err)
+	}
+	for _, c := range changes {
+		if c.new != nil {
+			next[c.name] = c.new.slim()
+		}
 	}
 	p.applied, p.clusterIPRefs, p.from, p.snapID = next, cips, from, snap.ID
 	return SyncStats{Changed: len(changes)}, nil
@@ -447,6 +474,26 @@ func (p *Proxier) rewritePorts(ctx context.Context, snap *lb.Snapshot, batch int
 	return written, nil
 }
 
+// whole is name's applied bundle b with its chains and elements: b
+// itself when it was kept whole, else b rendered again from the port it
+// was rendered from (p.from, with the same options: a partial sync runs
+// only while they are unchanged); nil when that rendering is not b.
+func (p *Proxier) whole(name lb.ServicePortName, b *portBundle) *portBundle {
+	if !b.slimmed {
+		return b
+	}
+	sp := p.from[name]
+	if sp == nil {
+		return nil
+	}
+	w := renderPort(sp, p.Options.withDefaults())
+	if w == nil || w.fp != b.fp {
+		return nil
+	}
+	w.rules = nil
+	return w
+}
+
 // record records d, rendered from snap, as what the table holds.
 func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
 	// The table's chains and sets are not kept: the next full sync lists
@@ -454,6 +501,9 @@ func (p *Proxier) record(snap *lb.Snapshot, d Desired) {
 	// endpoints, issue 16's memory budget), and a partial one knows a
 	// changed port's from its bundle.
 	p.chains, p.sets, p.applied, p.kept = nil, nil, d.Ports, nil
+	for name, b := range p.applied {
+		p.applied[name] = b.slim()
+	}
 	p.clusterIPRefs, p.snapID = clusterIPRefs(snap, p.Options), snap.ID
 	p.from = make(map[lb.ServicePortName]*lb.ServicePort, snap.Ports.Len())
 	for name, sp := range snap.Ports.All() {

@@ -407,6 +407,22 @@ type portBundle struct {
 	sets   []*knftables.Set
 	elems  []*knftables.Element
 	fp     uint64
+	// slimmed: only fp (and sets) kept, see slim.
+	slimmed bool
+}
+
+// slim is b as an applied port's bundle is kept: its fingerprint alone,
+// the rest made again from the port when a change needs it (Proxier.whole).
+// The chain names and map elements of every applied port were some 1,100
+// of the 1,640 bytes the proxier held per port at 10 endpoints (issue
+// 16's memory budget). A port with affinity sets is kept whole: a full
+// sync after a failure replaces the sets whose timeout changed from what
+// was applied, which its ports may no longer say.
+func (b *portBundle) slim() *portBundle {
+	if b == nil || b.slimmed || len(b.sets) > 0 {
+		return b
+	}
+	return &portBundle{fp: b.fp, slimmed: true}
 }
 
 // writeObjects declares the port's sets and chains, and (re)writes the
