@@ -155,8 +155,10 @@ type portalCapture struct {
 	// bytes of every port (issue 16's memory budget). keys counts the
 	// ports with a portal at each destination (more than one: they
 	// collide, and which wins is the whole list's order).
-	byPort map[lb.ServicePortName]portalTargets
+	byPort map[lb.ServicePortName]heldTargets
 	keys   map[portals.Dest]int32
+	// addrs are the addresses byPort's targets name.
+	addrs targetAddrs
 	// The frontends' and local addresses' versions last worked out
 	// (valid when worked), and the snapshot seen last.
 	worked                bool
@@ -270,10 +272,10 @@ func (c *portalCapture) after(snap *lb.Snapshot, version uint64, fes frontendLis
 			}
 		}
 	}
-	byPort := targetsByPort(fes.Frontends())
+	byPort := targetsByPort(fes.Frontends(), &c.addrs)
 	keys := map[portals.Dest]int32{}
 	for name, t := range byPort {
-		ps := portalsOf(snap.Ports.Get(name), t, c.local.has)
+		ps := portalsOf(snap.Ports.Get(name), c.addrs.get(t), c.local.has)
 		if len(ps) == 0 {
 			delete(byPort, name)
 		}
@@ -305,7 +307,7 @@ func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.Service
 	for _, name := range names {
 		var was []portals.Portal
 		if t, ok := c.byPort[name]; ok {
-			was = portalsOf(prev.Ports.Get(name), t, c.local.has)
+			was = portalsOf(prev.Ports.Get(name), c.addrs.get(t), c.local.has)
 		}
 		for _, p := range was {
 			k := portals.DestOf(p)
@@ -340,7 +342,7 @@ func (c *portalCapture) afterChanged(prev, snap *lb.Snapshot, names []lb.Service
 		if len(ps) == 0 {
 			delete(c.byPort, name)
 		} else {
-			c.byPort[name] = targets[name]
+			c.byPort[name] = c.addrs.hold(targets[name])
 		}
 	}
 	c.frontsSeen = version
@@ -367,15 +369,15 @@ func (c *portalCapture) allLocked() []portals.Portal {
 	if c.snap == nil {
 		return nil
 	}
-	return allPortals(c.snap, c.byPort, c.local.has)
+	return allPortals(c.snap, c.byPort, &c.addrs, c.local.has)
 }
 
 // allPortals is the portals of every port of byPort in snap, redirected
-// where byPort says, by service port name.
-func allPortals(snap *lb.Snapshot, byPort map[lb.ServicePortName]portalTargets, isLocal func(netip.Addr) bool) []portals.Portal {
+// where byPort says (its addresses in addrs), by service port name.
+func allPortals(snap *lb.Snapshot, byPort map[lb.ServicePortName]heldTargets, addrs *targetAddrs, isLocal func(netip.Addr) bool) []portals.Portal {
 	var out []portals.Portal
 	for _, n := range slices.SortedFunc(maps.Keys(byPort), lb.ServicePortName.Compare) {
-		out = append(out, portalsOf(snap.Ports.Get(n), byPort[n], isLocal)...)
+		out = append(out, portalsOf(snap.Ports.Get(n), addrs.get(byPort[n]), isLocal)...)
 	}
 	return out
 }
@@ -413,6 +415,63 @@ func (c *portalCapture) syncAll() error {
 // (to), and its external proxy port (eto; to when it has none).
 type portalTargets struct{ to, eto netip.AddrPort }
 
+// heldTargets are portalTargets as the capture keeps them, by port: each
+// address's IP as its index in a targetAddrs (0: no address) and its port.
+// The listeners' addresses are a few IPs (the bind address, with one
+// capture port a single address), and two netip.AddrPorts per port made
+// the capture's map of every port 128 bytes a slot (issue 16's memory
+// budget); these make it 80.
+type heldTargets struct{ to, eto heldAddr }
+
+type heldAddr struct {
+	ip   uint32
+	port uint16
+}
+
+// targetAddrs numbers the IPs portal targets name, from 1. It only grows:
+// the IPs are those listeners were bound to.
+type targetAddrs struct {
+	mu    sync.Mutex
+	ips   []netip.Addr // by number less one
+	index map[netip.Addr]uint32
+}
+
+func (a *targetAddrs) hold(t portalTargets) heldTargets {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return heldTargets{a.holdAddr(t.to), a.holdAddr(t.eto)}
+}
+
+func (a *targetAddrs) holdAddr(ap netip.AddrPort) heldAddr {
+	if !ap.IsValid() {
+		return heldAddr{}
+	}
+	ip := ap.Addr()
+	n, ok := a.index[ip]
+	if !ok {
+		if a.index == nil {
+			a.index = map[netip.Addr]uint32{}
+		}
+		a.ips = append(a.ips, ip)
+		n = uint32(len(a.ips))
+		a.index[ip] = n
+	}
+	return heldAddr{n, ap.Port()}
+}
+
+func (a *targetAddrs) get(h heldTargets) portalTargets {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return portalTargets{a.addr(h.to), a.addr(h.eto)}
+}
+
+func (a *targetAddrs) addr(h heldAddr) netip.AddrPort {
+	if h.ip == 0 {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(a.ips[h.ip-1], h.port)
+}
+
 // targetsOf is where the portals of a port with these frontends redirect
 // (to invalid: nowhere, it has no proxy port).
 func targetsOf(fes []listeners.Frontend) portalTargets {
@@ -431,18 +490,19 @@ func targetsOf(fes []listeners.Frontend) portalTargets {
 	return t
 }
 
-// targetsByPort is targetsOf for every port with a proxy port among fes.
-func targetsByPort(fes []listeners.Frontend) map[lb.ServicePortName]portalTargets {
+// targetsByPort is targetsOf for every port with a proxy port among fes,
+// its addresses held in addrs.
+func targetsByPort(fes []listeners.Frontend, addrs *targetAddrs) map[lb.ServicePortName]heldTargets {
 	byPort := map[lb.ServicePortName][]listeners.Frontend{}
 	for _, fe := range fes {
 		if fe.Role == listeners.RoleProxyPort || fe.Role == listeners.RoleExternalProxyPort {
 			byPort[fe.Service] = append(byPort[fe.Service], fe)
 		}
 	}
-	out := make(map[lb.ServicePortName]portalTargets, len(byPort))
+	out := make(map[lb.ServicePortName]heldTargets, len(byPort))
 	for name, fes := range byPort {
 		if t := targetsOf(fes); t.to.IsValid() {
-			out[name] = t
+			out[name] = addrs.hold(t)
 		}
 	}
 	return out
@@ -454,7 +514,8 @@ func targetsByPort(fes []listeners.Frontend) map[lb.ServicePortName]portalTarget
 // when it has none). An address of the other family than its proxy
 // port's listener is not captured.
 func portalsFor(snap *lb.Snapshot, fes []listeners.Frontend, isLocal func(netip.Addr) bool) []portals.Portal {
-	return allPortals(snap, targetsByPort(fes), isLocal)
+	var addrs targetAddrs
+	return allPortals(snap, targetsByPort(fes, &addrs), &addrs, isLocal)
 }
 
 // portalsOf is portalsFor for one port (nil: gone) redirected to t.

@@ -129,3 +129,32 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 		t.Fatalf("Tick after the retry: %v, %d syncs, want none more", err, fam.syncs)
 	}
 }
+
+// The capture keeps each port's targets as numbered IPs and ports: they
+// come back as they went in, an IP is numbered once, and no address stays
+// no address.
+func TestPortalTargetsAreHeldByNumberedIP(t *testing.T) {
+	var a targetAddrs
+	cases := []portalTargets{
+		{netip.MustParseAddrPort("0.0.0.0:15001"), netip.MustParseAddrPort("0.0.0.0:15001")},
+		{netip.MustParseAddrPort("0.0.0.0:40000"), netip.MustParseAddrPort("10.0.0.1:40001")},
+		{netip.MustParseAddrPort("[::]:40002"), netip.MustParseAddrPort("[::]:40002")},
+		{netip.MustParseAddrPort("0.0.0.0:40003"), netip.AddrPort{}},
+		{},
+	}
+	held := make([]heldTargets, len(cases))
+	for i, c := range cases {
+		held[i] = a.hold(c)
+	}
+	for i, c := range cases {
+		if got := a.get(held[i]); got != c {
+			t.Errorf("held %+v, got back %+v", c, got)
+		}
+	}
+	if len(a.ips) != 3 {
+		t.Errorf("%d IPs numbered (%v), want 3", len(a.ips), a.ips)
+	}
+	if held[4] != (heldTargets{}) {
+		t.Errorf("no targets held as %+v", held[4])
+	}
+}
