@@ -82,6 +82,21 @@ type usage struct {
 	rssKB                       int
 }
 
+// goroutineDump is the process's goroutines, grouped by stack, as its
+// /debug/pprof serves them (--profiling), or why it could not be read.
+func goroutineDump(metricsPort int) string {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/goroutine?debug=1", metricsPort))
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
 func measure(t *testing.T, pid, metricsPort int) usage {
 	t.Helper()
 	var u usage
@@ -150,7 +165,8 @@ func faultSuite(t *testing.T, engine string) {
 		npService{"udp", "UDP", udpNP, udpPort, false}))
 	p := start(t, "--manifests", dir, "--engine", engine, "--bind-address", "127.0.0.1",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp),
-		"--conntrack-tcp-timeout-close-wait=1s", "--udp-timeout=300ms", "--drain-timeout=1s", "--connect-budget=1s", "--manifest-max-bytes=200000")
+		"--conntrack-tcp-timeout-close-wait=1s", "--udp-timeout=300ms", "--drain-timeout=1s", "--connect-budget=1s", "--manifest-max-bytes=200000",
+		"--profiling") // for the goroutines' stacks when some are left behind
 	p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", udpNP))
 	pid := p.cmd.Process.Pid
 	addr := func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
@@ -227,7 +243,7 @@ func faultSuite(t *testing.T, engine string) {
 				return u
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: left behind %+v, baseline %+v", what, u, base)
+				t.Fatalf("%s: left behind %+v, baseline %+v; goroutines:\n%s", what, u, base, goroutineDump(mp))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}

@@ -1,14 +1,20 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sluice-proxy/sluice/lb"
 )
 
 // controllerSlice is an EndpointSlice as Kubernetes' EndpointSlice
@@ -116,4 +122,38 @@ func liveHeap() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// BenchmarkSourceHeldBytesPerService is what the API source holds per
+// Service of one port and an EndpointSlice of 10 endpoints once its
+// initial list is published, the snapshot included: the informers'
+// caches and indexes, the source's own maps of each Service's slices and
+// built ports (issue 16's memory budget). The fake API's store is made
+// before the count starts, and the list's copies are garbage by its end.
+// go test -run '^$' -bench SourceHeldBytes ./controlplane/kube
+func BenchmarkSourceHeldBytesPerService(b *testing.B) {
+	const n = 5000
+	var objs []kruntime.Object
+	for i := range n {
+		objs = append(objs, appService(i), controllerSlice(i, 10))
+	}
+	var perService float64
+	for b.Loop() {
+		client := fake.NewClientset(objs...)
+		s := &benchSink{snaps: make(chan *lb.Snapshot, 1), own: make(chan time.Duration, 1)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		before := liveHeap()
+		go func() { done <- (&Source{Client: client, Sink: s, NodeName: "node-1"}).Run(ctx) }()
+		snap := <-s.snaps
+		perService = float64(liveHeap()-before) / n
+		if got := snap.Ports.Len(); got != n {
+			b.Fatalf("%d ports published, want %d", got, n)
+		}
+		cancel()
+		if err := <-done; err != nil && err != context.Canceled {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(perService, "B/service")
 }
