@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -81,20 +82,27 @@ func removeStaleHandoverSockets() {
 
 func freePort(t *testing.T, network string) int {
 	t.Helper()
-	if network == "udp" {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	// Below the ephemeral range (Linux's default is 32768-60999): a port
+	// from ":0" comes from that range, and a test package running beside
+	// this one can take it for an outgoing connection before sluice binds
+	// it (seen under make test's load: sluice exited at once).
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if network == "udp" {
+			if pc, err := net.ListenPacket("udp", addr); err == nil {
+				pc.Close()
+				return port
+			}
+			continue
 		}
-		defer pc.Close()
-		return pc.LocalAddr().(*net.UDPAddr).Port
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return port
+		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free %s port on 127.0.0.1 in 20000-31999", network)
+	return 0
 }
 
 // httpBackend serves "name" on addr until the test ends.
@@ -134,6 +142,8 @@ type proc struct {
 	lines  chan string
 	stdout chan string
 	done   chan error
+	// seen are the last log lines waitLog read, for its failures.
+	seen []string
 }
 
 func start(t *testing.T, args ...string) *proc {
@@ -194,7 +204,10 @@ func (p *proc) waitLogWithin(d time.Duration, subs ...string) string {
 		select {
 		case l, ok := <-p.lines:
 			if !ok {
-				p.t.Fatalf("sluice exited before logging %q", subs)
+				p.t.Fatalf("sluice exited before logging %q; its last lines:\n%s", subs, strings.Join(p.seen, "\n"))
+			}
+			if p.seen = append(p.seen, l); len(p.seen) > 20 {
+				p.seen = p.seen[1:]
 			}
 			match := true
 			for _, s := range subs {
@@ -204,7 +217,7 @@ func (p *proc) waitLogWithin(d time.Duration, subs ...string) string {
 				return l
 			}
 		case <-deadline:
-			p.t.Fatalf("no log line with %q", subs)
+			p.t.Fatalf("no log line with %q; the last lines:\n%s", subs, strings.Join(p.seen, "\n"))
 		}
 	}
 }
