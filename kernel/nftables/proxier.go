@@ -585,21 +585,19 @@ func (p *Proxier) familyName() string {
 	return "ip"
 }
 
-// list reads the table's chains and sets (none when it does not exist).
+// list reads the table's chains and sets (none when it does not exist),
+// in one listing: nft lists a whole table to name one kind of object in
+// it, rules included, and every full sync lists it.
 func (p *Proxier) list(ctx context.Context) (chains, sets map[string]bool, err error) {
 	chains, sets = map[string]bool{}, map[string]bool{}
-	cs, err := p.NFT.List(ctx, "chains")
+	all, err := p.NFT.ListAll(ctx)
 	if err != nil && !knftables.IsNotFound(err) {
-		return nil, nil, fmt.Errorf("list %s %s chains: %w", p.familyName(), Table, err)
+		return nil, nil, fmt.Errorf("list %s %s: %w", p.familyName(), Table, err)
 	}
-	for _, c := range cs {
+	for _, c := range all["chain"] {
 		chains[c] = true
 	}
-	ss, err := p.NFT.List(ctx, "sets")
-	if err != nil && !knftables.IsNotFound(err) {
-		return nil, nil, fmt.Errorf("list %s %s sets: %w", p.familyName(), Table, err)
-	}
-	for _, s := range ss {
+	for _, s := range all["set"] {
 		sets[s] = true
 	}
 	return chains, sets, nil
