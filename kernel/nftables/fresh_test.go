@@ -344,36 +344,63 @@ func TestFreshTableOfAFamilyWithoutPorts(t *testing.T) {
 	}
 }
 
-// A full sync after successful ones (the hourly one) lists the table: a
-// service chain that its syncs did not make (an earlier run's, left when
-// that run's partial sync failed) is found and deleted, and the table is
-// what one transaction would write. The proxier keeps no set of the
-// table's chains between syncs.
-func TestPeriodicFullSyncListsTheTableForStaleChains(t *testing.T) {
+// listCounter counts the table's listings.
+type listCounter struct {
+	*knftables.Fake
+	lists int
+}
+
+func (l *listCounter) ListAll(ctx context.Context) (map[string][]string, error) {
+	l.lists++
+	return l.Fake.ListAll(ctx)
+}
+
+// A full sync lists the table only when what it holds is unknown: the
+// first sync, one after a failure, one after an options change. The
+// hourly one, over a table that holds what was applied, makes the applied
+// ports' objects again instead (a listing at 10k Services took 20 s), and
+// writes the same table. A service chain its own syncs did not make (an
+// earlier run's, left when that run's partial sync failed) goes at the
+// next listing. The proxier keeps no set of the table's chains between
+// syncs.
+func TestFullSyncListsTheTableOnlyWhenItsContentIsUnknown(t *testing.T) {
 	for _, batch := range []int{-1, 2} {
-		fake := knftables.NewFake(knftables.IPv4Family, Table)
-		p := &Proxier{NFT: fake, Options: opts(), FullSyncBatch: batch}
+		nft := &listCounter{Fake: knftables.NewFake(knftables.IPv4Family, Table)}
+		p := &Proxier{NFT: nft, Options: opts(), FullSyncBatch: batch}
 		if err := p.Sync(context.Background(), freshPorts(5)); err != nil {
 			t.Fatal(err)
 		}
+		if nft.lists != 1 {
+			t.Fatalf("batch %d: the first sync listed the table %d times, want once", batch, nft.lists)
+		}
 		if p.chains != nil || p.sets != nil {
 			t.Fatalf("batch %d: the proxier kept the table's chains (%d) or sets (%d) after the sync", batch, len(p.chains), len(p.sets))
-		}
-		leftover := ServiceChain(spn("gone", "old", "p"))
-		tx := fake.NewTransaction()
-		tx.Add(&knftables.Chain{Name: leftover})
-		if err := fake.Run(context.Background(), tx); err != nil {
-			t.Fatal(err)
 		}
 		p.FullSyncPeriod = time.Nanosecond
 		if st, err := p.SyncStats(context.Background(), movedPorts(5, 10)); err != nil || !st.Full {
 			t.Fatalf("batch %d: %+v %v, want a full sync", batch, st, err)
 		}
-		if fake.Table.Chains[leftover] != nil {
-			t.Fatalf("batch %d: the full sync left %s in the table", batch, leftover)
+		if nft.lists != 1 {
+			t.Fatalf("batch %d: the hourly full sync listed the table", batch)
 		}
-		if got, want := normalized(fake.Dump()), oneTransaction(t, movedPorts(5, 10)); got != want {
-			t.Fatalf("batch %d: after the full sync:\n%s\nwant:\n%s", batch, got, want)
+		if got, want := normalized(nft.Dump()), oneTransaction(t, movedPorts(5, 10)); got != want {
+			t.Fatalf("batch %d: after the hourly full sync:\n%s\nwant:\n%s", batch, got, want)
+		}
+		leftover := ServiceChain(spn("gone", "old", "p"))
+		tx := nft.NewTransaction()
+		tx.Add(&knftables.Chain{Name: leftover})
+		if err := nft.Fake.Run(context.Background(), tx); err != nil {
+			t.Fatal(err)
+		}
+		p.Options.MasqueradeBit = 15
+		if st, err := p.SyncStats(context.Background(), movedPorts(5, 20)); err != nil || !st.Full {
+			t.Fatalf("batch %d: %+v %v, want a full sync after the options changed", batch, st, err)
+		}
+		if nft.lists != 2 {
+			t.Fatalf("batch %d: the full sync after an options change listed the table %d times, want once", batch, nft.lists-1)
+		}
+		if nft.Table.Chains[leftover] != nil {
+			t.Fatalf("batch %d: the full sync left %s in the table", batch, leftover)
 		}
 	}
 }

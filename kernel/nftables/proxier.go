@@ -33,8 +33,8 @@ type Proxier struct {
 	FullSyncBatch int
 
 	// What the table holds of the per-service objects, as a full sync
-	// listed it (nil: not listed; every full sync lists it). Kept only
-	// while that sync runs.
+	// listed it or made it from the applied ports (nil: neither yet).
+	// Kept only while that sync runs.
 	chains, sets map[string]bool
 	// applied is each port's bundle as last applied (nil: the next sync
 	// is full), with the options it was rendered with.
@@ -111,7 +111,10 @@ func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, 
 	if p.applied != nil && key == p.optsKey && now().Sub(p.lastFull) < period {
 		return p.partial(ctx, snap)
 	}
-	err := p.full(ctx, snap)
+	// The table holds what was applied when nothing failed since and the
+	// options are those it was applied with (the hourly full sync): its
+	// objects are known without listing it.
+	err := p.full(ctx, snap, p.applied != nil && key == p.optsKey)
 	if err == nil {
 		p.optsKey, p.lastFull = key, now()
 	}
@@ -246,7 +249,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		// written instead.
 		p.forget()
 		p.snapID = 0
-		err := p.full(ctx, snap)
+		err := p.full(ctx, snap, false)
 		return SyncStats{Full: true, Changed: len(p.applied)}, err
 	}
 	if len(changes) == 0 && len(addIPs) == 0 && len(delIPs) == 0 {
@@ -363,8 +366,16 @@ func (p *Proxier) replaceChangedSets(tx *knftables.Transaction, old, new *portBu
 // may hold: still hooked, they would go on filtering.
 var legacyBaseChains = map[string]bool{"filter-prerouting": true, "filter-output-post-dnat": true}
 
-// full rewrites the whole table.
-func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot) error {
+// full rewrites the whole table. known says that the table holds what
+// was applied: its per-service chains and sets are then those of the
+// applied ports, made again from them, rather than listed. A listing
+// names every object by dumping the whole table as JSON, rules included:
+// at 10,000 Services x 10 endpoints 82 MB, which knftables took 20 s and
+// 1.2 GB of allocations to read here.
+func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool) error {
+	if p.chains == nil && known {
+		p.chains, p.sets = p.appliedObjects()
+	}
 	if p.chains == nil {
 		chains, sets, err := p.list(ctx)
 		if err != nil {
@@ -585,9 +596,29 @@ func (p *Proxier) familyName() string {
 	return "ip"
 }
 
+// appliedObjects are the per-service chains and sets of the applied
+// ports, each port made whole; nil when one cannot be (then the table is
+// listed).
+func (p *Proxier) appliedObjects() (chains, sets map[string]bool) {
+	chains, sets = map[string]bool{}, map[string]bool{}
+	for name, b := range p.applied {
+		w := p.whole(name, b)
+		if w == nil {
+			return nil, nil
+		}
+		for c := range strings.FieldsSeq(w.chains) {
+			chains[c] = true
+		}
+		for _, st := range w.sets {
+			sets[st.Name] = true
+		}
+	}
+	return chains, sets
+}
+
 // list reads the table's chains and sets (none when it does not exist),
 // in one listing: nft lists a whole table to name one kind of object in
-// it, rules included, and every full sync lists it.
+// it, rules included.
 func (p *Proxier) list(ctx context.Context) (chains, sets map[string]bool, err error) {
 	chains, sets = map[string]bool{}, map[string]bool{}
 	all, err := p.NFT.ListAll(ctx)
