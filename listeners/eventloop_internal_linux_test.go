@@ -43,15 +43,7 @@ func (e *EventLoop) loopState() (conns, buffers, pipes int) {
 // An idle connection holds no copy buffer: buffers are taken only while
 // bytes are in flight (the README's claim).
 func TestEventLoopIdleConnectionsHoldNoBuffers(t *testing.T) {
-	e, err := NewEventLoop(Options{Loops: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	})
+	e := eventLoopForTest(t, Options{Loops: 2})
 	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
 	var open []*net.TCPConn
 	for i := 0; i < 50; i++ {
@@ -186,12 +178,11 @@ func (b *heldUDPBackend) target() *Target {
 	return tg
 }
 
-// listenUDPOnOneLoop is a UDP listener on addr for tg, on an event loop of
-// one loop; both end with the test, the listener first (an open flow would
-// hold the shutdown to its deadline).
-func listenUDPOnOneLoop(t *testing.T, addr string, tg *Target) *elUDPListener {
+// eventLoopForTest is an event loop with o, shut down when the test ends
+// (waiting up to 5 s for open connections).
+func eventLoopForTest(t *testing.T, o Options) *EventLoop {
 	t.Helper()
-	e, err := NewEventLoop(Options{Loops: 1})
+	e, err := NewEventLoop(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +191,15 @@ func listenUDPOnOneLoop(t *testing.T, addr string, tg *Target) *elUDPListener {
 		defer cancel()
 		e.Shutdown(ctx)
 	})
+	return e
+}
+
+// listenUDPOnOneLoop is a UDP listener on addr for tg, on an event loop of
+// one loop; both end with the test, the listener first (an open flow would
+// hold the shutdown to its deadline).
+func listenUDPOnOneLoop(t *testing.T, addr string, tg *Target) *elUDPListener {
+	t.Helper()
+	e := eventLoopForTest(t, Options{Loops: 1})
 	ln, err := e.Listen(lb.UDP, netip.MustParseAddrPort(addr), tg)
 	if err != nil {
 		t.Fatal(err)

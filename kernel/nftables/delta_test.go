@@ -205,7 +205,7 @@ func TestAppliedPortsAreKeptSlimAndRemadeWhenChanged(t *testing.T) {
 	var slim []int // the ports with endpoints kept slim, by index in snap.Sorted()
 	for i, sp := range snap.Sorted() {
 		b := p.applied[sp.Name]
-		if whole := len(b.sets) > 0; whole == b.slimmed || b.slimmed && (b.chains != "" || b.elems != nil) {
+		if whole := len(b.sets) > 0; whole == b.slimmed || b.slimmed && (b.chains != nil || b.elems != nil) {
 			t.Fatalf("%v after a full sync: %+v; want it whole only with affinity sets", sp.Name, b)
 		}
 		if b.slimmed && len(sp.Endpoints) > 0 {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -288,14 +287,14 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		}
 		using := map[string]bool{}
 		if c.new != nil {
-			for ch := range strings.FieldsSeq(c.new.chains) {
+			for _, ch := range c.new.chains {
 				using[ch] = true
 			}
 			for _, st := range c.new.sets {
 				using[st.Name] = true
 			}
 		}
-		for ch := range strings.FieldsSeq(c.old.chains) {
+		for _, ch := range c.old.chains {
 			if !using[ch] {
 				staleChains = append(staleChains, ch)
 				tx.Flush(&knftables.Chain{Name: ch})
@@ -351,7 +350,7 @@ func (p *Proxier) replaceChangedSets(tx *knftables.Transaction, old, new *portBu
 	if len(changed) == 0 {
 		return
 	}
-	for c := range strings.FieldsSeq(old.chains) {
+	for _, c := range old.chains {
 		if held(p.chains, c) {
 			tx.Flush(&knftables.Chain{Name: c})
 		}
@@ -606,7 +605,7 @@ func (p *Proxier) appliedObjects() (chains, sets map[string]bool) {
 		if w == nil {
 			return nil, nil
 		}
-		for c := range strings.FieldsSeq(w.chains) {
+		for _, c := range w.chains {
 			chains[c] = true
 		}
 		for _, st := range w.sets {

@@ -387,7 +387,7 @@ func render(snap *lb.Snapshot, o Options, tx *knftables.Transaction, ph phase, w
 // take records b, port name's bundle, as written.
 func (d *Desired) take(name lb.ServicePortName, b *portBundle) {
 	d.Ports[name] = b
-	for c := range strings.FieldsSeq(b.chains) {
+	for _, c := range b.chains {
 		d.Chains[c] = true
 	}
 	for _, st := range b.sets {
@@ -399,10 +399,7 @@ func (d *Desired) take(name lb.ServicePortName, b *portBundle) {
 // chains with their rules, its affinity sets, and its elements of the
 // shared sets and maps. A partial sync compares bundles by fingerprint.
 type portBundle struct {
-	// chains are its chains' names, space-separated (read with
-	// strings.FieldsSeq): a []string, each name its own allocation, was
-	// issue 16's memory budget's to pay at some 12 names per port.
-	chains string
+	chains []string
 	rules  []*knftables.Rule
 	sets   []*knftables.Set
 	elems  []*knftables.Element
@@ -434,7 +431,7 @@ func (b *portBundle) writeObjects(tx *knftables.Transaction) {
 	for _, st := range b.sets {
 		tx.Add(st)
 	}
-	for c := range strings.FieldsSeq(b.chains) {
+	for _, c := range b.chains {
 		tx.Add(&knftables.Chain{Name: c})
 		tx.Flush(&knftables.Chain{Name: c})
 	}
@@ -486,7 +483,7 @@ func (b *portBundle) deleteElements(tx *knftables.Transaction, old *portBundle) 
 
 func (b *portBundle) fingerprint() uint64 {
 	h := fnv.New64a()
-	for c := range strings.FieldsSeq(b.chains) {
+	for _, c := range b.chains {
 		h.Write([]byte("c " + c + "\n"))
 	}
 	for _, r := range b.rules {
@@ -513,12 +510,8 @@ func toAny(ss []string) []any {
 // nil when the port has nothing in this family.
 func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	b := &portBundle{}
-	var chains []string
-	defer func() {
-		b.chains = strings.Join(chains, " ")
-		b.fp = b.fingerprint()
-	}()
-	chain := func(c string) { chains = append(chains, c) }
+	defer func() { b.fp = b.fingerprint() }()
+	chain := func(c string) { b.chains = append(b.chains, c) }
 	rule := func(c string, parts ...string) {
 		b.rules = append(b.rules, &knftables.Rule{Chain: c, Rule: knftables.Concat(toAny(parts)...)})
 	}
