@@ -844,13 +844,17 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 			continue
 		}
 		a = a.Unmap()
+		if a.Zone() != "" {
+			s.problem(f+"[0]", "invalid IP address %q: an endpoint address has no zone", ep.Addresses[0])
+			continue
+		}
 		if !want(a) {
 			s.problem(f+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
 			continue
 		}
 		c := ep.Conditions
 		eps = append(eps, lb.Endpoint{
-			Addr:        netip.AddrPortFrom(a, 0),
+			Addr:        lb.EndpointAddrFrom(a, 0),
 			Ready:       c.Ready == nil || *c.Ready,
 			Serving:     c.Serving == nil || *c.Serving,
 			Terminating: c.Terminating != nil && *c.Terminating,
@@ -865,7 +869,7 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 	for i, p := range ports {
 		list := make([]lb.Endpoint, len(eps))
 		for j, ep := range eps {
-			ep.Addr = netip.AddrPortFrom(ep.Addr.Addr(), p.port)
+			ep.Addr = lb.EndpointAddrFrom(ep.Addr.Addr(), p.port)
 			list[j] = ep
 		}
 		s.byPort[i] = mergeEndpoints(list) // list itself when it is merged already
@@ -933,7 +937,11 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName strin
 					e.add(fmt.Sprintf("subsets[%d].%s[%d].ip", si, field, i), "invalid IP address %q", a.IP)
 					continue
 				}
-				addrs = append(addrs, lb.Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), 0), Ready: ready, Serving: ready,
+				if ip.Zone() != "" {
+					e.add(fmt.Sprintf("subsets[%d].%s[%d].ip", si, field, i), "invalid IP address %q: an endpoint address has no zone", a.IP)
+					continue
+				}
+				addrs = append(addrs, lb.Endpoint{Addr: lb.EndpointAddrFrom(ip.Unmap(), 0), Ready: ready, Serving: ready,
 					Local: nodeName != "" && a.NodeName != nil && *a.NodeName == nodeName})
 			}
 		}
@@ -950,7 +958,7 @@ func legacyEndpoints(ep *corev1.Endpoints, known map[svcKey]bool, nodeName strin
 			}
 			name := lb.ServicePortName{Namespace: ep.Namespace, Name: ep.Name, Port: p.Name, Protocol: proto}
 			for _, le := range addrs {
-				le.Addr = netip.AddrPortFrom(le.Addr.Addr(), uint16(p.Port))
+				le.Addr = lb.EndpointAddrFrom(le.Addr.Addr(), uint16(p.Port))
 				out[name] = append(out[name], le)
 			}
 		}
@@ -972,7 +980,7 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 	if merged(eps) {
 		return slices.Clip(eps)
 	}
-	seen := make(map[netip.AddrPort]int, len(eps))
+	seen := make(map[lb.EndpointAddr]int, len(eps))
 	out := make([]lb.Endpoint, 0, len(eps))
 	for _, ep := range eps {
 		if i, dup := seen[ep.Addr]; dup {

@@ -43,13 +43,14 @@ func (n ServicePortName) String() string {
 }
 
 // Endpoint is one backend address of a service port with its conditions.
-// It is 40 bytes, the flags together after the address (issue 16's memory
-// budget): it holds no node name, only whether the node is this one
-// (Local), which is all a data plane reads; the sources work it out when
-// they parse an object (a string between the address and the flags
-// padded it to 64, and a node name was 16 bytes of every endpoint).
+// It is 24 bytes, the flags together after the address (issue 16's memory
+// budget), and holds no pointer: it holds no node name, only whether the
+// node is this one (Local), which is all a data plane reads; the sources
+// work it out when they parse an object (a string between the address and
+// the flags padded it to 64, a node name was 16 bytes of every endpoint,
+// and a netip.AddrPort for the address made it 40).
 type Endpoint struct {
-	Addr    netip.AddrPort
+	Addr    EndpointAddr
 	Ready   bool
 	Serving bool
 	// Terminating is set when the endpoint is shutting down.
@@ -162,7 +163,7 @@ func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 	}
 	out := make([]netip.AddrPort, len(eps))
 	for i, ep := range eps {
-		out[i] = ep.Addr
+		out[i] = ep.Addr.AddrPort()
 	}
 	return out
 }

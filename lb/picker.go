@@ -51,7 +51,7 @@ type health struct {
 // addresses was 320 bytes per port of 10 endpoints (issue 16's budget).
 type endpointSet struct {
 	eps   []Endpoint
-	index map[netip.AddrPort]int // only above indexFrom endpoints
+	index map[EndpointAddr]int // only above indexFrom endpoints
 }
 
 // indexFrom is the endpoint count from which a set keeps a map from
@@ -64,7 +64,7 @@ const indexFrom = 32
 func newEndpointSet(eps []Endpoint) *endpointSet {
 	s := &endpointSet{eps: eps}
 	if len(eps) >= indexFrom {
-		s.index = make(map[netip.AddrPort]int, len(eps))
+		s.index = make(map[EndpointAddr]int, len(eps))
 		for i, ep := range eps {
 			s.index[ep.Addr] = i
 		}
@@ -73,7 +73,8 @@ func newEndpointSet(eps []Endpoint) *endpointSet {
 }
 
 // find returns a's position in the set.
-func (s *endpointSet) find(a netip.AddrPort) (int, bool) {
+func (s *endpointSet) find(ap netip.AddrPort) (int, bool) {
+	a := EndpointAddrOf(ap)
 	if s.index != nil {
 		i, ok := s.index[a]
 		return i, ok
@@ -130,7 +131,7 @@ func NewPortPicker(clock affinity.Clock, ejection *EjectionPolicy, port ServiceP
 func (p *Picker) SetEndpoints(addrs []netip.AddrPort) {
 	eps := make([]Endpoint, len(addrs))
 	for i, a := range addrs {
-		eps[i] = Endpoint{Addr: a, Ready: true, Serving: true}
+		eps[i] = Endpoint{Addr: EndpointAddrOf(a), Ready: true, Serving: true}
 	}
 	p.setEndpoints(newEndpointSet(eps))
 }
@@ -169,7 +170,7 @@ func (p *Picker) Endpoints() []netip.AddrPort {
 	eps := p.set.Load().eps
 	out := make([]netip.AddrPort, len(eps))
 	for i, ep := range eps {
-		out[i] = ep.Addr
+		out[i] = ep.Addr.AddrPort()
 	}
 	return out
 }
@@ -226,7 +227,7 @@ func (p *Picker) Order(client netip.Addr) ([]netip.AddrPort, error) {
 		if i == pinned {
 			continue
 		}
-		a := s.eps[i].Addr
+		a := s.eps[i].Addr.AddrPort()
 		if h := p.health[a]; h != nil && now.Before(h.ejectedUntil) {
 			later = append(later, a)
 			continue

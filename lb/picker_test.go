@@ -192,13 +192,13 @@ func TestEjectionSkipsThenProbesWithBackoff(t *testing.T) {
 
 func TestUsableFallsBackToServingTerminating(t *testing.T) {
 	sp := &ServicePort{Endpoints: []Endpoint{
-		{Addr: a, Ready: false, Serving: true, Terminating: true},
-		{Addr: b, Ready: false, Serving: false, Terminating: true},
+		{Addr: EndpointAddrOf(a), Ready: false, Serving: true, Terminating: true},
+		{Addr: EndpointAddrOf(b), Ready: false, Serving: false, Terminating: true},
 	}}
 	if got := sp.Usable(); len(got) != 1 || got[0] != a {
 		t.Fatalf("Usable = %v, want [%v]", got, a)
 	}
-	sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: c, Ready: true, Serving: true})
+	sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: EndpointAddrOf(c), Ready: true, Serving: true})
 	if got := sp.Usable(); len(got) != 1 || got[0] != c {
 		t.Fatalf("Usable = %v, want ready only [%v]", got, c)
 	}
@@ -267,9 +267,9 @@ func TestWalkTriesEachEndpointOnceWithinAttempts(t *testing.T) {
 
 func TestUsableUnderLocalPolicies(t *testing.T) {
 	sp := &ServicePort{InternalLocal: true, Endpoints: []Endpoint{
-		{Addr: a, Ready: true, Serving: true},                    // remote, ready
-		{Addr: b, Serving: true, Terminating: true, Local: true}, // local, terminating
-		{Addr: c, Ready: true, Serving: true, Local: true},       // local, ready
+		{Addr: EndpointAddrOf(a), Ready: true, Serving: true},                    // remote, ready
+		{Addr: EndpointAddrOf(b), Serving: true, Terminating: true, Local: true}, // local, terminating
+		{Addr: EndpointAddrOf(c), Ready: true, Serving: true, Local: true},       // local, ready
 	}}
 	if got := sp.Usable(); len(got) != 1 || got[0] != c {
 		t.Fatalf("ITP Local: Usable = %v, want the local ready one", got)
@@ -343,7 +343,7 @@ func TestEndpointSetFindsByScanAndByIndex(t *testing.T) {
 		var eps []Endpoint
 		for i := 0; i < n; i++ {
 			addrs = append(addrs, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 8080))
-			eps = append(eps, Endpoint{Addr: addrs[i], Ready: true})
+			eps = append(eps, Endpoint{Addr: EndpointAddrOf(addrs[i]), Ready: true})
 		}
 		s := newEndpointSet(eps)
 		if (s.index != nil) != (n >= indexFrom) {
@@ -370,7 +370,7 @@ func TestSetUsableIsSelectAndSharesAWholeList(t *testing.T) {
 	for round := 0; round < 2000; round++ {
 		sp := &ServicePort{Name: ServicePortName{Namespace: "ns", Name: "web", Protocol: TCP}}
 		for i := rng.IntN(6); i > 0; i-- {
-			sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80),
+			sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80),
 				Ready: rng.IntN(4) > 0, Serving: rng.IntN(2) == 0, Terminating: rng.IntN(3) == 0, Local: rng.IntN(3) > 0})
 		}
 		for _, local := range []bool{false, true} {
@@ -391,5 +391,25 @@ func TestSetUsableIsSelectAndSharesAWholeList(t *testing.T) {
 	}
 	if shared < 100 {
 		t.Fatalf("only %d pickers shared their port's list: the walk checks too little", shared)
+	}
+}
+
+// BenchmarkPickerOrder is the picker's part of a connection: the order to
+// try a port's 10 endpoints in, and the connect recorded.
+func BenchmarkPickerOrder(b *testing.B) {
+	p := NewPicker(nil, DefaultEjectionPolicy())
+	addrs := make([]netip.AddrPort, 10)
+	for i := range addrs {
+		addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(i)}), 8080)
+	}
+	p.SetEndpoints(addrs)
+	client := netip.MustParseAddr("10.0.0.1")
+	b.ReportAllocs()
+	for b.Loop() {
+		order, err := p.Order(client)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Connected(client, order[0])
 	}
 }

@@ -13,7 +13,7 @@ func TestHasUsableIsSelectNonEmpty(t *testing.T) {
 	for i := 0; i < 2000; i++ {
 		sp := &ServicePort{}
 		for j := rng.IntN(5); j > 0; j-- {
-			sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(j)}), 80),
+			sp.Endpoints = append(sp.Endpoints, Endpoint{Addr: EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(j)}), 80),
 				Ready: rng.IntN(3) == 0, Serving: rng.IntN(2) == 0, Terminating: rng.IntN(2) == 0, Local: rng.IntN(2) == 0})
 		}
 		for _, local := range []bool{false, true} {

@@ -953,7 +953,7 @@ func (s *Server) Dump() []PortView {
 		v.States = make([]EndpointState, 0, len(p.sp.Endpoints))
 		for _, ep := range p.sp.Endpoints {
 			v.States = append(v.States, EndpointState{Addr: ep.Addr.String(), Condition: condition(ep), Local: ep.Local,
-				InUse: p.target.Picker.Has(ep.Addr), Pinned: pins[ep.Addr]})
+				InUse: p.target.Picker.Has(ep.Addr.AddrPort()), Pinned: pins[ep.Addr.AddrPort()]})
 		}
 		out = append(out, v)
 	}

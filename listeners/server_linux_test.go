@@ -45,7 +45,7 @@ func webPort(nodePort uint16, eps ...netip.AddrPort) *lb.ServicePort {
 		NodePort:   nodePort,
 	}
 	for _, ep := range eps {
-		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: ep, Ready: true, Serving: true})
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrOf(ep), Ready: true, Serving: true})
 	}
 	return sp
 }
@@ -329,7 +329,7 @@ func TestServerOpensExternalProxyPortForSplitPolicy(t *testing.T) {
 		sp := webPort(0, local, remote)
 		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
 		for i := range sp.Endpoints {
-			sp.Endpoints[i].Local = sp.Endpoints[i].Addr == local
+			sp.Endpoints[i].Local = sp.Endpoints[i].Addr.AddrPort() == local
 		}
 		if err := srv.Apply(snapshotOf(sp)); err != nil {
 			t.Fatal(err)
@@ -503,7 +503,7 @@ func TestServerDeltasConvergeWithFullApplies(t *testing.T) {
 	port := func(i int) *lb.ServicePort {
 		sp := &lb.ServicePort{Name: name(i), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})}, Port: 80}
 		for k := rng.IntN(3); k > 0; k-- {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 1, byte(rng.IntN(5) + 1)}), 8080), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{127, 0, 1, byte(rng.IntN(5) + 1)}), 8080), Ready: true, Serving: true})
 		}
 		return sp
 	}

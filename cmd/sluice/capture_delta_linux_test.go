@@ -25,7 +25,7 @@ import (
 func capturePort(rng *rand.Rand, j int) *lb.ServicePort {
 	sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: lb.TCP},
 		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(j + 1)})}, Port: 80,
-		Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:9"), Ready: true, Serving: true, Local: rng.IntN(2) == 0}}}
+		Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort("127.0.0.1:9")), Ready: true, Serving: true, Local: rng.IntN(2) == 0}}}
 	if rng.IntN(4) == 0 {
 		sp.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte((j+1)%8 + 1)})}
 	}
@@ -163,7 +163,7 @@ func TestCaptureTellsProtocolsApartAtOneDestination(t *testing.T) {
 	port := func(name string, proto lb.Protocol, ip string, p uint16) *lb.ServicePort {
 		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Port: string(proto), Protocol: proto},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: p,
-			Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:9"), Ready: true, Serving: true}}}
+			Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort("127.0.0.1:9")), Ready: true, Serving: true}}}
 	}
 	dnsTCP, dnsUDP, web := port("dns", lb.TCP, "10.96.0.10", 53), port("dns", lb.UDP, "10.96.0.10", 53), port("web", lb.TCP, "10.96.0.11", 80)
 	cur := lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{dnsTCP.Name: dnsTCP, dnsUDP.Name: dnsUDP})

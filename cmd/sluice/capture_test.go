@@ -56,7 +56,7 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 	port := func(ep string, externalIP string) *lb.ServicePort {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 80,
-			Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort(ep), Ready: true, Serving: true}}}
+			Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(ep)), Ready: true, Serving: true}}}
 		if externalIP != "" {
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr(externalIP)}
 		}

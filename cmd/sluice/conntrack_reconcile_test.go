@@ -24,7 +24,7 @@ func ctPort(rng *rand.Rand, j int) *lb.ServicePort {
 		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(j + 1)})}, Port: 53}
 	for e := range 4 {
 		if rng.IntN(2) == 0 {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(e + 1)}), 53), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(e + 1)}), 53), Ready: true, Serving: true})
 		}
 	}
 	return sp
@@ -139,13 +139,13 @@ func BenchmarkConntrackReconcileAt10k(b *testing.B) {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: proto},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(j >> 8), byte(j)})}, Port: 53}
 		for e := range 10 {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j >> 8), byte(j)}), uint16(5300+e)), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(j >> 8), byte(j)}), uint16(5300+e)), Ready: true, Serving: true})
 		}
 		ports[sp.Name] = sp
 		if proto == lb.UDP {
 			for f := range 2 {
 				flows = append(flows, conntrack.Flow{Proto: conntrack.ProtoUDP, OrigSrc: netip.AddrPortFrom(netip.MustParseAddr("192.168.10.9"), uint16(1000+f)),
-					OrigDst: netip.AddrPortFrom(sp.ClusterIPs[0], 53), ReplySrc: sp.Endpoints[f].Addr})
+					OrigDst: netip.AddrPortFrom(sp.ClusterIPs[0], 53), ReplySrc: sp.Endpoints[f].Addr.AddrPort()})
 			}
 		}
 	}

@@ -35,7 +35,7 @@ func TestStartLogsListenersLineByLineOnlyUpToTheLimit(t *testing.T) {
 			for i := 0; i < tc.ports; i++ {
 				name := lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
 				ports[name] = &lb.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80,
-					Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("127.0.0.1:1"), Ready: true, Serving: true}}}
+					Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort("127.0.0.1:1")), Ready: true, Serving: true}}}
 			}
 			if err := srv.Apply(lb.NewSnapshot(ports)); err != nil {
 				t.Fatal(err)

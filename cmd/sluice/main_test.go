@@ -98,7 +98,7 @@ func TestAFailedApplyIsNotReportedAsApplied(t *testing.T) {
 // endpoints, none of them here; per family and policy.
 func TestNoLocalEndpointsCount(t *testing.T) {
 	ep := func(s string, local bool) lb.Endpoint {
-		return lb.Endpoint{Addr: netip.MustParseAddrPort(s), Ready: true, Serving: true, Local: local}
+		return lb.Endpoint{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(s)), Ready: true, Serving: true, Local: local}
 	}
 	port := func(name, cip string, eps ...lb.Endpoint) *lb.ServicePort {
 		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Protocol: lb.TCP}, ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Endpoints: eps}
@@ -258,7 +258,7 @@ func TestHealthCheckPortsFollowDeltas(t *testing.T) {
 			sp.HealthCheckNodePort = uint16(30000 + i/2)
 		}
 		for j := range rng.IntN(4) {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), byte(j)}), 80),
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), byte(j)}), 80),
 				Local: rng.IntN(2) == 0, Ready: rng.IntN(4) > 0})
 		}
 		return sp

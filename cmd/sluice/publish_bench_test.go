@@ -66,7 +66,7 @@ func BenchmarkFirstPublishAt10k(b *testing.B) {
 	for i := 0; i < n; i++ {
 		name := lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP}
 		all[name] = &lb.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80,
-			Endpoints: []lb.Endpoint{{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), 8080), Ready: true, Serving: true}}}
+			Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), 8080)), Ready: true, Serving: true}}}
 	}
 	snap := lb.NewSnapshot(all)
 	snap.ID = 1
@@ -176,7 +176,7 @@ func benchPorts(n int) (port func(i, ep int) *lb.ServicePort, all map[lb.Service
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("s%d", i), Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Port: 80}
 		for j := 0; j < 10; j++ {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(ep), byte(j)}), 8080), Ready: true, Serving: true})
 		}
 		return sp
 	}

@@ -45,7 +45,7 @@ func tallyPort(rng *rand.Rand, i int) *lb.ServicePort {
 		if rng.IntN(10) == 0 {
 			a = netip.MustParseAddr("127.0.0.1")
 		}
-		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(a, 80), Ready: rng.IntN(4) > 0, Serving: true, Local: rng.IntN(3) == 0})
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(a, 80), Ready: rng.IntN(4) > 0, Serving: true, Local: rng.IntN(3) == 0})
 	}
 	return sp
 }
@@ -138,7 +138,7 @@ func BenchmarkKernelPlaneTallies(b *testing.B) {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "b", Name: fmt.Sprint(i), Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}}
 		for j := range 10 {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i), byte(j)}), 80), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 1, byte(i), byte(j)}), 80), Ready: true, Serving: true})
 		}
 		ports[sp.Name] = sp
 	}

@@ -16,7 +16,7 @@ func udpPort(eps ...string) *lb.ServicePort {
 		NodePort:    30053,
 	}
 	for _, e := range eps {
-		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.MustParseAddrPort(e), Ready: true, Serving: true})
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(e)), Ready: true, Serving: true})
 	}
 	return sp
 }

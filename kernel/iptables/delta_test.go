@@ -48,7 +48,7 @@ func randomPort(rng *rand.Rand, i int) *lb.ServicePort {
 		n = 200 + rng.IntN(200)
 	}
 	for j := range n {
-		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j%250 + 1)}), uint16(8080+j/250)),
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j%250 + 1)}), uint16(8080+j/250)),
 			Ready: rng.IntN(5) > 0, Serving: true, Local: rng.IntN(2) == 0})
 	}
 	return sp

@@ -30,7 +30,7 @@ func svcPort(name string, cip string, eps ...lb.Endpoint) *lb.ServicePort {
 }
 
 func readyEP(s string, local bool) lb.Endpoint {
-	return lb.Endpoint{Addr: ap(s), Ready: true, Serving: true, Local: local}
+	return lb.Endpoint{Addr: lb.EndpointAddrOf(ap(s)), Ready: true, Serving: true, Local: local}
 }
 
 func snap(ports ...*lb.ServicePort) *lb.Snapshot {

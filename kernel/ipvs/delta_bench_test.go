@@ -31,7 +31,7 @@ func BenchmarkSyncAt10k(b *testing.B) {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(j >> 8), byte(j)})}, Port: 80, NodePort: uint16(30000 + j)}
 		for e := range 10 {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j >> 8), byte(j)}), uint16(8000+e)), Ready: true, Serving: true})
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(j >> 8), byte(j)}), uint16(8000+e)), Ready: true, Serving: true})
 		}
 		ports[sp.Name] = sp
 	}

@@ -89,7 +89,7 @@ func deltaPort(rng *rand.Rand, j int, pn string) *lb.ServicePort {
 	sp.ExternalLocal = rng.IntN(4) == 0
 	for e := range 4 {
 		if rng.IntN(2) == 0 || e == 0 {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(e + 1)}), 8080),
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 244, byte(j), byte(e + 1)}), 8080),
 				Ready: true, Serving: true, Local: e%2 == 0})
 		}
 	}

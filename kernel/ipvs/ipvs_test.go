@@ -17,7 +17,7 @@ func port(name, cip string, proto lb.Protocol, eps ...string) *lb.ServicePort {
 	sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Port: "p", Protocol: proto},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr(cip)}, Port: 80}
 	for _, e := range eps {
-		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.MustParseAddrPort(e), Ready: true, Serving: true})
+		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(e)), Ready: true, Serving: true})
 	}
 	return sp
 }

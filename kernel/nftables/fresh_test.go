@@ -310,7 +310,7 @@ func TestFreshBatchesKeepAPortWhole(t *testing.T) {
 	for _, sp := range snap.Sorted() {
 		svc := ServiceChain(sp.Name)
 		for _, e := range sp.Endpoints {
-			if ec := EndpointChain(sp.Name, e.Addr); seen[ec] != seen[svc] {
+			if ec := EndpointChain(sp.Name, e.Addr.AddrPort()); seen[ec] != seen[svc] {
 				t.Errorf("%s came in transaction %d, its service chain in %d", ec, seen[ec], seen[svc])
 			}
 		}

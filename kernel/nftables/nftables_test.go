@@ -34,7 +34,7 @@ func TestChainNamesAreKubeProxys(t *testing.T) {
 }
 
 func ep(s string) lb.Endpoint {
-	return lb.Endpoint{Addr: netip.MustParseAddrPort(s), Ready: true, Serving: true}
+	return lb.Endpoint{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(s)), Ready: true, Serving: true}
 }
 
 func port(name, cip string, eps ...lb.Endpoint) *lb.ServicePort {

@@ -103,7 +103,7 @@ func TestIPVSKernelForReal(t *testing.T) {
 	sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Protocol: lb.SCTP},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")}, Port: 9000,
 		Affinity:  lb.Affinity{ClientIP: true, Timeout: 600e9},
-		Endpoints: []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.9.1:9000"), Ready: true, Serving: true}}}
+		Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort("10.244.9.1:9000")), Ready: true, Serving: true}}}
 	p := &ipvs.Proxier{Kernel: k, Options: ipvs.Options{Scheduler: "sh"}}
 	if _, err := p.Sync(lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp})); err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ func TestIPVSUpdatesTouchOnlyWhatChangedInVM(t *testing.T) {
 		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", j), Port: "p", Protocol: lb.TCP},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 97, byte(j >> 8), byte(j)})}, Port: 80, NodePort: uint16(30000 + j)}
 		for e := range eps {
-			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 245, byte(j >> 8), byte(j)}), uint16(8000+e)),
+			sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrFrom(netip.AddrFrom4([4]byte{10, 245, byte(j >> 8), byte(j)}), uint16(8000+e)),
 				Ready: true, Serving: true, Local: e == 0})
 		}
 		return sp
