@@ -30,7 +30,46 @@ type key struct {
 type Broker struct {
 	mu        sync.Mutex
 	inherited map[key][]int
-	held      map[int]key
+	held      map[int32]heldKey
+	heldOther map[int32]key // the keys heldKey cannot name
+}
+
+// heldKey is a key as held: a process with a listener per service port
+// holds tens of thousands, and a key with its network's name and a
+// netip.AddrPort made each map slot 56 bytes where this makes it 24
+// (issue 16's memory budget).
+type heldKey struct {
+	ip      [16]byte
+	port    uint16
+	network uint8 // 0 tcp, 1 udp, 2 sctp
+	is4     bool
+}
+
+// hold is k as held; ok is false for a key heldKey cannot name (a zoned
+// address, another network), which is held as it is.
+func hold(k key) (h heldKey, ok bool) {
+	switch k.network {
+	case "tcp":
+		h.network = 0
+	case "udp":
+		h.network = 1
+	case "sctp":
+		h.network = 2
+	default:
+		return heldKey{}, false
+	}
+	a := k.addr.Addr()
+	h.ip, h.port, h.is4 = a.As16(), k.addr.Port(), a.Is4()
+	return h, a.IsValid() && a.Zone() == ""
+}
+
+// key is h as a key again.
+func (h heldKey) key() key {
+	a := netip.AddrFrom16(h.ip)
+	if h.is4 {
+		a = a.Unmap()
+	}
+	return key{[...]string{"tcp", "udp", "sctp"}[h.network], netip.AddrPortFrom(a, h.port)}
 }
 
 // Take returns the inherited sockets listening on network/addr (several
@@ -57,10 +96,18 @@ func (b *Broker) Hold(network string, addr netip.AddrPort, fd int) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held == nil {
-		b.held = map[int]key{}
+	h, ok := hold(key{network, addr})
+	if !ok {
+		if b.heldOther == nil {
+			b.heldOther = map[int32]key{}
+		}
+		b.heldOther[int32(fd)] = key{network, addr}
+		return
 	}
-	b.held[fd] = key{network, addr}
+	if b.held == nil {
+		b.held = map[int32]heldKey{}
+	}
+	b.held[int32(fd)] = h
 }
 
 // Release forgets a held socket; call it before closing the socket.
@@ -70,7 +117,8 @@ func (b *Broker) Release(fd int) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.held, fd)
+	delete(b.held, int32(fd))
+	delete(b.heldOther, int32(fd))
 }
 
 // inherit adds a received socket.
@@ -115,8 +163,13 @@ type socket struct {
 func (b *Broker) eachHeld(fn func(socket) error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for fd, k := range b.held {
-		if err := fn(socket{k, fd}); err != nil {
+	for fd, h := range b.held {
+		if err := fn(socket{h.key(), int(fd)}); err != nil {
+			return err
+		}
+	}
+	for fd, k := range b.heldOther {
+		if err := fn(socket{k, int(fd)}); err != nil {
 			return err
 		}
 	}
