@@ -197,18 +197,31 @@ func (p *Picker) SetAffinity(a Affinity) {
 // has run out (probes). Endpoints still in back-off come last, so a service
 // whose every endpoint is ejected is still tried rather than refused.
 func (p *Picker) Order(client netip.Addr) ([]netip.AddrPort, error) {
+	n := len(p.set.Load().eps)
+	return p.AppendOrder(make([]netip.AddrPort, 0, n), client, n)
+}
+
+// AppendOrder appends to dst the first max endpoints of Order's ordering
+// (fewer when the port has fewer): a connection tries no more than its
+// retry policy's attempts, so it need not order, or hold, the rest
+// (issue 12: Order made and filled a list of every endpoint per
+// connection). Each call takes a round-robin turn, as Order does.
+func (p *Picker) AppendOrder(dst []netip.AddrPort, client netip.Addr, max int) ([]netip.AddrPort, error) {
 	s := p.set.Load()
 	n := len(s.eps)
 	if n == 0 {
-		return nil, ErrNoEndpoints
+		return dst, ErrNoEndpoints
 	}
-	out := make([]netip.AddrPort, 0, n)
+	max = min(max, n)
+	base := len(dst)
 	pinned := -1
 	if t := p.affinity.Load(); t != nil {
 		if ep, ok := t.Lookup(client); ok {
 			if i, ok := s.find(ep); ok {
 				pinned = i
-				out = append(out, ep)
+				if max > 0 {
+					dst = append(dst, ep)
+				}
 			}
 		}
 	}
@@ -219,23 +232,34 @@ func (p *Picker) Order(client netip.Addr) ([]netip.AddrPort, error) {
 	} else {
 		start = int((p.next.Add(1) - 1) % uint64(n))
 	}
-	now := p.clock.Now()
-	var later []netip.AddrPort
 	p.mu.Lock()
-	for k := 0; k < n; k++ {
-		i := (start + k) % n
-		if i == pinned {
-			continue
+	defer p.mu.Unlock()
+	if len(p.health) == 0 {
+		// Nothing has failed: round-robin order, no clock read.
+		for k := 0; k < n && len(dst)-base < max; k++ {
+			if i := (start + k) % n; i != pinned {
+				dst = append(dst, s.eps[i].Addr.AddrPort())
+			}
 		}
-		a := s.eps[i].Addr.AddrPort()
-		if h := p.health[a]; h != nil && now.Before(h.ejectedUntil) {
-			later = append(later, a)
-			continue
-		}
-		out = append(out, a)
+		return dst, nil
 	}
-	p.mu.Unlock()
-	return append(out, later...), nil
+	// The healthy ones first, then those in back-off, each in
+	// round-robin order.
+	now := p.clock.Now()
+	for _, backedOff := range [2]bool{false, true} {
+		for k := 0; k < n && len(dst)-base < max; k++ {
+			i := (start + k) % n
+			if i == pinned {
+				continue
+			}
+			a := s.eps[i].Addr.AddrPort()
+			h := p.health[a]
+			if (h != nil && now.Before(h.ejectedUntil)) == backedOff {
+				dst = append(dst, a)
+			}
+		}
+	}
+	return dst, nil
 }
 
 // Connected records that client reached ep: ep's failures are forgiven and,

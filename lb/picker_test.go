@@ -395,21 +395,140 @@ func TestSetUsableIsSelectAndSharesAWholeList(t *testing.T) {
 }
 
 // BenchmarkPickerOrder is the picker's part of a connection: the order to
-// try a port's 10 endpoints in, and the connect recorded.
+// try a port's 10 endpoints in, and the connect recorded; whole is every
+// endpoint (Order), room-of-4 the first four into a connection's room, as
+// the engines ask (AppendOrder, the default retry policy's attempts).
 func BenchmarkPickerOrder(b *testing.B) {
-	p := NewPicker(nil, DefaultEjectionPolicy())
-	addrs := make([]netip.AddrPort, 10)
-	for i := range addrs {
-		addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(i)}), 8080)
+	for _, mode := range []string{"whole", "room-of-4"} {
+		b.Run(mode, func(b *testing.B) {
+			p := NewPicker(nil, DefaultEjectionPolicy())
+			addrs := make([]netip.AddrPort, 10)
+			for i := range addrs {
+				addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(i)}), 8080)
+			}
+			p.SetEndpoints(addrs)
+			client := netip.MustParseAddr("10.0.0.1")
+			room := make([]netip.AddrPort, 0, 4)
+			b.ReportAllocs()
+			for b.Loop() {
+				var order []netip.AddrPort
+				var err error
+				if mode == "whole" {
+					order, err = p.Order(client)
+				} else {
+					order, err = p.AppendOrder(room[:0], client, 4)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Connected(client, order[0])
+			}
+		})
 	}
-	p.SetEndpoints(addrs)
-	client := netip.MustParseAddr("10.0.0.1")
-	b.ReportAllocs()
-	for b.Loop() {
-		order, err := p.Order(client)
-		if err != nil {
-			b.Fatal(err)
+}
+
+// refOrder is Order as it was before AppendOrder: every endpoint, the
+// pin first, then the healthy ones in round-robin order, then those in
+// back-off. It is the reference AppendOrder's prefixes are checked
+// against.
+func refOrder(p *Picker, client netip.Addr) ([]netip.AddrPort, error) {
+	s := p.set.Load()
+	n := len(s.eps)
+	if n == 0 {
+		return nil, ErrNoEndpoints
+	}
+	out := make([]netip.AddrPort, 0, n)
+	pinned := -1
+	if t := p.affinity.Load(); t != nil {
+		if ep, ok := t.Lookup(client); ok {
+			if i, ok := s.find(ep); ok {
+				pinned = i
+				out = append(out, ep)
+			}
 		}
-		p.Connected(client, order[0])
+	}
+	var start int
+	if pinned >= 0 {
+		start = int(p.next.Load() % uint64(n))
+	} else {
+		start = int((p.next.Add(1) - 1) % uint64(n))
+	}
+	now := p.clock.Now()
+	var later []netip.AddrPort
+	p.mu.Lock()
+	for k := 0; k < n; k++ {
+		i := (start + k) % n
+		if i == pinned {
+			continue
+		}
+		a := s.eps[i].Addr.AddrPort()
+		if h := p.health[a]; h != nil && now.Before(h.ejectedUntil) {
+			later = append(later, a)
+			continue
+		}
+		out = append(out, a)
+	}
+	p.mu.Unlock()
+	return append(out, later...), nil
+}
+
+// AppendOrder is the first max of the full ordering, appended, through
+// ejections, probes, pins and round-robin turns: two pickers driven alike,
+// one asked for prefixes, the other for the whole order (refOrder).
+func TestAppendOrderIsAPrefixOfTheWholeOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 50 {
+		clk := affinity.NewManualClock(time.Unix(0, 0))
+		n := 1 + rng.IntN(12)
+		addrs := make([]netip.AddrPort, n)
+		for i := range addrs {
+			addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 80)
+		}
+		policy := EjectionPolicy{Failures: 1 + rng.IntN(2), Backoff: time.Second, MaxBackoff: 4 * time.Second}
+		got, want := NewPicker(clk, policy), NewPicker(clk, policy)
+		for _, p := range []*Picker{got, want} {
+			p.SetEndpoints(addrs)
+			if round%2 == 1 {
+				p.SetAffinity(Affinity{ClientIP: true, Timeout: 3 * time.Second})
+			}
+		}
+		clients := []netip.Addr{cli1, cli2}
+		for step := range 200 {
+			client := clients[rng.IntN(2)]
+			switch rng.IntN(5) {
+			case 0:
+				ep := addrs[rng.IntN(n)]
+				got.Failed(client, ep)
+				want.Failed(client, ep)
+			case 1:
+				ep := addrs[rng.IntN(n)]
+				got.Connected(client, ep)
+				want.Connected(client, ep)
+			case 2:
+				clk.Step(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			}
+			max := rng.IntN(n + 2)
+			prefix := []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:1")}
+			g, gerr := got.AppendOrder(slices.Clone(prefix), client, max)
+			w, werr := refOrder(want, client)
+			w = append(prefix, w[:min(max, len(w))]...)
+			if gerr != werr || !slices.Equal(g, w) {
+				t.Fatalf("round %d step %d, max %d: %v (%v), want %v (%v)", round, step, max, g, gerr, w, werr)
+			}
+		}
+	}
+}
+
+// A connection's ordering costs no allocation when the room is there.
+func TestAppendOrderAllocatesNothingWithRoom(t *testing.T) {
+	p := NewPicker(nil, DefaultEjectionPolicy())
+	p.SetEndpoints(eps("10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80"))
+	room := make([]netip.AddrPort, 0, 4)
+	if n := testing.AllocsPerRun(100, func() {
+		if o, err := p.AppendOrder(room[:0], cli1, 4); err != nil || len(o) != 4 {
+			t.Fatalf("%v %v", o, err)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per ordering", n)
 	}
 }

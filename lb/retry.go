@@ -78,6 +78,17 @@ func (p RetryPolicy) Walk(order []netip.AddrPort, start time.Time) *Walk {
 	return &Walk{order: order, policy: p, start: start}
 }
 
+// Rewalk makes w a new walk over order at time start, as Walk does,
+// reusing w: an engine keeps its walks and their orders' room between
+// connections instead of making them per connection.
+func (p RetryPolicy) Rewalk(w *Walk, order []netip.AddrPort, start time.Time) {
+	*w = Walk{order: order, policy: p, start: start}
+}
+
+// Order is the ordering w walks; its room may be reused (as
+// Picker.AppendOrder's dst, emptied) once w is done with.
+func (w *Walk) Order() []netip.AddrPort { return w.order }
+
 // Next returns the next endpoint to try and that try's timeout, or ok=false
 // when the walk is over.
 func (w *Walk) Next(now time.Time) (ep netip.AddrPort, timeout time.Duration, ok bool) {

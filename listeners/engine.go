@@ -67,24 +67,42 @@ type Target struct {
 	Resolve func(orig netip.AddrPort) *Target
 }
 
-// walk starts a connection's walk over order under the target's retry
-// policy.
-func (t *Target) walk(order []netip.AddrPort, start time.Time) *lb.Walk {
-	if t.Retry == nil {
-		return lb.RetryPolicy{}.Walk(order, start)
+// startWalk makes w a connection's walk under the target's retry policy,
+// from client src at time start, after the source check: over the first
+// endpoints of the picker's order, as many as the policy tries, written
+// into w's own room (issue 12: a connection ordered and held every
+// endpoint of the port).
+func (t *Target) startWalk(w *lb.Walk, src netip.Addr, start time.Time) error {
+	if t.Admit != nil && !t.Admit(src) {
+		return errNotAdmitted
 	}
-	return t.Retry.Walk(order, start)
+	var policy lb.RetryPolicy
+	if t.Retry != nil {
+		policy = *t.Retry
+	}
+	order, err := t.Picker.AppendOrder(w.Order()[:0], src, policy.Attempts)
+	if err != nil {
+		return err
+	}
+	policy.Rewalk(w, order, start)
+	return nil
 }
 
 // errNotAdmitted refuses a client outside the frontend's source ranges.
 var errNotAdmitted = errors.New("client address not in the source ranges")
 
-// order is the endpoint ordering for a client, after the source check.
-func (t *Target) order(src netip.Addr) ([]netip.AddrPort, error) {
+// first is the endpoint a new flow from src goes to, after the source
+// check (a datagram flow is not retried).
+func (t *Target) first(src netip.Addr) (netip.AddrPort, error) {
 	if t.Admit != nil && !t.Admit(src) {
-		return nil, errNotAdmitted
+		return netip.AddrPort{}, errNotAdmitted
 	}
-	return t.Picker.Order(src)
+	var one [1]netip.AddrPort
+	order, err := t.Picker.AppendOrder(one[:0], src, 1)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return order[0], nil
 }
 
 // resolved is the target that serves a connection accepted on fd by a

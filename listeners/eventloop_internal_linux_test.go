@@ -66,6 +66,59 @@ func TestEventLoopIdleConnectionsHoldNoBuffers(t *testing.T) {
 	}
 }
 
+// walkState is, on the loops themselves, how many open connections hold
+// a connect walk, and the loops' spare walks.
+func (e *EventLoop) walkState() (holding int, spare map[*lb.Walk]bool) {
+	spare = map[*lb.Walk]bool{}
+	for _, l := range e.loops {
+		l.do(func() {
+			for c := range l.conns {
+				if c.walk != nil {
+					holding++
+				}
+			}
+			for _, w := range l.walks {
+				spare[w] = true
+			}
+		})
+	}
+	return holding, spare
+}
+
+// A connection holds its connect walk only while it connects, and the
+// next connection takes it again: an established connection, idle or not,
+// holds no ordering of the port's endpoints, and a connect makes none.
+func TestEventLoopConnectionsReuseTheirConnectWalks(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	var open []*net.TCPConn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for range 20 {
+		c := f.dial()
+		echoOnce(t, c, []byte("small"))
+		open = append(open, c)
+	}
+	holding, spare := e.walkState()
+	if holding != 0 || len(spare) == 0 {
+		t.Fatalf("%d established connections hold a walk, %d spare; want none holding, some spare", holding, len(spare))
+	}
+	for range 20 {
+		c := f.dial()
+		echoOnce(t, c, []byte("small"))
+		c.Close()
+	}
+	_, again := e.walkState()
+	for w := range again {
+		if !spare[w] {
+			t.Fatal("a connection made a walk of its own while spare ones waited")
+		}
+	}
+}
+
 // Closing or opening a listener after Shutdown neither hangs nor leaks.
 func TestEventLoopListenerAfterShutdown(t *testing.T) {
 	e, err := NewEventLoop(Options{Loops: 1})

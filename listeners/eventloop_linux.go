@@ -204,8 +204,11 @@ type loop struct {
 	again  []func()   // sockets that yielded with work left (accept, UDP)
 	timers deadlines
 	free   [][]byte // spare copy buffers
-	batch  *dgramBatch
-	now    time.Time
+	// walks are spare connect walks, with their orders' room: a
+	// connection holds one only while it connects.
+	walks []*lb.Walk
+	batch *dgramBatch
+	now   time.Time
 	// lastEvent is when the last wait returned events (for BusyPoll).
 	lastEvent time.Time
 	// lastYield is when the loop last went through Go's scheduler; see
@@ -839,8 +842,9 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 	c := &tcpConn{l: l, t: t, client: client, cs: side{fd: fd}, bs: side{fd: -1}, started: l.now}
 	c.up = pipe{src: &c.cs, dst: &c.bs}
 	c.down = pipe{src: &c.bs, dst: &c.cs}
-	order, err := t.order(client.Addr())
-	if err != nil {
+	c.walk = l.takeWalk()
+	if err := t.startWalk(c.walk, client.Addr(), c.started); err != nil {
+		l.giveWalk(c)
 		ctr.Refused()
 		resetClose(fd)
 		e.fds.give(2)
@@ -849,6 +853,7 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 		return
 	}
 	if err := l.register(fd, clientHandler{c}); err != nil {
+		l.giveWalk(c)
 		resetClose(fd)
 		e.fds.give(2)
 		ctr.Closed(0, 0)
@@ -856,8 +861,32 @@ func (l *loop) startConn(fd int, client netip.AddrPort, t *Target) {
 		return
 	}
 	l.conns[c] = struct{}{}
-	c.walk = t.walk(order, c.started)
 	c.tryNext()
+}
+
+// takeWalk is a spare walk, or a new one.
+func (l *loop) takeWalk() *lb.Walk {
+	if n := len(l.walks); n > 0 {
+		w := l.walks[n-1]
+		l.walks = l.walks[:n-1]
+		return w
+	}
+	return new(lb.Walk)
+}
+
+// maxSpareWalks bounds the spare walks a loop keeps: enough for a burst
+// of connects in flight, no more.
+const maxSpareWalks = 256
+
+// giveWalk takes c's walk back, if it has one: it is done connecting.
+func (l *loop) giveWalk(c *tcpConn) {
+	if c.walk == nil {
+		return
+	}
+	if len(l.walks) < maxSpareWalks {
+		l.walks = append(l.walks, c.walk)
+	}
+	c.walk = nil
 }
 
 // resetClose closes with SO_LINGER 0, which sends RST: the client sees
@@ -954,6 +983,7 @@ func (c *tcpConn) finishConnect(ev uint32) {
 	c.bs.writable = true
 	c.t.Picker.Connected(c.client.Addr(), c.ep)
 	c.t.counters().Connected(c.l.e.opts.Now().Sub(c.started), c.walk.Tries())
+	c.l.giveWalk(c)
 	c.progress()
 }
 
@@ -1169,6 +1199,7 @@ func (c *tcpConn) release() {
 	}
 	c.l.e.fds.give(2) // client and backend, taken at the accept
 	c.stopTimer()
+	c.l.giveWalk(c)
 	delete(c.l.conns, c)
 	c.t.counters().Closed(c.up.bytes, c.down.bytes)
 	c.l.e.active.Done()

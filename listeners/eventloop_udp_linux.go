@@ -192,12 +192,11 @@ func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 		f.close() // its endpoint went away: re-pick
 	}
 	ctr := ln.t.counters()
-	order, err := ln.t.order(client.Addr())
+	ep, err := ln.t.first(client.Addr())
 	if err != nil {
 		ctr.Refused()
 		return nil
 	}
-	ep := order[0]
 	epsa, family := toSockaddr(ep)
 	fds := ln.e.fds
 	if !fds.take(1) {

@@ -84,14 +84,13 @@ func (g *gnetCandidate) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	p := &gnetPair{client: c}
 	c.SetContext(p)
 	src := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr()
-	order, err := g.target.Picker.Order(src)
-	if err != nil {
+	walk := new(lb.Walk)
+	if err := g.target.startWalk(walk, src, time.Now()); err != nil {
 		return nil, gnet.Close
 	}
 	// gnet offers no non-blocking connect with a timeout on the loop: dial
 	// in a goroutine, then hand the socket to the client's loop.
 	go func() {
-		walk := g.target.walk(order, time.Now())
 		for {
 			ep, timeout, ok := walk.Next(time.Now())
 			if !ok {

@@ -334,14 +334,13 @@ func (l *goTCPListener) handle(gc *goConn) {
 	var up, down uint64
 	defer func() { ctr.Closed(up, down) }() // refusals too
 	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-	order, err := t.order(src)
-	if err != nil {
+	start := l.g.opts.Now()
+	walk := new(lb.Walk)
+	if err := t.startWalk(walk, src, start); err != nil {
 		ctr.Refused()
 		refuse(client)
 		return
 	}
-	start := l.g.opts.Now()
-	walk := t.walk(order, start)
 	var backend *net.TCPConn
 	for backend == nil {
 		ep, timeout, ok := walk.Next(l.g.opts.Now())

@@ -155,12 +155,11 @@ func (l *goUDPListener) flow(client netip.AddrPort, oob []byte) *goUDPFlow {
 		l.remove(f)
 	}
 	ctr := l.t.counters()
-	order, err := l.t.order(client.Addr())
+	ep, err := l.t.first(client.Addr())
 	if err != nil {
 		ctr.Refused()
 		return nil
 	}
-	ep := order[0]
 	if !l.g.fds.take(1) {
 		ctr.Refused() // out of descriptors: the datagram is dropped
 		return nil

@@ -3,6 +3,7 @@ package listeners
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-proxy/sluice/lb"
 	"io"
 	"net"
 	"net/netip"
@@ -263,14 +264,13 @@ func (l *sctpListener) handle(client net.Conn) {
 		src, _ = netip.AddrFromSlice(a.IPAddrs[0].IP)
 		src = src.Unmap()
 	}
-	order, err := t.order(src)
-	if err != nil {
+	start := l.s.opts.Now()
+	walk := new(lb.Walk)
+	if err := t.startWalk(walk, src, start); err != nil {
 		ctr.Refused()
 		client.Close()
 		return
 	}
-	start := l.s.opts.Now()
-	walk := t.walk(order, start)
 	var backend net.Conn
 	for backend == nil {
 		ep, timeout, ok := walk.Next(l.s.opts.Now())
