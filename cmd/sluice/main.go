@@ -455,7 +455,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible, Changes: metrics,
-			Skipped: func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) }}
+			Skipped: func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) },
+			// The applier's hand-back, delayed, does it: one collection
+			// for the initial list and the first state.
+			ReleaseMemory: sink.askRelease}
 		if np, ok := plane.(*nftablesPlane); ok && np != nil {
 			src.ServiceCIDRs = np.SetServiceCIDRs
 		}
@@ -466,6 +469,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	var wg sync.WaitGroup
 	srcCtx, stopSrc := context.WithCancel(ctx)
 	defer stopSrc()
+	wg.Go(func() {
+		handBack{asks: sink.release, after: time.After, delay: handBackDelay, free: debug.FreeOSMemory, log: log}.run(srcCtx)
+	})
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -488,15 +494,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 				return
 			case <-t.C:
 				plane.Tick()
-			case <-sink.release:
-				// Here, not on the publishing goroutine: the collection
-				// takes a while at that size, and the next update must
-				// not wait for it.
-				start := time.Now()
-				debug.FreeOSMemory()
-				var ms runtime.MemStats
-				runtime.ReadMemStats(&ms)
-				log.Info("garbage handed back after a large state", "heapInUseMiB", ms.HeapInuse>>20, "took", time.Since(start).Round(time.Millisecond))
 			case <-retry.C:
 				if r != nil {
 					r.RetryListeners()
@@ -700,6 +697,48 @@ func healthCheckServices(ports iter.Seq[*lb.ServicePort]) []admin.HealthCheckSer
 	return out
 }
 
+// handBackDelay is how long after a large state is applied its garbage is
+// handed back to the system. Not at once: the collection it forces (and
+// the scavenging) took the CPU right when a restarted proxy's first
+// updates came (the API churn bench's first flip, 12.6 ms from the write
+// with it at once, with the API server's watch at 3.3 ms), as the API
+// source found for its own release, which comes 30 s after its first
+// build and now asks for this one (one collection for both).
+const handBackDelay = 30 * time.Second
+
+// handBack hands the garbage of large applied states back to the system
+// (debug.FreeOSMemory), delay after the first ask and once for every ask
+// until then, on a goroutine of its own, off the publishing one: the
+// collection takes a while at that size, and no update waits for it.
+type handBack struct {
+	asks  <-chan struct{}
+	after func(time.Duration) <-chan time.Time
+	delay time.Duration
+	free  func()
+	log   *slog.Logger
+}
+
+func (h handBack) run(ctx context.Context) {
+	var due <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.asks:
+			if due == nil {
+				due = h.after(h.delay)
+			}
+		case <-due:
+			due = nil
+			start := time.Now()
+			h.free()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			h.log.Info("garbage handed back after a large state", "heapInUseMiB", ms.HeapInuse>>20, "took", time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
 // applier is the control plane's sink: it applies snapshots to the
 // listeners and keeps health and metrics up to date.
 // bigApply is the number of changed service ports from which an applied
@@ -831,13 +870,21 @@ func (a *applier) publish(snap *lb.Snapshot) error {
 	_, perFamily := a.plane.(interface{ perFamilySyncs() })
 	a.metrics.Synced(took, time.Now(), !perFamily)
 	a.log.Info("state applied", "servicePorts", snap.Ports.Len(), "changed", len(changed), "ports", strings.Join(shown, ","), "took", took)
-	if len(changed) >= bigApply && a.release != nil {
-		select {
-		case a.release <- struct{}{}:
-		default: // one is pending
-		}
+	if len(changed) >= bigApply {
+		a.askRelease()
 	}
 	return nil
+}
+
+// askRelease asks run to hand garbage back to the system (handBack).
+func (a *applier) askRelease() {
+	if a.release == nil {
+		return
+	}
+	select {
+	case a.release <- struct{}{}:
+	default: // one is pending
+	}
 }
 
 // Unchanged: a re-read found nothing new; what is applied is current.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -389,5 +390,57 @@ func TestABigAppliedStateAsksForAMemoryRelease(t *testing.T) {
 	f.Publish(big)
 	if asked(f) {
 		t.Fatal("a state that failed to apply asked for a release")
+	}
+}
+
+// The garbage of large states is handed back handBackDelay after the first
+// ask, once for every ask until then, and not before: a restarted proxy's
+// first updates do not meet the collection it forces.
+func TestHandBackWaitsAndCoalescesAsks(t *testing.T) {
+	asks := make(chan struct{})
+	timers := make(chan chan time.Time, 8)
+	freed := make(chan struct{}, 8)
+	h := handBack{asks: asks, delay: handBackDelay, log: slog.New(slog.DiscardHandler),
+		after: func(d time.Duration) <-chan time.Time {
+			if d != handBackDelay {
+				t.Errorf("waits %v, want %v", d, handBackDelay)
+			}
+			c := make(chan time.Time, 1)
+			timers <- c
+			return c
+		},
+		free: func() { freed <- struct{}{} }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// A guard against a hang, not a wait: each event is due at once.
+	within := func(what string, c <-chan chan time.Time) chan time.Time {
+		select {
+		case x := <-c:
+			return x
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s", what)
+			return nil
+		}
+	}
+	for round := range 2 {
+		asks <- struct{}{}
+		timer := within("wait", timers)
+		asks <- struct{}{} // taken while the first waits: no wait of its own
+		asks <- struct{}{}
+		if len(freed) != 0 {
+			t.Fatalf("round %d: handed back before its delay", round)
+		}
+		timer <- time.Now()
+		select {
+		case <-freed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: not handed back when its delay ran out", round)
+		}
+		// The asks were handled before the hand-back, in order.
+		if len(timers) != 0 || len(freed) != 0 {
+			t.Fatalf("round %d: %d more waits, %d more hand-backs; want none", round, len(timers), len(freed))
+		}
 	}
 }
