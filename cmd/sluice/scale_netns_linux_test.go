@@ -85,9 +85,10 @@ func TestUserspaceCapturePortAtScale(t *testing.T) {
 			t.Fatalf("service %d of %d (%s): %v, want the backend", i, n, scaleIP(i), d)
 		}
 	}
-	// Read once the start-up's garbage is handed back (run does it after
-	// the first large state, on a goroutine of its own).
-	p.waitLogWithin(time.Minute, "garbage handed back")
+	// Read once the start-up's garbage is handed back (run does it
+	// handBackDelay after the first large state, on a goroutine of its
+	// own).
+	p.waitLogWithin(handBackDelay+time.Minute, "garbage handed back")
 	rss := residentKiB(t, p.cmd.Process.Pid)
 	if heapOut != "" {
 		b.in(b.node, "curl", "-sSfo", heapOut, "http://127.0.0.1:10249/debug/pprof/heap?gc=1")
