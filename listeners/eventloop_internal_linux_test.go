@@ -119,6 +119,39 @@ func TestEventLoopConnectionsReuseTheirConnectWalks(t *testing.T) {
 	}
 }
 
+// batches counts, on the loops themselves, the loops that hold a UDP
+// receive batch.
+func (e *EventLoop) batches() (n int) {
+	for _, l := range e.loops {
+		l.do(func() {
+			if l.batch != nil {
+				n++
+			}
+		})
+	}
+	return n
+}
+
+// A loop holds a UDP receive batch (a megabyte of heap) only once it has
+// received UDP: serving TCP alone holds none.
+func TestEventLoopHoldsADatagramBatchOnlyForUDP(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 2})
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	c := f.dial()
+	echoOnce(t, c, []byte("tcp"))
+	c.Close()
+	if n := e.batches(); n != 0 {
+		t.Fatalf("%d loops hold a datagram batch after TCP alone", n)
+	}
+	u := newFixture(t, e, lb.UDP, serveUDP(t, udpEcho))
+	if got, _ := udpAsk(t, udpClient(t), u.ln.Addr(), []byte("udp")); string(got) != "udp" {
+		t.Fatalf("UDP echo %q", got)
+	}
+	if n := e.batches(); n != 1 {
+		t.Fatalf("%d loops hold a datagram batch after one UDP listener's exchange, want 1", n)
+	}
+}
+
 // Closing or opening a listener after Shutdown neither hangs nor leaks.
 func TestEventLoopListenerAfterShutdown(t *testing.T) {
 	e, err := NewEventLoop(Options{Loops: 1})

@@ -207,7 +207,7 @@ type loop struct {
 	// walks are spare connect walks, with their orders' room: a
 	// connection holds one only while it connects.
 	walks []*lb.Walk
-	batch *dgramBatch
+	batch *dgramBatch // made by the loop's first UDP receive (dgrams)
 	now   time.Time
 	// lastEvent is when the last wait returned events (for BusyPoll).
 	lastEvent time.Time
@@ -232,7 +232,6 @@ func newLoop(e *EventLoop) (*loop, error) {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	l := &loop{e: e, epfd: epfd, wakefd: wfd,
-		batch: newDgramBatch(dgramBatchSize, maxDatagram+1),
 		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}, exited: make(chan struct{})}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}); err != nil {
 		unix.Close(epfd)

@@ -147,7 +147,7 @@ func (ln *elUDPListener) event(ev uint32) {
 		return
 	}
 	l := ln.l
-	b := l.batch
+	b := l.dgrams()
 	for round := 0; round < 4; round++ {
 		n, err := b.recv(ln.fd, true)
 		if err != nil {
@@ -268,7 +268,7 @@ func (f *udpFlow) event(ev uint32) {
 		return
 	}
 	l := f.ln.l
-	b := l.batch
+	b := l.dgrams()
 	for round := 0; round < 4; round++ {
 		n, err := b.recv(f.fd, false)
 		if err != nil {
@@ -385,4 +385,15 @@ func (f *udpFlow) close() {
 		ln.finish()
 	}
 	ln.e.active.Done()
+}
+
+// dgrams is the loop's receive batch, made by its first UDP receive: a
+// loop that serves no UDP holds none (with datagrams of up to 64 KiB, a
+// batch is a megabyte of heap, one per loop, which the collector's goal
+// then doubled).
+func (l *loop) dgrams() *dgramBatch {
+	if l.batch == nil {
+		l.batch = newDgramBatch(dgramBatchSize, maxDatagram+1)
+	}
+	return l.batch
 }
