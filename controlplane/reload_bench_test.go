@@ -206,3 +206,42 @@ func liveHeap() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// A load that decoded bigLoad bytes or more asks for its garbage to be
+// handed back, in line, through ReleaseMemory; a reload that decoded one
+// changed document does not.
+func TestABigLoadAsksForAMemoryRelease(t *testing.T) {
+	dir := t.TempDir()
+	var all strings.Builder
+	for i := 0; all.Len() < bigLoad+bigLoad/8; i++ {
+		all.WriteString(manifestService(i, 100))
+	}
+	file := filepath.Join(dir, "all.yaml")
+	if err := os.WriteFile(file, []byte(all.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	sink := &editSink{}
+	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, ReleaseMemory: func() { asked++ },
+		Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if asked != 1 {
+		t.Fatalf("a load of %d bytes asked for %d releases, want 1", all.Len(), asked)
+	}
+	edited := strings.Replace(all.String(), "10.100.0.0]", "10.101.0.0]", 1)
+	if edited == all.String() {
+		t.Fatal("the edit changed nothing")
+	}
+	if err := os.WriteFile(file, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.setWatching(true)
+	src.takeTouched()
+	src.touch(file)
+	src.reload(UpdateTimes{})
+	if sink.published != 2 || asked != 1 {
+		t.Fatalf("after a one-document edit: published %d, %d releases asked; want 2 and 1", sink.published, asked)
+	}
+}
