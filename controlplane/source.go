@@ -90,12 +90,6 @@ type ManifestSource struct {
 	// MaxBytes bounds what one load reads; a load over it is refused.
 	// Default DefaultMaxManifestBytes; negative: no limit.
 	MaxBytes int64
-	// ReleaseMemory hands freed memory back to the system after a load
-	// that decoded bigLoad bytes or more. It is called in line, before
-	// the load is published, so it should only ask (run's hand-back
-	// comes later, off every update's way). Default debug.FreeOSMemory,
-	// in line.
-	ReleaseMemory func()
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
@@ -245,14 +239,10 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
-		// rather than over the minutes the scavenger would take. Only
+		// now rather than over the minutes the scavenger would take. Only
 		// what was decoded counts: a reload that found one document
 		// changed decoded one (forcing a GC for it cost ~10 ms at 10k).
-		release := s.ReleaseMemory
-		if release == nil {
-			release = debug.FreeOSMemory
-		}
-		defer release()
+		defer debug.FreeOSMemory()
 	}
 	if err != nil {
 		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))

@@ -440,10 +440,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	if cfg.Manifests != "" {
 		sink.source = "manifests"
 		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
-			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode),
-			// The applier's hand-back, delayed, does it: a whole file
-			// decoded again no longer waits for a forced collection.
-			ReleaseMemory: sink.askRelease}
+			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode)}
 		if err := src.Load(); err != nil {
 			drain()
 			return manifestsRejected{path: cfg.Manifests, err: err}
