@@ -488,6 +488,16 @@ func TestUpdateTimes(t *testing.T) {
 	if ts := <-s.times; len(ts.Triggers) != 0 || len(ts.Arrived) != 1 {
 		t.Fatalf("times of a delete: %+v", ts)
 	}
+	// A trigger time that is not one: only the arrival.
+	bad := slice("web", "w2", discoveryv1.AddressTypeIPv4, ready("10.244.0.2", "n1"))
+	bad.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "yesterday"}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.next(t)
+	if ts := <-s.times; len(ts.Triggers) != 0 || len(ts.Arrived) != 1 {
+		t.Fatalf("times of a slice with a bad trigger time: %+v", ts)
+	}
 }
 
 // Each snapshot after the first says it is the one before with the ports
@@ -629,7 +639,7 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 				t.Fatal(err)
 			}
 			if cs, ok := c.(*cachedSlice); !ok || cs.Name != sl.Name || cs.Namespace != sl.Namespace ||
-				cs.trigger != sl.Annotations[corev1.EndpointsLastChangeTriggerTime] || cs.trigger == "" {
+				cs.trigger == 0 || time.Unix(0, cs.trigger).UTC().Format(time.RFC3339Nano) != sl.Annotations[corev1.EndpointsLastChangeTriggerTime] {
 				t.Fatalf("round %d: cached as %+v", round, c)
 			} else {
 				cached = append(cached, cs.slice)
