@@ -1,9 +1,6 @@
 package lb
 
-import (
-	"net/netip"
-	"strconv"
-)
+import "net/netip"
 
 // EndpointAddr is an endpoint's IP address and port in 20 bytes with no
 // pointer: a netip.AddrPort is 32, a pointer word among them, and every
@@ -49,85 +46,11 @@ func (e EndpointAddr) Addr() netip.Addr {
 // Port is the port number.
 func (e EndpointAddr) Port() uint16 { return e.port }
 
-// AddrPort is e as a netip.AddrPort.
-func (e EndpointAddr) AddrPort() netip.AddrPort {
-	if e.kind == 4 { // inlined: the picker makes one per endpoint per connection
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(e.ip[12:])), e.port)
-	}
-	return e.addrPortNot4()
-}
-
-func (e EndpointAddr) addrPortNot4() netip.AddrPort {
-	return netip.AddrPortFrom(e.Addr(), e.port) // the zero value has port 0
-}
-
-// IsValid reports whether e holds an address.
-func (e EndpointAddr) IsValid() bool { return e.kind != 0 }
+// AddrPort is e as a netip.AddrPort (the zero value's is the zero one).
+func (e EndpointAddr) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr(), e.port) }
 
 // String is netip.AddrPort's form: "1.2.3.4:80", "[::1]:80".
 func (e EndpointAddr) String() string { return e.AddrPort().String() }
 
 // AppendTo appends String's form to b.
-func (e EndpointAddr) AppendTo(b []byte) []byte {
-	switch e.kind {
-	case 4:
-		b = e.Addr().AppendTo(b)
-	case 6:
-		b = append(b, '[')
-		b = e.Addr().AppendTo(b)
-		b = append(b, ']')
-	default:
-		return append(b, "invalid AddrPort"...)
-	}
-	b = append(b, ':')
-	return strconv.AppendUint(b, uint64(e.port), 10)
-}
-
-// MarshalText is netip.AddrPort's text form, so endpoints print and
-// encode as they did as netip.AddrPorts.
-func (e EndpointAddr) MarshalText() ([]byte, error) {
-	if e.kind == 0 {
-		return []byte{}, nil
-	}
-	return e.AppendTo(nil), nil
-}
-
-// UnmarshalText parses netip.AddrPort's text form.
-func (e *EndpointAddr) UnmarshalText(text []byte) error {
-	if len(text) == 0 {
-		*e = EndpointAddr{}
-		return nil
-	}
-	ap, err := netip.ParseAddrPort(string(text))
-	if err != nil {
-		return err
-	}
-	*e = EndpointAddrOf(ap)
-	return nil
-}
-
-// Compare orders as netip.AddrPort.Compare does: IPv4 before IPv6, then
-// by address, then by port.
-func (e EndpointAddr) Compare(o EndpointAddr) int {
-	if e.kind != o.kind {
-		if e.kind < o.kind {
-			return -1
-		}
-		return 1
-	}
-	for i := range e.ip {
-		if e.ip[i] != o.ip[i] {
-			if e.ip[i] < o.ip[i] {
-				return -1
-			}
-			return 1
-		}
-	}
-	switch {
-	case e.port < o.port:
-		return -1
-	case e.port > o.port:
-		return 1
-	}
-	return 0
-}
+func (e EndpointAddr) AppendTo(b []byte) []byte { return e.AddrPort().AppendTo(b) }

@@ -237,7 +237,8 @@ func TestServicePortNameString(t *testing.T) {
 
 func TestWalkTriesEachEndpointOnceWithinAttempts(t *testing.T) {
 	start := time.Unix(0, 0)
-	w := DefaultRetryPolicy().Walk([]netip.AddrPort{a, b, c}, start)
+	w := new(Walk)
+	DefaultRetryPolicy().Rewalk(w, []netip.AddrPort{a, b, c}, start)
 	var got []netip.AddrPort
 	for {
 		ep, to, ok := w.Next(start)
@@ -253,13 +254,13 @@ func TestWalkTriesEachEndpointOnceWithinAttempts(t *testing.T) {
 		t.Fatalf("walk = %v", got)
 	}
 	p := RetryPolicy{Attempts: 2, TryTimeouts: []time.Duration{time.Second}, Budget: 5 * time.Second}
-	w = p.Walk([]netip.AddrPort{a, b, c}, start)
+	p.Rewalk(w, []netip.AddrPort{a, b, c}, start)
 	w.Next(start)
 	w.Next(start)
 	if _, _, ok := w.Next(start); ok {
 		t.Fatal("walk exceeded Attempts")
 	}
-	w = p.Walk([]netip.AddrPort{a, b}, start)
+	p.Rewalk(w, []netip.AddrPort{a, b}, start)
 	if _, _, ok := w.Next(start.Add(6 * time.Second)); ok {
 		t.Fatal("walk exceeded budget")
 	}

@@ -73,14 +73,9 @@ type Walk struct {
 	tries  int
 }
 
-// Walk starts a walk over order at time start.
-func (p RetryPolicy) Walk(order []netip.AddrPort, start time.Time) *Walk {
-	return &Walk{order: order, policy: p, start: start}
-}
-
-// Rewalk makes w a new walk over order at time start, as Walk does,
-// reusing w: an engine keeps its walks and their orders' room between
-// connections instead of making them per connection.
+// Rewalk makes w a new walk over order at time start, reusing w: an
+// engine keeps its walks and their orders' room between connections
+// instead of making them per connection.
 func (p RetryPolicy) Rewalk(w *Walk, order []netip.AddrPort, start time.Time) {
 	*w = Walk{order: order, policy: p, start: start}
 }
