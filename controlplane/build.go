@@ -583,6 +583,20 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 	return snap, nil
 }
 
+// protocolOf is p as one of lb's protocol constants when it is one, so
+// that what is kept holds no string of a decoded object's.
+func protocolOf(p string) lb.Protocol {
+	switch lb.Protocol(p) {
+	case lb.TCP:
+		return lb.TCP
+	case lb.UDP:
+		return lb.UDP
+	case lb.SCTP:
+		return lb.SCTP
+	}
+	return lb.Protocol(p)
+}
+
 func parseIPs(e *objErr, field string, ss []string) []netip.Addr {
 	var out []netip.Addr
 	for i, s := range ss {
@@ -596,7 +610,9 @@ func parseIPs(e *objErr, field string, ss []string) []netip.Addr {
 	return out
 }
 
-func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
+// buildService builds svc's ports; name is svc's name as they keep it
+// (NewService's own copy).
+func buildService(svc *corev1.Service, name string, e *objErr) []*lb.ServicePort {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil
 	}
@@ -669,38 +685,50 @@ func buildService(svc *corev1.Service, e *objErr) []*lb.ServicePort {
 	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p != corev1.ServiceInternalTrafficPolicyLocal && *p != corev1.ServiceInternalTrafficPolicyCluster {
 		e.add("spec.internalTrafficPolicy", "unsupported value %q: want Cluster or Local", *p)
 	}
-	names := map[string]int{}
-	portProtos := map[string]int{}
-	var out []*lb.ServicePort
+	// Checked without maps or formatting unless something is wrong: a
+	// Service is built as it is decoded, and what it keeps must not be
+	// spread among garbage (see mergeOwned).
+	protoOf := func(p corev1.ServicePort) lb.Protocol {
+		if p.Protocol == "" {
+			return lb.TCP
+		}
+		return protocolOf(string(p.Protocol))
+	}
+	out := make([]*lb.ServicePort, 0, len(svc.Spec.Ports))
 	for i, p := range svc.Spec.Ports {
-		f := fmt.Sprintf("spec.ports[%d]", i)
+		f := func() string { return fmt.Sprintf("spec.ports[%d]", i) }
 		if len(svc.Spec.Ports) > 1 && p.Name == "" {
-			e.add(f+".name", "required when a Service has more than one port")
+			e.add(f()+".name", "required when a Service has more than one port")
 		}
-		if j, dup := names[p.Name]; dup {
-			e.add(f+".name", "duplicate port name %q (also spec.ports[%d])", p.Name, j)
+		proto := protoOf(p)
+		// The last earlier port of the same name, and of the same port
+		// and protocol, as a map of each kept up to i would say.
+		sameName, samePort := -1, -1
+		for j, q := range svc.Spec.Ports[:i] {
+			if q.Name == p.Name {
+				sameName = j
+			}
+			if q.Port == p.Port && protoOf(q) == proto {
+				samePort = j
+			}
 		}
-		names[p.Name] = i
-		proto := lb.Protocol(p.Protocol)
-		if proto == "" {
-			proto = lb.TCP
+		if sameName >= 0 {
+			e.add(f()+".name", "duplicate port name %q (also spec.ports[%d])", p.Name, sameName)
 		}
 		if proto != lb.TCP && proto != lb.UDP && proto != lb.SCTP {
-			e.add(f+".protocol", "unsupported protocol %q: want TCP, UDP or SCTP", p.Protocol)
+			e.add(f()+".protocol", "unsupported protocol %q: want TCP, UDP or SCTP", p.Protocol)
 		}
 		if p.Port < 1 || p.Port > 65535 {
-			e.add(f+".port", "must be 1-65535, got %d", p.Port)
+			e.add(f()+".port", "must be 1-65535, got %d", p.Port)
 		}
 		if p.NodePort < 0 || p.NodePort > 65535 {
-			e.add(f+".nodePort", "must be 0-65535, got %d", p.NodePort)
+			e.add(f()+".nodePort", "must be 0-65535, got %d", p.NodePort)
 		}
-		pp := fmt.Sprintf("%d/%s", p.Port, proto)
-		if j, dup := portProtos[pp]; dup {
-			e.add(f+".port", "duplicate port %s (also spec.ports[%d])", pp, j)
+		if samePort >= 0 {
+			e.add(f()+".port", "duplicate port %d/%s (also spec.ports[%d])", p.Port, proto, samePort)
 		}
-		portProtos[pp] = i
 		out = append(out, &lb.ServicePort{
-			Name:                lb.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: proto},
+			Name:                lb.ServicePortName{Namespace: svc.Namespace, Name: name, Port: p.Name, Protocol: proto},
 			ClusterIPs:          cips,
 			Port:                uint16(p.Port),
 			NodePort:            uint16(p.NodePort),
@@ -800,7 +828,7 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 // are Local, and sl is not kept, so a build for another node reports the
 // slice instead of guessing (the sources parse for the node they serve).
 func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
-	s := &Slice{Namespace: sl.Namespace, Name: sl.Name, Service: sl.Labels[ServiceNameLabel], node: unique.Make(nodeName)}
+	s := &Slice{Namespace: sl.Namespace, Name: strings.Clone(sl.Name), Service: strings.Clone(sl.Labels[ServiceNameLabel]), node: unique.Make(nodeName)}
 	var want func(netip.Addr) bool
 	switch sl.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -827,29 +855,32 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 			ref.name = *p.Name
 		}
 		if p.Protocol != nil {
-			ref.proto = lb.Protocol(*p.Protocol)
+			ref.proto = protocolOf(string(*p.Protocol))
 		}
 		ports = append(ports, ref)
 	}
 	eps := make([]lb.Endpoint, 0, len(sl.Endpoints)) // port 0, for now
 	for i, ep := range sl.Endpoints {
-		f := fmt.Sprintf("endpoints[%d].addresses", i)
+		// The field's name is made only for a problem: a slice is parsed
+		// as it is decoded, and what it keeps must not be spread among
+		// garbage (see mergeOwned).
+		f := func() string { return fmt.Sprintf("endpoints[%d].addresses", i) }
 		if len(ep.Addresses) == 0 {
-			s.problem(f, "at least one address is required")
+			s.problem(f(), "at least one address is required")
 			continue
 		}
 		a, err := netip.ParseAddr(ep.Addresses[0])
 		if err != nil {
-			s.problem(f+"[0]", "invalid IP address %q", ep.Addresses[0])
+			s.problem(f()+"[0]", "invalid IP address %q", ep.Addresses[0])
 			continue
 		}
 		a = a.Unmap()
 		if a.Zone() != "" {
-			s.problem(f+"[0]", "invalid IP address %q: an endpoint address has no zone", ep.Addresses[0])
+			s.problem(f()+"[0]", "invalid IP address %q: an endpoint address has no zone", ep.Addresses[0])
 			continue
 		}
 		if !want(a) {
-			s.problem(f+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
+			s.problem(f()+"[0]", "address %s is not of addressType %s", a, sl.AddressType)
 			continue
 		}
 		c := ep.Conditions
@@ -867,14 +898,60 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 	s.ports = slices.Clip(ports)
 	s.byPort = make([][]lb.Endpoint, len(ports))
 	for i, p := range ports {
-		list := make([]lb.Endpoint, len(eps))
-		for j, ep := range eps {
-			ep.Addr = lb.EndpointAddrFrom(ep.Addr.Addr(), p.port)
-			list[j] = ep
+		list := eps // the last port takes eps itself
+		if i < len(ports)-1 {
+			list = slices.Clone(eps)
 		}
-		s.byPort[i] = mergeEndpoints(list) // list itself when it is merged already
+		for j := range list {
+			list[j].Addr = lb.EndpointAddrFrom(list[j].Addr.Addr(), p.port)
+		}
+		s.byPort[i] = mergeOwned(list)
 	}
 	return s
+}
+
+// mergeOwned is mergeEndpoints for a list the caller owns and gives up: it
+// is merged in place, so a slice's kept lists are the only allocations of
+// their size that parsing it makes. Kept beside the decode's garbage, lists
+// and copies made and dropped in turn left every other slot of their spans
+// empty (BenchmarkInitialListHeapInUse).
+func mergeOwned(eps []lb.Endpoint) []lb.Endpoint {
+	if len(eps) == 0 {
+		return nil
+	}
+	if merged(eps) {
+		return slices.Clip(eps)
+	}
+	slices.SortStableFunc(eps, compareEndpointAddrs)
+	out := eps[:0]
+	for i := 0; i < len(eps); {
+		j := i + 1
+		for j < len(eps) && eps[j].Addr == eps[i].Addr {
+			j++
+		}
+		// As mergeEndpoints: the first of an address, unless it is
+		// terminating and a later one is not.
+		keep := eps[i]
+		if keep.Terminating {
+			for _, ep := range eps[i+1 : j] {
+				if !ep.Terminating {
+					keep = ep
+					break
+				}
+			}
+		}
+		out = append(out, keep)
+		i = j
+	}
+	clear(eps[len(out):])
+	return slices.Clip(out)
+}
+
+// compareEndpointAddrs orders endpoints as mergeEndpoints does, by their
+// "ip:port" text, without making it.
+func compareEndpointAddrs(x, y lb.Endpoint) int {
+	var a, b [64]byte
+	return bytes.Compare(x.Addr.AppendTo(a[:0]), y.Addr.AppendTo(b[:0]))
 }
 
 func (s *Slice) problem(field, format string, a ...any) {
@@ -992,7 +1069,7 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 		seen[ep.Addr] = len(out)
 		out = append(out, ep)
 	}
-	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
+	slices.SortFunc(out, compareEndpointAddrs)
 	return slices.Clip(out) // spare room after duplicates is not for appends to share
 }
 
@@ -1045,11 +1122,12 @@ const (
 // A skipped Service (ExternalName, headless) has none and no problem.
 func NewService(svc *corev1.Service) *Service {
 	e := &objErr{id: "Service " + svc.Namespace + "/" + svc.Name}
-	ports := buildService(svc, e)
+	name := strings.Clone(svc.Name)
+	ports := buildService(svc, name, e)
 	if len(e.errors) > 0 {
-		return &Service{Namespace: svc.Namespace, Name: svc.Name, problems: slices.Clip(e.errors)}
+		return &Service{Namespace: svc.Namespace, Name: name, problems: slices.Clip(e.errors)}
 	}
-	return &Service{Namespace: svc.Namespace, Name: svc.Name, ports: slices.Clip(ports)}
+	return &Service{Namespace: svc.Namespace, Name: name, ports: slices.Clip(ports)}
 }
 
 // BuildService builds one Service's ports for the node named nodeName, with

@@ -140,6 +140,9 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 		{"port out of range", svc + "  ports: [{port: 70000}]\n", `Service default/s: spec.ports[0].port: must be 1-65535, got 70000`},
 		{"node port out of range", svc + "  ports: [{port: 80, nodePort: 99999}]\n", `spec.ports[0].nodePort: must be 0-65535`},
 		{"duplicate port names", svc + "  ports: [{name: a, port: 80}, {name: a, port: 81}]\n", `spec.ports[1].name: duplicate port name "a"`},
+		{"duplicate port names, the last earlier named", svc + "  ports: [{name: a, port: 80}, {name: b, port: 81}, {name: a, port: 82}, {name: a, port: 83}]\n", `spec.ports[3].name: duplicate port name "a" (also spec.ports[2])`},
+		{"duplicate ports", svc + "  ports: [{name: a, port: 80}, {name: b, port: 80, protocol: UDP}, {name: c, port: 80}]\n", `spec.ports[2].port: duplicate port 80/TCP (also spec.ports[0])`},
+		{"duplicate ports, the default protocol", svc + "  ports: [{name: a, port: 53, protocol: UDP}, {name: b, port: 53, protocol: UDP}]\n", `spec.ports[1].port: duplicate port 53/UDP (also spec.ports[0])`},
 		{"negative affinity", svc + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: -5}}\n  ports: [{port: 80}]\n", `spec.sessionAffinityConfig.clientIP.timeoutSeconds: must be 1-86400, got -5`},
 		{"slice to unknown service", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: ghost}}\naddressType: IPv4\nendpoints: []\n", `EndpointSlice default/x: metadata.labels[kubernetes.io/service-name]: Service default/ghost not found`},
 		{"slice bad address", svc + "  ports: [{port: 80}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [fe80::1]}]\n", `test.yaml#2: EndpointSlice default/x: endpoints[0].addresses[0]: address fe80::1 is not of addressType IPv4`},
@@ -1044,3 +1047,29 @@ spec:
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestMergeOwnedMatchesMergeEndpoints checks the in-place merge a slice's
+// lists are made with against mergeEndpoints, on random lists with
+// addresses repeated, terminating or not, ports and families mixed.
+func TestMergeOwnedMatchesMergeEndpoints(t *testing.T) {
+	r := rand.New(rand.NewPCG(16, 12))
+	addrs := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.2"),
+		netip.MustParseAddr("9.1.1.1"), netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::a")}
+	ports := []uint16{80, 8080, 9}
+	for round := range 2000 {
+		n := r.IntN(12)
+		eps := make([]lb.Endpoint, n)
+		for i := range eps {
+			eps[i] = lb.Endpoint{Addr: lb.EndpointAddrFrom(addrs[r.IntN(len(addrs))], ports[r.IntN(len(ports))]),
+				Ready: r.IntN(2) == 0, Serving: r.IntN(2) == 0, Terminating: r.IntN(2) == 0, Local: r.IntN(2) == 0}
+		}
+		want := mergeEndpoints(slices.Clone(eps))
+		got := mergeOwned(slices.Clone(eps))
+		if !slices.Equal(got, want) {
+			t.Fatalf("round %d: mergeOwned(%v)\n= %v\nwant %v", round, eps, got, want)
+		}
+		if len(got) != cap(got) {
+			t.Fatalf("round %d: %d endpoints kept with room for %d", round, len(got), cap(got))
+		}
+	}
+}

@@ -416,9 +416,10 @@ type cachedService struct {
 }
 
 func newCachedService(svc *corev1.Service) *cachedService {
+	built := controlplane.NewService(svc)
 	return &cachedService{
-		objectName: nameOf(&svc.ObjectMeta),
-		svc:        controlplane.NewService(svc),
+		objectName: nameOf(&svc.ObjectMeta, built.Name),
+		svc:        built,
 		clusterIP:  svc.Spec.ClusterIP != "",
 	}
 }
@@ -440,9 +441,10 @@ type cachedSlice struct {
 }
 
 func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
+	built := controlplane.NewSliceFor(sl, nodeName)
 	c := &cachedSlice{
-		objectName: nameOf(&sl.ObjectMeta),
-		slice:      controlplane.NewSliceFor(sl, nodeName),
+		objectName: nameOf(&sl.ObjectMeta, built.Name),
+		slice:      built,
 		ipv6:       sl.AddressType == discoveryv1.AddressTypeIPv6,
 	}
 	if v := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; v != "" {
@@ -456,12 +458,14 @@ func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice
 func (t *proxyTrim) service(svc *corev1.Service) {
 	svc.ManagedFields, svc.Annotations, svc.Labels, svc.OwnerReferences, svc.Finalizers, svc.GenerateName = nil, nil, nil, nil, nil, ""
 	svc.Spec.Selector, svc.Status.Conditions = nil, nil
-	for i := range svc.Spec.Ports {
-		svc.Spec.Ports[i].AppProtocol = nil
-	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	svc.Namespace = *t.intern(&svc.Namespace)
-	t.mu.Unlock()
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		p.AppProtocol = nil
+		p.Name = *t.intern(&p.Name)
+	}
 }
 
 func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
@@ -510,13 +514,14 @@ func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
 
 // intern returns the table's pointer to *s's value, adding a copy of it
 // if the table has room (never s itself: a pointer into an object, such as
-// &sl.Namespace, would keep the whole object alive); t.mu is held.
+// &sl.Namespace, would keep the whole object alive, and not its bytes
+// either: they would keep the span they were decoded into); t.mu is held.
 func (t *proxyTrim) intern(s *string) *string {
 	if shared, ok := t.strs[*s]; ok {
 		return shared
 	}
 	if len(t.strs) < maxInterned {
-		v := *s
+		v := strings.Clone(*s) // not the decoded object's string (see nameOf)
 		t.strs[v] = &v
 		return &v
 	}
