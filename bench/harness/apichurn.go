@@ -277,6 +277,17 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 			case <-ctx.Done():
 			case <-time.After(time.Until(started.Add(ready + settleAfter))):
 				m["rss_settled_mb"], _ = procMemMB(proc.PID())
+				m["rss_settled_anon_mb"] = procAnonMB(proc.PID())
+				// The heap in use against its allocated bytes: the
+				// difference is room in spans kept by a few live
+				// objects, which resident memory keeps too.
+				if g, err := readGauges(metrics, "go_memstats_heap_inuse_bytes", "go_memstats_heap_alloc_bytes"); err == nil {
+					for name, key := range map[string]string{"go_memstats_heap_inuse_bytes": "heap_inuse_settled_mb", "go_memstats_heap_alloc_bytes": "heap_alloc_settled_mb"} {
+						if v, ok := g[name]; ok {
+							m[key] = v / (1 << 20)
+						}
+					}
+				}
 			}
 		}
 		ownShare(m, metrics)

@@ -94,6 +94,22 @@ func procMemMB(pid int) (rss, peak float64) {
 	return rss, peak
 }
 
+// procAnonMB is pid's anonymous resident memory (RssAnon): its heap,
+// stacks and runtime structures, without the binary's mapped pages.
+func procAnonMB(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssAnon:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 // KubeSyncConfig says what to run.
 type KubeSyncConfig struct {
 	Sluice, KubeProxy string

@@ -47,6 +47,28 @@ func readHistogram(url, name string) (promHistogram, error) {
 	return h, nil
 }
 
+// readGauges reads single-series gauges (such as the Go collector's
+// go_memstats_heap_inuse_bytes) from url; a name not found is left out.
+func readGauges(url string, names ...string) (map[string]float64, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	out := map[string]float64{}
+	for _, name := range names {
+		if f := fams[name]; f != nil && len(f.GetMetric()) == 1 {
+			out[name] = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return out, nil
+}
+
 // bound is the upper bound of the bucket holding quantile q: the q-th
 // value is at most this (a bucket's resolution, not interpolated); +Inf
 // above the last finite bucket.
