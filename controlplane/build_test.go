@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -1070,6 +1071,54 @@ func TestMergeOwnedMatchesMergeEndpoints(t *testing.T) {
 		}
 		if len(got) != cap(got) {
 			t.Fatalf("round %d: %d endpoints kept with room for %d", round, len(got), cap(got))
+		}
+	}
+}
+
+// TestLoadsShareNamespacesAndPortNames checks that the objects of a load
+// keep one copy of each namespace and port name, not the strings decoded
+// from their documents: one decoded string kept keeps the span it was
+// decoded into, and with it the room of the garbage decoded beside it
+// (BenchmarkManifestHeldBytesPerService reports the heap in use).
+func TestLoadsShareNamespacesAndPortNames(t *testing.T) {
+	dir := t.TempDir()
+	var doc strings.Builder
+	for i := range 3 {
+		fmt.Fprintf(&doc, "apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: team-a}\nspec:\n  clusterIP: 10.96.0.%d\n  ports: [{name: http, port: 80}]\n---\n", i, i+1)
+		fmt.Fprintf(&doc, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d-x, namespace: team-a, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [10.0.0.%d]}]\n---\n", i, i, i+1)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(doc.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := LoadManifests(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs.Services) != 3 || len(objs.EndpointSlices) != 3 {
+		t.Fatalf("%d Services, %d slices", len(objs.Services), len(objs.EndpointSlices))
+	}
+	var namespaces, portNames []string
+	for _, svc := range objs.Services {
+		namespaces = append(namespaces, svc.Namespace)
+		for _, p := range svc.ports {
+			namespaces = append(namespaces, p.Name.Namespace)
+			portNames = append(portNames, p.Name.Port)
+		}
+	}
+	for _, sl := range objs.EndpointSlices {
+		namespaces = append(namespaces, sl.Namespace)
+		for _, p := range sl.ports {
+			portNames = append(portNames, p.name)
+		}
+	}
+	for what, names := range map[string][]string{"namespace": namespaces, "port name": portNames} {
+		if len(names) != 9 && len(names) != 6 {
+			t.Fatalf("%d %ss", len(names), what)
+		}
+		for _, n := range names[1:] {
+			if n != names[0] || unsafe.StringData(n) != unsafe.StringData(names[0]) {
+				t.Errorf("%s %q is a copy of its own, not the load's shared %q", what, n, names[0])
+			}
 		}
 	}
 }

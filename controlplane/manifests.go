@@ -715,6 +715,33 @@ type cachedDoc struct {
 type origins struct {
 	m   map[string]*originEntry
 	gen uint64 // the load whose entries count; stale ones are swept
+	// names are the namespaces and port names the objects share, each a
+	// copy of its own (see name); at most maxSharedNames.
+	names map[string]string
+}
+
+// maxSharedNames bounds origins.names: names past it are copied each.
+const maxSharedNames = 1 << 14
+
+// name is s as the loads keep it: one copy shared by every object that
+// names it, never the decoded object's own string, whose span would keep
+// the room of all the garbage decoded beside it (a document's decoding is
+// garbage once its object is built).
+func (o *origins) name(s string) string {
+	if s == "" {
+		return ""
+	}
+	if v, ok := o.names[s]; ok {
+		return v
+	}
+	v := strings.Clone(s)
+	if len(o.names) < maxSharedNames {
+		if o.names == nil {
+			o.names = map[string]string{}
+		}
+		o.names[v] = v
+	}
+	return v
 }
 
 type originEntry struct {
@@ -1110,7 +1137,10 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		if errs := strict(svc); errs != nil {
 			return errs, nil
 		}
-		svc.Namespace = ns
+		svc.Namespace = o.origin.name(ns)
+		for i := range svc.Spec.Ports {
+			svc.Spec.Ports[i].Name = o.origin.name(svc.Spec.Ports[i].Name)
+		}
 		obj = NewService(svc) // what the build reads; the decoded Service is garbage now
 	case "v1/Endpoints":
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
@@ -1125,7 +1155,13 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		if errs := strict(sl); errs != nil {
 			return errs, nil
 		}
-		sl.Namespace = ns
+		sl.Namespace = o.origin.name(ns)
+		for i, p := range sl.Ports {
+			if p.Name != nil {
+				name := o.origin.name(*p.Name)
+				sl.Ports[i].Name = &name
+			}
+		}
 		if o.forNode {
 			obj = NewSliceFor(sl, o.node) // what the build reads; the decoded slice is garbage now
 		} else {
