@@ -211,10 +211,3 @@ func heapNow() (live, inUse uint64) {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc, m.HeapInuse
 }
-
-func liveHeap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
