@@ -444,3 +444,50 @@ func TestHandBackWaitsAndCoalescesAsks(t *testing.T) {
 		}
 	}
 }
+
+// TestStartCollectionLowersTheGoalUntilTheFirstState checks that the
+// collector runs at startGCPercent until the first state is applied, then
+// at the goal it had, and that a GOGC of the user's is left alone.
+func TestStartCollectionLowersTheGoalUntilTheFirstState(t *testing.T) {
+	set := make(chan int, 4)
+	c := startCollection{getenv: func(string) string { return "" }, log: slog.New(slog.DiscardHandler),
+		setPercent: func(p int) int { set <- p; return 100 }}
+	first := make(chan struct{})
+	c.until(context.Background(), first)
+	if got := <-set; got != startGCPercent {
+		t.Fatalf("goal %d at start, want %d", got, startGCPercent)
+	}
+	if len(set) != 0 {
+		t.Fatalf("goal put back before the first state")
+	}
+	close(first)
+	select {
+	case got := <-set:
+		if got != 100 {
+			t.Fatalf("goal %d after the first state, want the previous 100", got)
+		}
+	case <-time.After(10 * time.Second): // a guard against a hang, not a wait
+		t.Fatal("goal not put back after the first state")
+	}
+
+	// Put back once, however often asked.
+	restore := c.lower()
+	<-set
+	restore()
+	restore()
+	if got := <-set; got != 100 || len(set) != 0 {
+		t.Fatalf("put back as %d, with %d more", got, len(set))
+	}
+
+	// The user's GOGC is theirs.
+	user := startCollection{getenv: func(k string) string {
+		if k == "GOGC" {
+			return "200"
+		}
+		return ""
+	}, log: slog.New(slog.DiscardHandler), setPercent: func(p int) int { set <- p; return 200 }}
+	user.lower()()
+	if len(set) != 0 {
+		t.Fatalf("goal set to %d with GOGC in the environment", <-set)
+	}
+}
