@@ -610,6 +610,10 @@ func parseIPs(e *objErr, field string, ss []string) []netip.Addr {
 	return out
 }
 
+// scanPorts is the number of a Service's ports up to which buildService
+// finds repeated names and ports by scanning the earlier ones, with no map.
+const scanPorts = 16
+
 // buildService builds svc's ports; name is svc's name as they keep it
 // (NewService's own copy).
 func buildService(svc *corev1.Service, name string, e *objErr) []*lb.ServicePort {
@@ -694,6 +698,12 @@ func buildService(svc *corev1.Service, name string, e *objErr) []*lb.ServicePort
 		}
 		return protocolOf(string(p.Protocol))
 	}
+	type portProto struct {
+		port  int32
+		proto lb.Protocol
+	}
+	var names map[string]int // past scanPorts ports: each name's last index so far
+	var portProtos map[portProto]int
 	out := make([]*lb.ServicePort, 0, len(svc.Spec.Ports))
 	for i, p := range svc.Spec.Ports {
 		f := func() string { return fmt.Sprintf("spec.ports[%d]", i) }
@@ -702,15 +712,28 @@ func buildService(svc *corev1.Service, name string, e *objErr) []*lb.ServicePort
 		}
 		proto := protoOf(p)
 		// The last earlier port of the same name, and of the same port
-		// and protocol, as a map of each kept up to i would say.
+		// and protocol: scanned for a few ports, looked up past that.
 		sameName, samePort := -1, -1
-		for j, q := range svc.Spec.Ports[:i] {
-			if q.Name == p.Name {
+		if len(svc.Spec.Ports) <= scanPorts {
+			for j, q := range svc.Spec.Ports[:i] {
+				if q.Name == p.Name {
+					sameName = j
+				}
+				if q.Port == p.Port && protoOf(q) == proto {
+					samePort = j
+				}
+			}
+		} else {
+			if names == nil {
+				names, portProtos = map[string]int{}, map[portProto]int{}
+			}
+			if j, ok := names[p.Name]; ok {
 				sameName = j
 			}
-			if q.Port == p.Port && protoOf(q) == proto {
+			if j, ok := portProtos[portProto{p.Port, proto}]; ok {
 				samePort = j
 			}
+			names[p.Name], portProtos[portProto{p.Port, proto}] = i, i
 		}
 		if sameName >= 0 {
 			e.add(f()+".name", "duplicate port name %q (also spec.ports[%d])", p.Name, sameName)
@@ -911,8 +934,9 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 }
 
 // mergeOwned is mergeEndpoints for a list the caller owns and gives up: it
-// is merged in place, so a slice's kept lists are the only allocations of
-// their size that parsing it makes. Kept beside the decode's garbage, lists
+// is merged in place (sorted, then each run of one address made one), so a
+// slice's kept lists are the only allocations of their size that parsing
+// it makes. Kept beside the decode's garbage, lists
 // and copies made and dropped in turn left every other slot of their spans
 // empty (BenchmarkInitialListHeapInUse).
 func mergeOwned(eps []lb.Endpoint) []lb.Endpoint {
@@ -1057,20 +1081,7 @@ func mergeEndpoints(eps []lb.Endpoint) []lb.Endpoint {
 	if merged(eps) {
 		return slices.Clip(eps)
 	}
-	seen := make(map[lb.EndpointAddr]int, len(eps))
-	out := make([]lb.Endpoint, 0, len(eps))
-	for _, ep := range eps {
-		if i, dup := seen[ep.Addr]; dup {
-			if out[i].Terminating && !ep.Terminating {
-				out[i] = ep
-			}
-			continue
-		}
-		seen[ep.Addr] = len(out)
-		out = append(out, ep)
-	}
-	slices.SortFunc(out, compareEndpointAddrs)
-	return slices.Clip(out) // spare room after duplicates is not for appends to share
+	return mergeOwned(slices.Clone(eps)) // eps may be a slice's list, shared
 }
 
 // merged reports whether eps is in mergeEndpoints' order with no address

@@ -143,6 +143,8 @@ func TestBadManifestsNameFileObjectAndField(t *testing.T) {
 		{"duplicate port names", svc + "  ports: [{name: a, port: 80}, {name: a, port: 81}]\n", `spec.ports[1].name: duplicate port name "a"`},
 		{"duplicate port names, the last earlier named", svc + "  ports: [{name: a, port: 80}, {name: b, port: 81}, {name: a, port: 82}, {name: a, port: 83}]\n", `spec.ports[3].name: duplicate port name "a" (also spec.ports[2])`},
 		{"duplicate ports", svc + "  ports: [{name: a, port: 80}, {name: b, port: 80, protocol: UDP}, {name: c, port: 80}]\n", `spec.ports[2].port: duplicate port 80/TCP (also spec.ports[0])`},
+		{"duplicate ports among many", svc + "  ports: [" + manyPorts(20) + ", {name: again, port: 1005}, {name: p3, port: 2000}]\n", `spec.ports[20].port: duplicate port 1005/TCP (also spec.ports[5])`},
+		{"duplicate names among many", svc + "  ports: [" + manyPorts(20) + ", {name: again, port: 1005}, {name: p3, port: 2000}]\n", `spec.ports[21].name: duplicate port name "p3" (also spec.ports[3])`},
 		{"duplicate ports, the default protocol", svc + "  ports: [{name: a, port: 53, protocol: UDP}, {name: b, port: 53, protocol: UDP}]\n", `spec.ports[1].port: duplicate port 53/UDP (also spec.ports[0])`},
 		{"negative affinity", svc + "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: -5}}\n  ports: [{port: 80}]\n", `spec.sessionAffinityConfig.clientIP.timeoutSeconds: must be 1-86400, got -5`},
 		{"slice to unknown service", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, labels: {kubernetes.io/service-name: ghost}}\naddressType: IPv4\nendpoints: []\n", `EndpointSlice default/x: metadata.labels[kubernetes.io/service-name]: Service default/ghost not found`},
@@ -1049,9 +1051,32 @@ spec:
 
 func ptr[T any](v T) *T { return &v }
 
-// TestMergeOwnedMatchesMergeEndpoints checks the in-place merge a slice's
-// lists are made with against mergeEndpoints, on random lists with
-// addresses repeated, terminating or not, ports and families mixed.
+// refMerge is the merge rule written plainly, as mergeEndpoints once did
+// it: the first of an address wins unless it is terminating and a later
+// one is not; sorted by "ip:port" text.
+func refMerge(eps []lb.Endpoint) []lb.Endpoint {
+	if len(eps) == 0 {
+		return nil
+	}
+	seen := map[lb.EndpointAddr]int{}
+	var out []lb.Endpoint
+	for _, ep := range eps {
+		if i, dup := seen[ep.Addr]; dup {
+			if out[i].Terminating && !ep.Terminating {
+				out[i] = ep
+			}
+			continue
+		}
+		seen[ep.Addr] = len(out)
+		out = append(out, ep)
+	}
+	slices.SortFunc(out, func(a, b lb.Endpoint) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
+	return out
+}
+
+// TestMergeOwnedMatchesMergeEndpoints checks both merges (in place, and on
+// a copy) against the rule written plainly, on random lists with addresses
+// repeated, terminating or not, ports and families mixed.
 func TestMergeOwnedMatchesMergeEndpoints(t *testing.T) {
 	r := rand.New(rand.NewPCG(16, 12))
 	addrs := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.2"),
@@ -1064,13 +1089,18 @@ func TestMergeOwnedMatchesMergeEndpoints(t *testing.T) {
 			eps[i] = lb.Endpoint{Addr: lb.EndpointAddrFrom(addrs[r.IntN(len(addrs))], ports[r.IntN(len(ports))]),
 				Ready: r.IntN(2) == 0, Serving: r.IntN(2) == 0, Terminating: r.IntN(2) == 0, Local: r.IntN(2) == 0}
 		}
-		want := mergeEndpoints(slices.Clone(eps))
-		got := mergeOwned(slices.Clone(eps))
-		if !slices.Equal(got, want) {
-			t.Fatalf("round %d: mergeOwned(%v)\n= %v\nwant %v", round, eps, got, want)
+		want := refMerge(eps)
+		in := slices.Clone(eps)
+		for name, got := range map[string][]lb.Endpoint{"mergeOwned": mergeOwned(slices.Clone(eps)), "mergeEndpoints": mergeEndpoints(in)} {
+			if !slices.Equal(got, want) {
+				t.Fatalf("round %d: %s(%v)\n= %v\nwant %v", round, name, eps, got, want)
+			}
+			if len(got) != cap(got) {
+				t.Fatalf("round %d: %s kept %d endpoints with room for %d", round, name, len(got), cap(got))
+			}
 		}
-		if len(got) != cap(got) {
-			t.Fatalf("round %d: %d endpoints kept with room for %d", round, len(got), cap(got))
+		if !slices.Equal(in, eps) {
+			t.Fatalf("round %d: mergeEndpoints changed the list it was given", round)
 		}
 	}
 }
@@ -1121,4 +1151,16 @@ func TestLoadsShareNamespacesAndPortNames(t *testing.T) {
 			}
 		}
 	}
+}
+
+// manyPorts is n ports as a manifest lists them: p0 on 1000, p1 on 1001...
+func manyPorts(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "{name: p%d, port: %d}", i, 1000+i)
+	}
+	return b.String()
 }
