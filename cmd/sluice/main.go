@@ -725,21 +725,26 @@ type startCollection struct {
 	log        *slog.Logger
 }
 
-// lower sets the start-up goal and returns what puts the previous one
-// back (once; a no-op when the user's GOGC was left alone).
+// lower sets the start-up goal and returns what puts Go's default back
+// (once; a no-op when the user's GOGC was left alone). The default, not
+// the goal lower found: two serves in one process (the tests run many)
+// would otherwise leave the second's start-up goal behind.
 func (c startCollection) lower() (restore func()) {
 	if c.getenv("GOGC") != "" {
 		return func() {}
 	}
-	prev := c.setPercent(startGCPercent)
+	c.setPercent(startGCPercent)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			c.setPercent(prev)
-			c.log.Debug("collector back to its goal after the first state", "percent", prev)
+			c.setPercent(defaultGCPercent)
+			c.log.Debug("collector back to its default goal after the first state", "percent", defaultGCPercent)
 		})
 	}
 }
+
+// defaultGCPercent is Go's goal when GOGC is not set.
+const defaultGCPercent = 100
 
 // until lowers the goal now and puts it back once first is closed (the
 // first state applied) or ctx ends.

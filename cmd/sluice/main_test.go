@@ -447,11 +447,11 @@ func TestHandBackWaitsAndCoalescesAsks(t *testing.T) {
 
 // TestStartCollectionLowersTheGoalUntilTheFirstState checks that the
 // collector runs at startGCPercent until the first state is applied, then
-// at the goal it had, and that a GOGC of the user's is left alone.
+// at Go's default, and that a GOGC of the user's is left alone.
 func TestStartCollectionLowersTheGoalUntilTheFirstState(t *testing.T) {
 	set := make(chan int, 4)
 	c := startCollection{getenv: func(string) string { return "" }, log: slog.New(slog.DiscardHandler),
-		setPercent: func(p int) int { set <- p; return 100 }}
+		setPercent: func(p int) int { set <- p; return 37 }} // the previous goal, not put back
 	first := make(chan struct{})
 	c.until(context.Background(), first)
 	if got := <-set; got != startGCPercent {
@@ -463,8 +463,8 @@ func TestStartCollectionLowersTheGoalUntilTheFirstState(t *testing.T) {
 	close(first)
 	select {
 	case got := <-set:
-		if got != 100 {
-			t.Fatalf("goal %d after the first state, want the previous 100", got)
+		if got != defaultGCPercent {
+			t.Fatalf("goal %d after the first state, want Go's default %d", got, defaultGCPercent)
 		}
 	case <-time.After(10 * time.Second): // a guard against a hang, not a wait
 		t.Fatal("goal not put back after the first state")
@@ -475,7 +475,7 @@ func TestStartCollectionLowersTheGoalUntilTheFirstState(t *testing.T) {
 	<-set
 	restore()
 	restore()
-	if got := <-set; got != 100 || len(set) != 0 {
+	if got := <-set; got != defaultGCPercent || len(set) != 0 {
 		t.Fatalf("put back as %d, with %d more", got, len(set))
 	}
 
