@@ -74,40 +74,33 @@ type KubeSyncResult struct {
 
 // procMemMB reads VmRSS and VmHWM of pid, in MiB.
 func procMemMB(pid int) (rss, peak float64) {
+	mb := procStatusMB(pid, "VmRSS:", "VmHWM:")
+	return mb[0], mb[1]
+}
+
+// procAnonMB is pid's anonymous resident memory (RssAnon): its heap,
+// stacks and runtime structures, without the binary's mapped pages.
+func procAnonMB(pid int) float64 { return procStatusMB(pid, "RssAnon:")[0] }
+
+// procStatusMB reads the named kB fields of /proc/pid/status in MiB, in
+// the order asked (0 for one not found, or when pid is gone).
+func procStatusMB(pid int, fields ...string) []float64 {
+	out := make([]float64, len(fields))
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return out
 	}
 	for _, l := range strings.Split(string(data), "\n") {
 		f := strings.Fields(l)
 		if len(f) < 2 {
 			continue
 		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "VmHWM:":
-			peak = kb / 1024
-		}
-	}
-	return rss, peak
-}
-
-// procAnonMB is pid's anonymous resident memory (RssAnon): its heap,
-// stacks and runtime structures, without the binary's mapped pages.
-func procAnonMB(pid int) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "RssAnon:" {
+		if i := slices.Index(fields, f[0]); i >= 0 {
 			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
+			out[i] = kb / 1024
 		}
 	}
-	return 0
+	return out
 }
 
 // KubeSyncConfig says what to run.
