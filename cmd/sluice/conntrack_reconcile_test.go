@@ -44,9 +44,16 @@ func TestConntrackReconcileReadsTheTableOnlyForUDPChanges(t *testing.T) {
 	local := &localAddrs{set: map[netip.Addr]bool{netip.MustParseAddr("192.168.10.1"): true}}
 	everyA, withDelta := &conntrack.Fake{}, &conntrack.Fake{}
 	readsA, readsB := 0, 0
-	failNext := false
+	// A failed read fails for both clean-ups: it is the kernel's table
+	// that could not be read. (Failed for the one told what changed only,
+	// an endpoint that went and came back while it could not read left a
+	// flow the other had deleted in between, and that it rightly keeps.)
+	failNext, failEvery := false, false
 	ra := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) {
 		readsA++
+		if failEvery {
+			return 0, fmt.Errorf("injected failure")
+		}
 		return everyA.DeleteMatching(stale)
 	}}
 	rb := conntrackReconciler{del: func(_ bool, stale func(conntrack.Flow) bool) (int, error) {
@@ -85,6 +92,7 @@ func TestConntrackReconcileReadsTheTableOnlyForUDPChanges(t *testing.T) {
 		}
 		steps++
 		failNext = rng.IntN(15) == 0
+		failEvery = failNext
 		if failNext {
 			failed = true
 		}
