@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 )
 
@@ -15,18 +16,27 @@ type promHistogram struct {
 	les, cum   []float64 // bucket upper bounds and cumulative counts
 }
 
-// readHistogram reads the histogram name from url, summed over its series.
-func readHistogram(url, name string) (promHistogram, error) {
-	var h promHistogram
+// readFamilies reads a /metrics page in the Prometheus text format.
+func readFamilies(url string) (map[string]*dto.MetricFamily, error) {
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
 	if err != nil {
-		return h, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var p expfmt.TextParser
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return h, fmt.Errorf("%s: %w", url, err)
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	return fams, nil
+}
+
+// readHistogram reads the histogram name from url, summed over its series.
+func readHistogram(url, name string) (promHistogram, error) {
+	var h promHistogram
+	fams, err := readFamilies(url)
+	if err != nil {
+		return h, err
 	}
 	f := fams[name]
 	if f == nil {
@@ -50,15 +60,9 @@ func readHistogram(url, name string) (promHistogram, error) {
 // readGauges reads single-series gauges (such as the Go collector's
 // go_memstats_heap_inuse_bytes) from url; a name not found is left out.
 func readGauges(url string, names ...string) (map[string]float64, error) {
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	fams, err := readFamilies(url)
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	var p expfmt.TextParser
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", url, err)
 	}
 	out := map[string]float64{}
 	for _, name := range names {
