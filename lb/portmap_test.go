@@ -101,3 +101,31 @@ func TestDeltaSince(t *testing.T) {
 		t.Fatal("a snapshot without a base gave a delta")
 	}
 }
+
+// Names whose hashes are equal are told apart by the names themselves,
+// in name order, whatever order they came in.
+func TestPortMapFindOrdersEqualHashesByName(t *testing.T) {
+	a, b, c := ServicePortName{Namespace: "ns", Name: "a"}, ServicePortName{Namespace: "ns", Name: "b"}, ServicePortName{Namespace: "ns", Name: "c"}
+	shard := []portEntry{{h: 3, sp: &ServicePort{Name: c}}, {h: 5, sp: &ServicePort{Name: a}}, {h: 5, sp: &ServicePort{Name: c}}, {h: 9, sp: &ServicePort{Name: b}}}
+	for _, tc := range []struct {
+		h    uint64
+		name ServicePortName
+		at   int
+		ok   bool
+	}{{5, a, 1, true}, {5, c, 2, true}, {5, b, 2, false}, {3, c, 0, true}, {3, a, 0, false}, {9, b, 3, true}, {9, a, 3, false}, {10, a, 4, false}} {
+		if at, ok := find(shard, tc.h, tc.name); at != tc.at || ok != tc.ok {
+			t.Errorf("find(%d, %s) = %d, %v; want %d, %v", tc.h, tc.name, at, ok, tc.at, tc.ok)
+		}
+	}
+}
+
+// A port set under another name than its own is refused: the map reads
+// names from the ports.
+func TestPortMapRefusesAPortUnderAnotherName(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	NewPortMap(map[ServicePortName]*ServicePort{{Name: "a"}: {Name: ServicePortName{Name: "b"}}})
+}

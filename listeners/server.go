@@ -94,7 +94,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	retry *lb.RetryPolicy // Retry, shared by every target (retryPolicy)
-	ports map[lb.ServicePortName]*servedPort
+	// ports are the served ports by name (lb.PortTable: 16 bytes an entry,
+	// issue 16's memory budget).
+	ports lb.PortTable[*servedPort]
 	// capture is the CapturePort listener (nil: none); captured maps each
 	// original destination it serves to its Target, read without a lock
 	// by the data path (what Apply and Close write to it is committed
@@ -210,6 +212,9 @@ type servedPort struct {
 	// bytes here instead of 176 (issue 16's memory budget).
 	own *ownFrontends
 }
+
+// name is the port's service port name.
+func (p *servedPort) name() lb.ServicePortName { return p.sp.Name }
 
 // ownFrontends are a service port's listeners of its own and what goes
 // with them.
@@ -346,8 +351,8 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.captured.commit()
-	if s.ports == nil {
-		s.ports = map[lb.ServicePortName]*servedPort{}
+	if s.ports.NameOf == nil {
+		s.ports.NameOf = (*servedPort).name
 	}
 	var errs []error
 	nodeAddrs := []netip.Addr{s.bindAddress()}
@@ -374,7 +379,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	// open in a stable order.
 	var changed []*lb.ServicePort
 	consider := func(name lb.ServicePortName, sp *lb.ServicePort) {
-		p := s.ports[name]
+		p, _ := s.ports.Get(name)
 		if p == nil || p.sp != sp || (sp.NodePort != 0 && !slices.Equal(p.nodeAddrs(), nodeAddrs)) {
 			changed = append(changed, sp)
 		}
@@ -383,7 +388,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		for _, name := range names {
 			sp := snap.Ports.Get(name)
 			if sp == nil {
-				if p := s.ports[name]; p != nil {
+				if p, ok := s.ports.Get(name); ok {
 					remove(name, p)
 				}
 				continue
@@ -391,7 +396,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 			consider(name, sp)
 		}
 	} else {
-		for name, p := range s.ports {
+		for name, p := range s.ports.All() {
 			if snap.Ports.Get(name) == nil {
 				remove(name, p)
 			}
@@ -402,7 +407,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	}
 	s.appliedID, s.appliedNodeAddrs = snap.ID, nodeAddrs
 	for _, sp := range lb.SortPorts(changed) {
-		p := s.ports[sp.Name]
+		p, _ := s.ports.Get(sp.Name)
 		sameNodeAddrs := sp.NodePort == 0 || (p != nil && slices.Equal(p.nodeAddrs(), nodeAddrs))
 		if p != nil && p.sp.SameFrontend(sp) && sameNodeAddrs {
 			p.sp = sp
@@ -460,18 +465,18 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 
 // setPort puts p in ports under its name; s.mu held.
 func (s *Server) setPort(p *servedPort) {
-	if s.ports[p.sp.Name] == nil && p.sp.Name.Protocol == lb.SCTP {
+	if _, ok := s.ports.Get(p.sp.Name); !ok && p.sp.Name.Protocol == lb.SCTP {
 		s.sctpPorts++
 	}
-	s.ports[p.sp.Name] = p
+	s.ports.Set(p.sp.Name, p)
 }
 
 // dropPort takes name out of ports; s.mu held.
 func (s *Server) dropPort(name lb.ServicePortName) {
-	if _, ok := s.ports[name]; ok && name.Protocol == lb.SCTP {
+	if _, ok := s.ports.Get(name); ok && name.Protocol == lb.SCTP {
 		s.sctpPorts--
 	}
-	delete(s.ports, name)
+	s.ports.Delete(name)
 }
 
 // setEndpoints hands the port's usable endpoints and affinity to its
@@ -638,7 +643,7 @@ func (s *Server) RetryFailed() (int, error) {
 	now := s.now()
 	var errs []error
 	left := 0
-	for _, p := range s.ports {
+	for p := range s.ports.Values() {
 		if p.own == nil {
 			continue
 		}
@@ -776,7 +781,7 @@ func (s *Server) FrontendCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, p := range s.ports {
+	for p := range s.ports.Values() {
 		n += p.frontendCount()
 	}
 	return n
@@ -787,7 +792,7 @@ func (s *Server) FrontendCount() int {
 func (s *Server) PortFrontends(name lb.ServicePortName) []Frontend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.ports[name]; p != nil {
+	if p, ok := s.ports.Get(name); ok {
 		return p.appendFrontends(nil, s.captureAddr)
 	}
 	return nil
@@ -805,7 +810,7 @@ func (s *Server) Frontends() []Frontend {
 	}
 	var ks []keyed
 	var fes []Frontend
-	for _, p := range s.ports {
+	for p := range s.ports.Values() {
 		fes = p.appendFrontends(fes[:0], s.captureAddr)
 		for _, fe := range fes {
 			ks = append(ks, keyed{fe.Service.String() + string(fe.Service.Protocol), fe.Addr.String(), fe})
@@ -829,7 +834,7 @@ func (s *Server) Frontends() []Frontend {
 func (s *Server) ExpirePins() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, p := range s.ports {
+	for p := range s.ports.Values() {
 		p.target.Picker.ExpirePins()
 		if p.ext != p.target {
 			p.ext.Picker.ExpirePins()
@@ -840,7 +845,7 @@ func (s *Server) ExpirePins() {
 // Close closes every listener.
 func (s *Server) Close() {
 	s.mu.Lock()
-	for name, p := range s.ports {
+	for name, p := range s.ports.All() {
 		s.closePort(p)
 		s.dropPort(name)
 	}
@@ -912,7 +917,7 @@ func (s *Server) Dump() []PortView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []PortView{}
-	for name, p := range s.ports {
+	for name, p := range s.ports.All() {
 		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{}}
 		for _, fe := range p.appendFrontends(nil, s.captureAddr) {
 			d := string(fe.Role) + " " + fe.Addr.String()

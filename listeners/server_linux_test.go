@@ -721,7 +721,7 @@ func TestServerServesTCPPortsThroughOneCapturePort(t *testing.T) {
 				if name.Protocol != lb.TCP {
 					continue
 				}
-				p := srv.ports[name]
+				p, _ := srv.ports.Get(name)
 				if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ClusterIPs[0], 80)); got != p.target {
 					return fmt.Errorf("%s's ClusterIP resolves to %p, want its target %p", name, got, p.target)
 				}
