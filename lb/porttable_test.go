@@ -2,8 +2,8 @@ package lb
 
 import (
 	"fmt"
-	"math/rand/v2"
 	stdmaps "maps"
+	"math/rand/v2"
 	"testing"
 )
 
