@@ -339,56 +339,36 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-// proxyTrim is the informers' transform: it drops from the objects they
-// cache what sluice never reads and shares what thousands of them repeat.
-//
-// Dropped: managedFields (server-side apply's bookkeeping, often the
-// largest part of an object) and annotations (kubectl's
-// last-applied-configuration holds a whole copy of the object), but for an
-// EndpointSlice's last-change-trigger-time, which the network programming
-// SLI reads; owner references and finalizers; of a Service also its
-// labels (the informers' selector is the API server's), its selector,
-// status conditions and ports' application protocol; of an EndpointSlice
-// labels other than the service name, and per endpoint the pod reference, host name,
-// deprecated topology and every address but the first (kube-proxy, and
-// controlplane.BuildService, read only that one), and per port the
-// application protocol. Kept as they are: the conditions, node, zone and
-// hints of each endpoint, and everything else of a Service.
-//
-// Shared: node names, zones, namespaces and port names are interned, and
-// the condition flags and protocols point at one value each, so that a
-// slice of 10 endpoints holds no string or flag of its own for them. The
-// informers' objects are read-only by client-go's contract, which is what
-// makes sharing them safe.
+// proxyTrim is the informers' transform: it makes each decoded object into
+// what the build reads (cachedService, cachedSlice), and the decoded one is
+// dropped. What those keep of the object's strings are copies: the
+// namespaces and port names from a table shared by every object, the
+// object's own name cloned (nameOf), so that nothing kept holds the span
+// the list's strings were decoded into.
 //
 // Memory per Service was 31.6 KiB at 10k, over kube-proxy's 27.5
-// (bench/latest-memory), which keeps all of it; a slice of 10 endpoints as
-// the EndpointSlice controller writes it held 6.2 KiB after the first trim
-// (managedFields and annotations) and 3.3 KiB after this one, a Service
-// as a chart writes it 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes). The
-// trimmed objects are then made into what the build reads (cachedSlice,
-// cachedService), 0.7 and 0.5 KiB, and the decoded ones dropped. Of the
-// interning, what those keep is the namespaces and port names; an
-// endpoint keeps no node name or zone (lb.Endpoint has only Local).
+// (bench/latest-memory), which caches whole objects; a slice of 10
+// endpoints as the EndpointSlice controller writes it held 6.2 KiB as a
+// trimmed discoveryv1 object, then 3.3 KiB, a Service as a chart writes it
+// 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes); what is kept now, 0.55 and
+// 0.43 KiB. The transform once also trimmed the decoded objects (new
+// annotation and label maps, shared flags, node names and zones), from when
+// the informers kept them: none of that is read now, and the maps, kept
+// alive by the list until its end among what is kept, left 100 bytes a
+// Service of the heap in use beyond the live heap once they went
+// (BenchmarkInitialListHeapInUse, 1115 -> 1014 B; issue 16).
 type proxyTrim struct {
-	node    string // the node whose endpoints the cached slices mark Local
-	mu      sync.Mutex
-	strs    map[string]*string // interned; at most maxInterned
-	yes, no *bool
-	protos  map[corev1.Protocol]*corev1.Protocol
+	node string // the node whose endpoints the cached slices mark Local
+	mu   sync.Mutex
+	strs map[string]*string // interned; at most maxInterned
 }
 
 // maxInterned bounds the intern table: names past it keep their own copy.
-// A cluster's node names, zones, namespaces and port names fit many times.
+// A cluster's namespaces and port names fit many times.
 const maxInterned = 1 << 14
 
 func newProxyTrim(nodeName string) *proxyTrim {
-	yes, no := true, false
-	t := &proxyTrim{node: nodeName, strs: map[string]*string{}, yes: &yes, no: &no, protos: map[corev1.Protocol]*corev1.Protocol{}}
-	for _, p := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
-		t.protos[p] = &p
-	}
-	return t
+	return &proxyTrim{node: nodeName, strs: map[string]*string{}}
 }
 
 func (t *proxyTrim) transform(o any) (any, error) {
@@ -455,59 +435,26 @@ func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice
 	return c
 }
 
+// service interns svc's namespace and port names, which its cachedService
+// keeps.
 func (t *proxyTrim) service(svc *corev1.Service) {
-	svc.ManagedFields, svc.Annotations, svc.Labels, svc.OwnerReferences, svc.Finalizers, svc.GenerateName = nil, nil, nil, nil, nil, ""
-	svc.Spec.Selector, svc.Status.Conditions = nil, nil
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	svc.Namespace = *t.intern(&svc.Namespace)
 	for i := range svc.Spec.Ports {
 		p := &svc.Spec.Ports[i]
-		p.AppProtocol = nil
 		p.Name = *t.intern(&p.Name)
 	}
 }
 
+// slice interns sl's namespace and port names, which its cachedSlice keeps.
 func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
-	sl.ManagedFields, sl.OwnerReferences, sl.GenerateName = nil, nil, ""
-	if v, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: v}
-	} else {
-		sl.Annotations = nil
-	}
-	if v, ok := sl.Labels[discoveryv1.LabelServiceName]; ok {
-		sl.Labels = map[string]string{discoveryv1.LabelServiceName: v}
-	} else {
-		sl.Labels = nil
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sl.Namespace = *t.intern(&sl.Namespace)
 	for i := range sl.Ports {
-		p := &sl.Ports[i]
-		p.AppProtocol = nil
-		if p.Name != nil {
+		if p := &sl.Ports[i]; p.Name != nil {
 			p.Name = t.intern(p.Name)
-		}
-		if p.Protocol != nil {
-			if shared := t.protos[*p.Protocol]; shared != nil {
-				p.Protocol = shared
-			}
-		}
-	}
-	for i := range sl.Endpoints {
-		ep := &sl.Endpoints[i]
-		if len(ep.Addresses) > 1 {
-			ep.Addresses = []string{ep.Addresses[0]}
-		}
-		ep.TargetRef, ep.Hostname, ep.DeprecatedTopology = nil, nil, nil
-		c := &ep.Conditions
-		c.Ready, c.Serving, c.Terminating = t.flag(c.Ready), t.flag(c.Serving), t.flag(c.Terminating)
-		if ep.NodeName != nil {
-			ep.NodeName = t.intern(ep.NodeName)
-		}
-		if ep.Zone != nil {
-			ep.Zone = t.intern(ep.Zone)
 		}
 	}
 }
@@ -526,17 +473,6 @@ func (t *proxyTrim) intern(s *string) *string {
 		return &v
 	}
 	return s
-}
-
-func (t *proxyTrim) flag(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return t.yes
-	default:
-		return t.no
-	}
 }
 
 // indexSlice keeps bySvc: old (nil: none) is gone from its Service's
