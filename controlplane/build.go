@@ -851,7 +851,15 @@ func NewSlice(sl *discoveryv1.EndpointSlice) *Slice {
 // are Local, and sl is not kept, so a build for another node reports the
 // slice instead of guessing (the sources parse for the node they serve).
 func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
-	s := &Slice{Namespace: sl.Namespace, Name: strings.Clone(sl.Name), Service: strings.Clone(sl.Labels[ServiceNameLabel]), node: unique.Make(nodeName)}
+	s := new(Slice)
+	s.ParseFor(sl, nodeName)
+	return s
+}
+
+// ParseFor sets s to what NewSliceFor(sl, nodeName) returns, in place: for
+// a holder that keeps the Slice within itself (the API source's cache).
+func (s *Slice) ParseFor(sl *discoveryv1.EndpointSlice, nodeName string) {
+	*s = Slice{Namespace: sl.Namespace, Name: strings.Clone(sl.Name), Service: strings.Clone(sl.Labels[ServiceNameLabel]), node: unique.Make(nodeName)}
 	var want func(netip.Addr) bool
 	switch sl.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -859,10 +867,10 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 	case discoveryv1.AddressTypeIPv6:
 		want = netip.Addr.Is6
 	case discoveryv1.AddressTypeFQDN:
-		return s // kube-proxy ignores FQDN slices: no ports, nothing wrong
+		return // kube-proxy ignores FQDN slices: no ports, nothing wrong
 	default:
 		s.problem("addressType", "unsupported value %q: want IPv4, IPv6 or FQDN", sl.AddressType)
-		return s
+		return
 	}
 	ports := make([]slicePort, 0, len(sl.Ports))
 	for i, p := range sl.Ports {
@@ -916,7 +924,7 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 		})
 	}
 	if len(s.problems()) > 0 || len(ports) == 0 {
-		return s
+		return
 	}
 	s.ports = slices.Clip(ports)
 	s.byPort = make([][]lb.Endpoint, len(ports))
@@ -930,7 +938,6 @@ func NewSliceFor(sl *discoveryv1.EndpointSlice, nodeName string) *Slice {
 		}
 		s.byPort[i] = mergeOwned(list)
 	}
-	return s
 }
 
 // mergeOwned is mergeEndpoints for a list the caller owns and gives up: it
@@ -1132,13 +1139,22 @@ const (
 // NewService builds svc's ports, without endpoints, for BuildService.
 // A skipped Service (ExternalName, headless) has none and no problem.
 func NewService(svc *corev1.Service) *Service {
+	s := new(Service)
+	s.Parse(svc)
+	return s
+}
+
+// Parse sets s to what NewService(svc) returns, in place: for a holder
+// that keeps the Service within itself (the API source's cache).
+func (s *Service) Parse(svc *corev1.Service) {
 	e := &objErr{id: "Service " + svc.Namespace + "/" + svc.Name}
 	name := strings.Clone(svc.Name)
 	ports := buildService(svc, name, e)
 	if len(e.errors) > 0 {
-		return &Service{Namespace: svc.Namespace, Name: name, problems: slices.Clip(e.errors)}
+		*s = Service{Namespace: svc.Namespace, Name: name, problems: slices.Clip(e.errors)}
+		return
 	}
-	return &Service{Namespace: svc.Namespace, Name: name, ports: slices.Clip(ports)}
+	*s = Service{Namespace: svc.Namespace, Name: name, ports: slices.Clip(ports)}
 }
 
 // BuildService builds one Service's ports for the node named nodeName, with

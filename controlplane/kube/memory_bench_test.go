@@ -70,8 +70,8 @@ func appService(i int) *corev1.Service {
 // from protobuf, as the API client receives them, then made into what the
 // informers' transform keeps (cachedService, cachedSlice: issue 16's memory
 // budget). Trimmed discoveryv1 and corev1 objects held 3288 and 976 bytes;
-// the compact ones 1120 and 656, and the snapshot shares the slice's
-// endpoint lists besides. The figures are
+// the compact ones 1120 and 656 at first, 504 and 384 now, and the
+// snapshot shares the slice's endpoint lists besides. The figures are
 // counted, not timed: live heap after a collection, divided by the
 // objects held.
 // go test -run '^$' -bench CachedObjectBytes ./controlplane/kube

@@ -350,8 +350,9 @@ func (s *Source) Run(ctx context.Context) error {
 // (bench/latest-memory), which caches whole objects; a slice of 10
 // endpoints as the EndpointSlice controller writes it held 6.2 KiB as a
 // trimmed discoveryv1 object, then 3.3 KiB, a Service as a chart writes it
-// 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes); what is kept now, 0.55 and
-// 0.43 KiB. The transform once also trimmed the decoded objects (new
+// 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes); what is kept now, 504 and
+// 384 bytes (552 and 432 when the parsed slice and Service were objects of
+// their own beside their names). The transform once also trimmed the decoded objects (new
 // annotation and label maps, shared flags, node names and zones), from when
 // the informers kept them: none of that is read now, and the maps, kept
 // alive by the list until its end among what is kept, left 100 bytes a
@@ -383,36 +384,36 @@ func (t *proxyTrim) transform(o any) (any, error) {
 	return o, nil // a cachedSlice or cachedService already, or a tombstone (its object is one)
 }
 
-// cachedService is what the Service informer keeps of a Service: the
-// names its keys are made of, and its ports as the build reads them,
-// built and checked once (controlplane.Service). A Service as a chart
-// writes it held 1 KiB as a trimmed corev1 object.
+// cachedService is what the Service informer keeps of a Service: its ports
+// as the build reads them, built and checked once (controlplane.Service),
+// whose names its keys are made of. A Service as a chart writes it held 1
+// KiB as a trimmed corev1 object.
 type cachedService struct {
-	objectName
-	svc *controlplane.Service
+	metaStubs
+	controlplane.Service
+	resourceVersion string
 	// clusterIP: kube-proxy skips a Service without one (no ports, no
 	// problem reported).
 	clusterIP bool
 }
 
 func newCachedService(svc *corev1.Service) *cachedService {
-	built := controlplane.NewService(svc)
-	return &cachedService{
-		objectName: nameOf(&svc.ObjectMeta, built.Name),
-		svc:        built,
-		clusterIP:  svc.Spec.ClusterIP != "",
-	}
+	c := &cachedService{resourceVersion: resourceVersion(&svc.ObjectMeta), clusterIP: svc.Spec.ClusterIP != ""}
+	c.Service.Parse(svc)
+	return c
 }
 
 // cachedSlice is what the EndpointSlice informer keeps of a slice: the
-// names its keys are made of (objectName), its last-change-trigger-time,
-// and the slice as the build reads it, parsed and checked once
-// (controlplane.Slice), whose endpoint lists the snapshot shares. A slice of 10 endpoints as the EndpointSlice
-// controller writes it held 3.3 KiB as a trimmed discoveryv1 object, and
-// the snapshot a copy of its endpoints besides (BenchmarkCachedObjectBytes).
+// slice as the build reads it, parsed and checked once
+// (controlplane.Slice), whose names its keys are made of and whose
+// endpoint lists the snapshot shares, and its last-change-trigger-time. A
+// slice of 10 endpoints as the EndpointSlice controller writes it held 3.3
+// KiB as a trimmed discoveryv1 object, and the snapshot a copy of its
+// endpoints besides (BenchmarkCachedObjectBytes).
 type cachedSlice struct {
-	objectName
-	slice *controlplane.Slice
+	metaStubs
+	controlplane.Slice
+	resourceVersion string
 	// trigger is endpoints.kubernetes.io/last-change-trigger-time, parsed,
 	// in Unix nanoseconds (0: none, or not a time): the annotation's text
 	// was 48 bytes more of every slice (issue 16's memory budget).
@@ -421,12 +422,8 @@ type cachedSlice struct {
 }
 
 func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
-	built := controlplane.NewSliceFor(sl, nodeName)
-	c := &cachedSlice{
-		objectName: nameOf(&sl.ObjectMeta, built.Name),
-		slice:      built,
-		ipv6:       sl.AddressType == discoveryv1.AddressTypeIPv6,
-	}
+	c := &cachedSlice{resourceVersion: resourceVersion(&sl.ObjectMeta), ipv6: sl.AddressType == discoveryv1.AddressTypeIPv6}
+	c.Slice.ParseFor(sl, nodeName)
 	if v := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; v != "" {
 		if at, err := time.Parse(time.RFC3339Nano, v); err == nil && at.UnixNano() > 0 {
 			c.trigger = at.UnixNano()
@@ -486,10 +483,10 @@ func (s *Source) indexSlice(old, new any) {
 	// are changed in place.
 	for i, o := range [2]any{old, new} {
 		cs, ok := unwrapTombstone(o).(*cachedSlice)
-		if !ok || cs.slice.Service == "" {
+		if !ok || cs.Slice.Service == "" {
 			continue
 		}
-		key := serviceKey{cs.Namespace, cs.slice.Service}
+		key := serviceKey{cs.Namespace, cs.Slice.Service}
 		list := slices.DeleteFunc(s.bySvc[key], func(c *cachedSlice) bool { return c.Name == cs.Name })
 		if i == 1 {
 			list = append(list, cs)
@@ -509,7 +506,7 @@ func (s *Source) slicesOf(key serviceKey) []*controlplane.Slice {
 	list := s.bySvc[key]
 	out := make([]*controlplane.Slice, len(list))
 	for i, cs := range list {
-		out[i] = cs.slice
+		out[i] = &cs.Slice
 	}
 	return out
 }
@@ -610,7 +607,7 @@ func (s *Source) markSlice(o any) {
 	if !ok {
 		return
 	}
-	if name := sl.slice.Service; name != "" {
+	if name := sl.Slice.Service; name != "" {
 		s.mark(serviceKey{sl.Namespace, name}, true)
 	} else {
 		s.report(serviceKey{sl.Namespace, "\x00slice/" + sl.Name}, &controlplane.ManifestError{
@@ -687,7 +684,7 @@ func (s *Source) rebuild(key serviceKey) bool {
 	if exists {
 		svc := o.(*cachedService)
 		if svc.clusterIP { // kube-proxy skips Services without a ClusterIP
-			ports, errs = controlplane.BuildService(svc.svc, eps, s.NodeName)
+			ports, errs = controlplane.BuildService(&svc.Service, eps, s.NodeName)
 		}
 	} else if len(eps) > 0 {
 		for _, sl := range eps {

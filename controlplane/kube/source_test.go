@@ -583,7 +583,7 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trimmedWeb := cw.(*cachedService).svc
+	trimmedWeb := &cw.(*cachedService).Service
 	wholeWeb := controlplane.NewService(web)
 	rng := rand.New(rand.NewPCG(16, 2))
 	flag := func() *bool { // nil, false or true
@@ -639,7 +639,7 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 				cs.trigger == 0 || time.Unix(0, cs.trigger).UTC().Format(time.RFC3339Nano) != sl.Annotations[corev1.EndpointsLastChangeTriggerTime] {
 				t.Fatalf("round %d: cached as %+v", round, c)
 			} else {
-				cached = append(cached, cs.slice)
+				cached = append(cached, &cs.Slice)
 			}
 		}
 		wantPorts, wantErrs := controlplane.BuildService(wholeWeb, whole, node)
@@ -843,7 +843,7 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 	}
 	a1v2 := cached("a-1", "a", "10.0.0.9")
 	s.indexSlice(a1, a1v2)
-	if list := s.slicesOf(serviceKey{"default", "a"}); len(list) != 1 || list[0] != a1v2.slice {
+	if list := s.slicesOf(serviceKey{"default", "a"}); len(list) != 1 || list[0] != &a1v2.Slice {
 		t.Fatalf("after an update in place: %v", list)
 	}
 	s.indexSlice(cache.DeletedFinalStateUnknown{Key: "default/a-2", Obj: moved}, nil)
@@ -857,7 +857,7 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 	}
 }
 
-// What the informers cache is keyed and versioned through its objectName
+// What the informers cache is keyed and versioned through its name, namespace and resource version
 // as it was through an ObjectMeta: meta.Accessor takes it, the store's
 // key is namespace/name (also for a tombstone), and the resource version
 // that tells an update from a resync is kept; setting other metadata is
