@@ -99,14 +99,15 @@ type Source struct {
 	started  time.Time             // changes triggered before it are not timed
 	problems map[serviceKey]string // reported, so each is reported once
 
-	// bySvc is each Service's slices (by the service-name label), kept by
-	// the slice informer's handlers (indexSlice).
+	// bySvc is what the source keeps of each Service beside the informers'
+	// caches: its slices (by the service-name label) and its ports as last
+	// built. One map, where one for each was 55 bytes more per Service
+	// (issue 16's memory budget); an entry goes when both are empty.
 	slicesMu sync.Mutex
-	bySvc    map[serviceKey][]*cachedSlice
+	bySvc    map[serviceKey]*serviceState
 
 	// Owned by the Run goroutine.
 	services cache.Indexer
-	built    map[serviceKey][]*lb.ServicePort
 	last     *lb.Snapshot
 	ids      uint64 // the last snapshot ID given
 }
@@ -126,6 +127,16 @@ type ChangeCounter interface {
 type pendingChange struct {
 	arrived            time.Time
 	service, endpoints bool
+}
+
+// serviceState is what Source.bySvc keeps of a Service. Its fields are
+// read and written under slicesMu.
+type serviceState struct {
+	// slices are the Service's slices, kept by the slice informer's
+	// handlers (indexSlice).
+	slices []*cachedSlice
+	// built are its ports as the Run goroutine last built them.
+	built []*lb.ServicePort
 }
 
 // bigList is the number of Services from which the initial list's garbage
@@ -169,9 +180,8 @@ func (s *Source) Run(ctx context.Context) error {
 	s.problems = map[serviceKey]string{}
 	s.mu.Unlock()
 	s.slicesMu.Lock()
-	s.bySvc = map[serviceKey][]*cachedSlice{}
+	s.bySvc = map[serviceKey]*serviceState{}
 	s.slicesMu.Unlock()
-	s.built = map[serviceKey][]*lb.ServicePort{}
 
 	tweak := func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }
 	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(newProxyTrim(s.NodeName).transform))
@@ -325,12 +335,12 @@ func (s *Source) Run(ctx context.Context) error {
 		var del []lb.ServicePortName
 		keys, times := s.takeDirty()
 		for key := range keys {
-			old := s.built[key]
+			old := s.builtOf(key)
 			if s.rebuild(key) {
 				for _, sp := range old {
 					del = append(del, sp.Name)
 				}
-				for _, sp := range s.built[key] {
+				for _, sp := range s.builtOf(key) {
 					set[sp.Name] = sp
 				}
 			}
@@ -487,23 +497,61 @@ func (s *Source) indexSlice(old, new any) {
 			continue
 		}
 		key := serviceKey{cs.Namespace, cs.Slice.Service}
-		list := slices.DeleteFunc(s.bySvc[key], func(c *cachedSlice) bool { return c.Name == cs.Name })
+		st := s.bySvc[key]
+		if st == nil {
+			st = &serviceState{}
+			s.bySvc[key] = st
+		}
+		st.slices = slices.DeleteFunc(st.slices, func(c *cachedSlice) bool { return c.Name == cs.Name })
 		if i == 1 {
-			list = append(list, cs)
+			st.slices = append(st.slices, cs)
 		}
-		if len(list) == 0 {
-			delete(s.bySvc, key)
-		} else {
-			s.bySvc[key] = list
-		}
+		s.dropEmpty(key, st)
 	}
+}
+
+// dropEmpty takes key's state out of bySvc when it holds nothing;
+// slicesMu is held.
+func (s *Source) dropEmpty(key serviceKey, st *serviceState) {
+	if len(st.slices) == 0 && len(st.built) == 0 {
+		delete(s.bySvc, key)
+	}
+}
+
+// builtOf is key's ports as last built.
+func (s *Source) builtOf(key serviceKey) []*lb.ServicePort {
+	s.slicesMu.Lock()
+	defer s.slicesMu.Unlock()
+	if st := s.bySvc[key]; st != nil {
+		return st.built
+	}
+	return nil
+}
+
+// setBuilt keeps ports as key's ports last built.
+func (s *Source) setBuilt(key serviceKey, ports []*lb.ServicePort) {
+	s.slicesMu.Lock()
+	defer s.slicesMu.Unlock()
+	st := s.bySvc[key]
+	if st == nil {
+		if len(ports) == 0 {
+			return
+		}
+		st = &serviceState{}
+		s.bySvc[key] = st
+	}
+	st.built = ports
+	s.dropEmpty(key, st)
 }
 
 // slicesOf is the slices of a Service, as the last events left them.
 func (s *Source) slicesOf(key serviceKey) []*controlplane.Slice {
 	s.slicesMu.Lock()
 	defer s.slicesMu.Unlock()
-	list := s.bySvc[key]
+	var list []*cachedSlice
+	if st := s.bySvc[key]; st != nil {
+		list = st.slices
+	}
 	out := make([]*controlplane.Slice, len(list))
 	for i, cs := range list {
 		out[i] = &cs.Slice
@@ -694,15 +742,11 @@ func (s *Source) rebuild(key serviceKey) bool {
 		}
 	}
 	s.report(key, errors.Join(errs...))
-	old := s.built[key]
+	old := s.builtOf(key)
 	if reflect.DeepEqual(old, ports) {
 		return false // the same ports: the published ones stay, pointers and all
 	}
-	if len(ports) == 0 {
-		delete(s.built, key)
-	} else {
-		s.built[key] = ports
-	}
+	s.setBuilt(key, ports)
 	return len(old) > 0 || len(ports) > 0
 }
 
@@ -733,12 +777,14 @@ func (s *Source) publish(changed bool, times controlplane.UpdateTimes) {
 		s.Sink.Unchanged()
 		return
 	}
-	all := make(map[lb.ServicePortName]*lb.ServicePort, len(s.built))
-	for _, ports := range s.built {
-		for _, sp := range ports {
+	s.slicesMu.Lock()
+	all := make(map[lb.ServicePortName]*lb.ServicePort, len(s.bySvc))
+	for _, st := range s.bySvc {
+		for _, sp := range st.built {
 			all[sp.Name] = sp
 		}
 	}
+	s.slicesMu.Unlock()
 	snap := lb.NewSnapshot(all)
 	snap.ID = s.nextID()
 	s.last = snap

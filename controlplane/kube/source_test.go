@@ -813,7 +813,7 @@ func TestFirstBuildComesAfterEveryInitialNotification(t *testing.T) {
 // another Service by its label, one updated in place, one deleted (also
 // as a tombstone), and a slice without the label, which no Service has.
 func TestSlicesOfFollowTheEvents(t *testing.T) {
-	s := &Source{bySvc: map[serviceKey][]*cachedSlice{}}
+	s := &Source{bySvc: map[serviceKey]*serviceState{}}
 	cached := func(name, svc, addr string) *cachedSlice {
 		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, AddressType: discoveryv1.AddressTypeIPv4,
 			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addr}}}}
@@ -854,6 +854,32 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 	s.indexSlice(nil, cached("loose", "", "10.0.0.3"))
 	if len(s.bySvc) != 0 {
 		t.Fatalf("a slice without the label was kept: %v", s.bySvc)
+	}
+	// The ports built share the entry, which goes when both are gone.
+	key, ports := serviceKey{"default", "a"}, []*lb.ServicePort{{Name: lb.ServicePortName{Namespace: "default", Name: "a"}}}
+	s.setBuilt(key, ports)
+	s.indexSlice(nil, a1)
+	s.indexSlice(a1, nil)
+	if got := s.builtOf(key); len(got) != 1 || got[0] != ports[0] {
+		t.Fatalf("the built ports went with the last slice: %v", got)
+	}
+	s.indexSlice(nil, a1)
+	s.setBuilt(key, nil)
+	if names("a") != "a-1" || s.builtOf(key) != nil {
+		t.Fatalf("after the ports went: slices %q, ports %v", names("a"), s.builtOf(key))
+	}
+	s.indexSlice(a1, nil)
+	if len(s.bySvc) != 0 {
+		t.Fatalf("an entry with neither slices nor ports was kept: %v", s.bySvc)
+	}
+	s.setBuilt(key, nil)
+	if len(s.bySvc) != 0 {
+		t.Fatalf("no ports made an entry: %v", s.bySvc)
+	}
+	s.setBuilt(key, ports)
+	s.setBuilt(key, nil)
+	if len(s.bySvc) != 0 {
+		t.Fatalf("an entry whose ports went, with no slices, was kept: %v", s.bySvc)
 	}
 }
 
