@@ -399,16 +399,15 @@ func (t *proxyTrim) transform(o any) (any, error) {
 // whose names its keys are made of. A Service as a chart writes it held 1
 // KiB as a trimmed corev1 object.
 type cachedService struct {
-	metaStubs
+	cachedMeta
 	controlplane.Service
-	resourceVersion string
 	// clusterIP: kube-proxy skips a Service without one (no ports, no
 	// problem reported).
 	clusterIP bool
 }
 
 func newCachedService(svc *corev1.Service) *cachedService {
-	c := &cachedService{resourceVersion: resourceVersion(&svc.ObjectMeta), clusterIP: svc.Spec.ClusterIP != ""}
+	c := &cachedService{cachedMeta: metaOf(&svc.ObjectMeta), clusterIP: svc.Spec.ClusterIP != ""}
 	c.Service.Parse(svc)
 	return c
 }
@@ -421,9 +420,8 @@ func newCachedService(svc *corev1.Service) *cachedService {
 // KiB as a trimmed discoveryv1 object, and the snapshot a copy of its
 // endpoints besides (BenchmarkCachedObjectBytes).
 type cachedSlice struct {
-	metaStubs
+	cachedMeta
 	controlplane.Slice
-	resourceVersion string
 	// trigger is endpoints.kubernetes.io/last-change-trigger-time, parsed,
 	// in Unix nanoseconds (0: none, or not a time): the annotation's text
 	// was 48 bytes more of every slice (issue 16's memory budget).
@@ -432,7 +430,7 @@ type cachedSlice struct {
 }
 
 func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
-	c := &cachedSlice{resourceVersion: resourceVersion(&sl.ObjectMeta), ipv6: sl.AddressType == discoveryv1.AddressTypeIPv6}
+	c := &cachedSlice{cachedMeta: metaOf(&sl.ObjectMeta), ipv6: sl.AddressType == discoveryv1.AddressTypeIPv6}
 	c.Slice.ParseFor(sl, nodeName)
 	if v := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; v != "" {
 		if at, err := time.Parse(time.RFC3339Nano, v); err == nil && at.UnixNano() > 0 {
