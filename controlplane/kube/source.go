@@ -353,8 +353,9 @@ func (s *Source) Run(ctx context.Context) error {
 // what the build reads (cachedService, cachedSlice), and the decoded one is
 // dropped. What those keep of the object's strings are copies: the
 // namespaces and port names from a table shared by every object, the
-// object's own name cloned (nameOf), so that nothing kept holds the span
-// the list's strings were decoded into.
+// object's own names and resource version cloned (controlplane's Parse
+// and ParseFor, metaOf), so that nothing kept holds the span the list's
+// strings were decoded into.
 //
 // Memory per Service was 31.6 KiB at 10k, over kube-proxy's 27.5
 // (bench/latest-memory), which caches whole objects; a slice of 10
@@ -362,12 +363,12 @@ func (s *Source) Run(ctx context.Context) error {
 // trimmed discoveryv1 object, then 3.3 KiB, a Service as a chart writes it
 // 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes); what is kept now, 504 and
 // 384 bytes (552 and 432 when the parsed slice and Service were objects of
-// their own beside their names). The transform once also trimmed the decoded objects (new
-// annotation and label maps, shared flags, node names and zones), from when
-// the informers kept them: none of that is read now, and the maps, kept
-// alive by the list until its end among what is kept, left 100 bytes a
-// Service of the heap in use beyond the live heap once they went
-// (BenchmarkInitialListHeapInUse, 1115 -> 1014 B; issue 16).
+// their own beside their names). The transform once also trimmed the
+// decoded objects (new annotation and label maps, shared flags, node names
+// and zones), from when the informers kept them: none of that is read now,
+// and the maps, kept alive by the list until its end among what is kept,
+// left 100 bytes a Service of the heap in use beyond the live heap once
+// they went (BenchmarkInitialListHeapInUse, 1115 -> 1014 B; issue 16).
 type proxyTrim struct {
 	node string // the node whose endpoints the cached slices mark Local
 	mu   sync.Mutex
