@@ -94,7 +94,8 @@ func (m PortMap) All() iter.Seq2[ServicePortName, *ServicePort] {
 // in del removed (a name in both is set). Each port in set must be under
 // its own name (it panics otherwise: the name is read from the port). m
 // itself is unchanged: only the shards the names fall in are copied, each
-// once, to its exact size.
+// once, with room for the ports it gains (a shard that also loses some
+// keeps their room).
 func (m PortMap) With(set map[ServicePortName]*ServicePort, del []ServicePortName) PortMap {
 	if len(set) == 0 && len(del) == 0 {
 		return m
