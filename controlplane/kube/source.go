@@ -1,7 +1,7 @@
-// Package kube owns the Kubernetes API source: client-go shared informers
-// on Services, EndpointSlices and this node's Node object, turned into
-// lb.Snapshots one changed Service at a time, exactly as kube-proxy selects
-// and merges them. It never publishes before the initial lists have synced,
+// Package kube owns the Kubernetes API source: client-go reflectors on
+// Services and EndpointSlices, whose store is the source's own map, and an
+// informer on this node's Node object, turned into lb.Snapshots one
+// changed Service at a time, exactly as kube-proxy selects and merges them. It never publishes before the initial lists have synced,
 // and it keeps the last published state while the API server is away.
 package kube
 
@@ -23,9 +23,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -54,7 +54,9 @@ type Source struct {
 	// NodeName is this node (--hostname-override or the host name): its
 	// endpoints are local, and its Node object decides eligibility.
 	NodeName string
-	// Resync is the informers' resync period (--config-sync-period).
+	// Resync is the Node and ServiceCIDR informers' resync period
+	// (--config-sync-period). Services and EndpointSlices are not resynced:
+	// see reflectorStore.Resync.
 	Resync time.Duration
 	// MinSyncPeriod bounds how often snapshots are built, as kube-proxy's
 	// bounded-frequency runner does: a change is built at once unless the
@@ -99,17 +101,17 @@ type Source struct {
 	started  time.Time             // changes triggered before it are not timed
 	problems map[serviceKey]string // reported, so each is reported once
 
-	// bySvc is what the source keeps of each Service beside the informers'
-	// caches: its slices (by the service-name label) and its ports as last
-	// built. One map, where one for each was 55 bytes more per Service
-	// (issue 16's memory budget); an entry goes when both are empty.
+	// bySvc is what the source keeps of each Service: the Service, its
+	// slices (by the service-name label) and its ports as last built. One
+	// map, where one for each was 55 bytes more per Service, and the
+	// informers' stores and queues about 150 more (issue 16's memory
+	// budget); an entry goes when all three are empty.
 	slicesMu sync.Mutex
 	bySvc    map[serviceKey]*serviceState
 
 	// Owned by the Run goroutine.
-	services cache.Indexer
-	last     *lb.Snapshot
-	ids      uint64 // the last snapshot ID given
+	last *lb.Snapshot
+	ids  uint64 // the last snapshot ID given
 }
 
 // ChangeCounter is told of each Service and EndpointSlice event with how
@@ -132,8 +134,11 @@ type pendingChange struct {
 // serviceState is what Source.bySvc keeps of a Service. Its fields are
 // read and written under slicesMu.
 type serviceState struct {
-	// slices are the Service's slices, kept by the slice informer's
-	// handlers (indexSlice).
+	// svc is the Service (nil: not seen, or deleted), kept by the
+	// Services' reflector (putService).
+	svc *cachedService
+	// slices are the Service's slices, kept by the EndpointSlices'
+	// reflector (putSlice).
 	slices []*cachedSlice
 	// built are its ports as the Run goroutine last built them.
 	built []*lb.ServicePort
@@ -169,7 +174,7 @@ func (s *Source) after(d time.Duration) <-chan time.Time {
 	return time.After(d)
 }
 
-// Run starts the informers, waits for their initial lists, publishes the
+// Run starts the reflectors, waits for their initial lists, publishes the
 // first snapshot and then one per burst of changes, until ctx ends. It
 // returns an error only if ctx ends before the initial sync.
 func (s *Source) Run(ctx context.Context) error {
@@ -183,56 +188,43 @@ func (s *Source) Run(ctx context.Context) error {
 	s.bySvc = map[serviceKey]*serviceState{}
 	s.slicesMu.Unlock()
 
-	tweak := func(o *metav1.ListOptions) { o.LabelSelector = ProxySelector }
-	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(newProxyTrim(s.NodeName).transform))
-	// No indexes: the factory's default, by namespace, is never read, and
-	// the slices of each Service are the source's own map (slicesOf), kept
-	// by its handlers; client-go's index kept a set per Service, some 0.4
-	// KiB each (issue 16's memory budget).
-	svcInf := factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
-	})
-	sliceInf := factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
-	})
-	for what, inf := range map[string]cache.SharedIndexInformer{"services": svcInf, "endpointslices": sliceInf} {
-		what := what
-		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			s.log().Warn("API watch failed; serving the last known state and retrying", "resource", what, "err", err)
-		}); err != nil {
-			return err
-		}
-	}
-	// The build after the initial list covers every object in it; the
-	// registrations' HasSynced say the handlers have been told of them all
-	// too (the informers' own say only that the caches hold them), so that
-	// their marks are taken before that build and not rebuilt after it: at
-	// 10k Services the lagging notifications made a second build of every
-	// Service, and the first real update waited behind it (150-250 ms, the
-	// API churn bench's first update each round).
-	svcReg, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { s.markService(o); s.counted(false) },
-		UpdateFunc: func(_, o any) { s.markService(o); s.counted(false) },
-		DeleteFunc: func(o any) { s.markService(o); s.counted(false) },
-	})
-	if err != nil {
-		return err
-	}
-	sliceReg, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(o any) { s.indexSlice(nil, o); s.noteTrigger(o); s.markSlice(o); s.counted(true) },
-		UpdateFunc: func(old, o any) {
-			s.indexSlice(old, o)
-			s.noteTrigger(o)
-			s.markSlice(old) // the service-name label may have changed
-			s.markSlice(o)
-			s.counted(true)
+	// Reflectors, not informers, on Services and EndpointSlices: each
+	// event goes from the watch into the source's own map and marks its
+	// Service on the reflector's goroutine (reflectorStore). The first
+	// build waits for each store's first list, by when every object in it
+	// has been marked: the build covers them all and none is built again
+	// after it (at 10k Services a second build of every Service once made
+	// the first real update wait 150-250 ms behind it).
+	trim := newProxyTrim(s.NodeName)
+	svcStore, sliceStore := newReflectorStore(s, trim, false), newReflectorStore(s, trim, true)
+	reflectCtx, stopReflectors := context.WithCancel(ctx)
+	var reflectors sync.WaitGroup
+	defer reflectors.Wait()
+	defer stopReflectors()
+	selected := func(o metav1.ListOptions) metav1.ListOptions { o.LabelSelector = ProxySelector; return o }
+	services := s.Client.CoreV1().Services(metav1.NamespaceAll)
+	svcLW := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
+			return services.List(ctx, selected(o))
 		},
-		DeleteFunc: func(o any) { s.indexSlice(o, nil); s.markSlice(o); s.counted(true) },
-	})
-	if err != nil {
-		return err
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return services.Watch(ctx, selected(o))
+		},
 	}
-	syncs := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
+	endpointSlices := s.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+	sliceLW := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
+			return endpointSlices.List(ctx, selected(o))
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return endpointSlices.Watch(ctx, selected(o))
+		},
+	}
+	svcReflector := cache.NewReflectorWithOptions(svcLW, &corev1.Service{}, svcStore, cache.ReflectorOptions{Name: "sluice services"})
+	sliceReflector := cache.NewReflectorWithOptions(sliceLW, &discoveryv1.EndpointSlice{}, sliceStore, cache.ReflectorOptions{Name: "sluice endpointslices"})
+	reflectors.Go(func() { s.reflect(reflectCtx, "services", svcReflector) })
+	reflectors.Go(func() { s.reflect(reflectCtx, "endpointslices", sliceReflector) })
+	syncs := []cache.InformerSynced{svcStore.hasSynced, sliceStore.hasSynced}
 	if s.ServiceCIDRs != nil {
 		synced, err := s.watchServiceCIDRs(ctx)
 		if err != nil {
@@ -257,9 +249,6 @@ func (s *Source) Run(ctx context.Context) error {
 		nodeFactory.Start(ctx.Done())
 		defer nodeFactory.Shutdown()
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	s.services = svcInf.GetIndexer()
 
 	start := time.Now()
 	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
@@ -269,17 +258,13 @@ func (s *Source) Run(ctx context.Context) error {
 	// The first build covers every Service, whatever was marked meanwhile;
 	// it is not timed (the start-up is, by the first sync's own figures).
 	s.takeDirty()
-	keys := map[serviceKey]bool{}
-	for _, o := range s.services.List() {
-		svc := o.(*cachedService)
-		keys[serviceKey{svc.Namespace, svc.Name}] = true
-	}
 	s.slicesMu.Lock()
+	keys := make([]serviceKey, 0, len(s.bySvc))
 	for key := range s.bySvc {
-		keys[key] = true // slices of missing Services are reported
+		keys = append(keys, key) // slices of missing Services are reported
 	}
 	s.slicesMu.Unlock()
-	for key := range keys {
+	for _, key := range keys {
 		s.rebuild(key)
 	}
 	s.publish(true, controlplane.UpdateTimes{})
@@ -349,7 +334,7 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-// proxyTrim is the informers' transform: it makes each decoded object into
+// proxyTrim is the reflector stores' transform: it makes each decoded object into
 // what the build reads (cachedService, cachedSlice), and the decoded one is
 // dropped. What those keep of the object's strings are copies: the
 // namespaces and port names from a table shared by every object, the
@@ -392,10 +377,26 @@ func (t *proxyTrim) transform(o any) (any, error) {
 		t.slice(obj)
 		return newCachedSlice(obj, t.node), nil
 	}
-	return o, nil // a cachedSlice or cachedService already, or a tombstone (its object is one)
+	return nil, fmt.Errorf("API source: a %T where a Service or an EndpointSlice was expected", o)
 }
 
-// cachedService is what the Service informer keeps of a Service: its ports
+// cachedMeta is what the source keeps of a cached object's metadata beside
+// its names: the resource version, which tells a relist's unchanged
+// objects from changed ones (reflectorStore.Replace).
+type cachedMeta struct {
+	resourceVersion string
+}
+
+// metaOf is what the cache keeps of m: its resource version, copied: not
+// the decoded object's own string, since one string kept of an object
+// decoded from a list keeps the span it was decoded into, and with it the
+// room of every string of the list decoded beside it
+// (BenchmarkInitialListHeapInUse).
+func metaOf(m *metav1.ObjectMeta) cachedMeta {
+	return cachedMeta{resourceVersion: strings.Clone(m.ResourceVersion)}
+}
+
+// cachedService is what the source keeps of a Service: its ports
 // as the build reads them, built and checked once (controlplane.Service),
 // whose names its keys are made of. A Service as a chart writes it held 1
 // KiB as a trimmed corev1 object.
@@ -413,7 +414,7 @@ func newCachedService(svc *corev1.Service) *cachedService {
 	return c
 }
 
-// cachedSlice is what the EndpointSlice informer keeps of a slice: the
+// cachedSlice is what the source keeps of an EndpointSlice: the
 // slice as the build reads it, parsed and checked once
 // (controlplane.Slice), whose names its keys are made of and whose
 // endpoint lists the snapshot shares, and its last-change-trigger-time. A
@@ -481,38 +482,10 @@ func (t *proxyTrim) intern(s *string) *string {
 	return s
 }
 
-// indexSlice keeps bySvc: old (nil: none) is gone from its Service's
-// slices and new (nil: none) is among its own. Called by the slice
-// informer's handler, in the informer's order, before the Service is
-// marked: a build of it then reads what the event said.
-func (s *Source) indexSlice(old, new any) {
-	s.slicesMu.Lock()
-	defer s.slicesMu.Unlock()
-	// The lists are read only under the lock (slicesOf copies), so they
-	// are changed in place.
-	for i, o := range [2]any{old, new} {
-		cs, ok := unwrapTombstone(o).(*cachedSlice)
-		if !ok || cs.Slice.Service == "" {
-			continue
-		}
-		key := serviceKey{cs.Namespace, cs.Slice.Service}
-		st := s.bySvc[key]
-		if st == nil {
-			st = &serviceState{}
-			s.bySvc[key] = st
-		}
-		st.slices = slices.DeleteFunc(st.slices, func(c *cachedSlice) bool { return c.Name == cs.Name })
-		if i == 1 {
-			st.slices = append(st.slices, cs)
-		}
-		s.dropEmpty(key, st)
-	}
-}
-
 // dropEmpty takes key's state out of bySvc when it holds nothing;
 // slicesMu is held.
 func (s *Source) dropEmpty(key serviceKey, st *serviceState) {
-	if len(st.slices) == 0 && len(st.built) == 0 {
+	if st.svc == nil && len(st.slices) == 0 && len(st.built) == 0 {
 		delete(s.bySvc, key)
 	}
 }
@@ -543,19 +516,20 @@ func (s *Source) setBuilt(key serviceKey, ports []*lb.ServicePort) {
 	s.dropEmpty(key, st)
 }
 
-// slicesOf is the slices of a Service, as the last events left them.
-func (s *Source) slicesOf(key serviceKey) []*controlplane.Slice {
+// stateOf is key's Service (nil: none held) and slices, as the last
+// events left them.
+func (s *Source) stateOf(key serviceKey) (*cachedService, []*controlplane.Slice) {
 	s.slicesMu.Lock()
 	defer s.slicesMu.Unlock()
-	var list []*cachedSlice
-	if st := s.bySvc[key]; st != nil {
-		list = st.slices
+	st := s.bySvc[key]
+	if st == nil {
+		return nil, nil
 	}
-	out := make([]*controlplane.Slice, len(list))
-	for i, cs := range list {
+	out := make([]*controlplane.Slice, len(st.slices))
+	for i, cs := range st.slices {
 		out[i] = &cs.Slice
 	}
-	return out
+	return st.svc, out
 }
 
 func (s *Source) mark(key serviceKey, endpoints bool) {
@@ -605,9 +579,8 @@ func (s *Source) takeDirty() (map[serviceKey]*pendingChange, controlplane.Update
 // noteTrigger keeps an EndpointSlice's last-change-trigger-time, when it
 // has one from after the source started (kube-proxy ignores older ones
 // too: they would measure the proxy's start-up, not the change).
-func (s *Source) noteTrigger(o any) {
-	sl, ok := unwrapTombstone(o).(*cachedSlice)
-	if !ok || sl.trigger == 0 {
+func (s *Source) noteTrigger(sl *cachedSlice) {
+	if sl.trigger == 0 {
 		return
 	}
 	at := time.Unix(0, sl.trigger)
@@ -636,24 +609,17 @@ func (s *Source) counted(endpoints bool) {
 	}
 }
 
-func unwrapTombstone(o any) any {
-	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-		return t.Obj
-	}
-	return o
+// markService marks key's Service after a Service event, and counts the
+// event.
+func (s *Source) markService(key serviceKey) {
+	s.mark(key, false)
+	s.counted(false)
 }
 
-func (s *Source) markService(o any) {
-	if svc, ok := unwrapTombstone(o).(*cachedService); ok {
-		s.mark(serviceKey{svc.Namespace, svc.Name}, false)
-	}
-}
-
-func (s *Source) markSlice(o any) {
-	sl, ok := unwrapTombstone(o).(*cachedSlice)
-	if !ok {
-		return
-	}
+// markSlice marks the Service sl is labelled for after an EndpointSlice
+// event, or reports a slice that names none. The event is counted by the
+// caller: one event may mark two Services (a slice relabelled).
+func (s *Source) markSlice(sl *cachedSlice) {
 	if name := sl.Slice.Service; name != "" {
 		s.mark(serviceKey{sl.Namespace, name}, true)
 	} else {
@@ -721,15 +687,13 @@ func (s *Source) node(o any) {
 	s.NodeEligible(eligible)
 }
 
-// rebuild recomputes one Service from the informer caches and reports
+// rebuild recomputes one Service from what the source holds and reports
 // whether its ports changed.
 func (s *Source) rebuild(key serviceKey) bool {
 	var ports []*lb.ServicePort
 	var errs []error
-	o, exists, _ := s.services.GetByKey(key.ns + "/" + key.name)
-	eps := s.slicesOf(key)
-	if exists {
-		svc := o.(*cachedService)
+	svc, eps := s.stateOf(key)
+	if svc != nil {
 		if svc.clusterIP { // kube-proxy skips Services without a ClusterIP
 			ports, errs = controlplane.BuildService(&svc.Service, eps, s.NodeName)
 		}

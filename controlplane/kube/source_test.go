@@ -15,11 +15,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/lb"
@@ -569,8 +567,8 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 	if c, err := trim.transform(svc); err != nil || !c.(*cachedService).clusterIP {
 		t.Fatalf("service: %v %+v", err, c)
 	}
-	if _, err := trim.transform(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
-		t.Fatal(err) // other objects pass untouched
+	if c, err := trim.transform(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}); err == nil || c != nil || !strings.Contains(err.Error(), "*v1.Node") {
+		t.Fatalf("another kind of object: %v, %v", c, err) // a reflector of the wrong type
 	}
 
 	web := service("web", func(s *corev1.Service) {
@@ -808,12 +806,13 @@ func TestFirstBuildComesAfterEveryInitialNotification(t *testing.T) {
 	}
 }
 
-// The source's own map of each Service's slices follows the slice
-// informer's events: a slice added, another beside it, one moved to
-// another Service by its label, one updated in place, one deleted (also
-// as a tombstone), and a slice without the label, which no Service has.
-func TestSlicesOfFollowTheEvents(t *testing.T) {
-	s := &Source{bySvc: map[serviceKey]*serviceState{}}
+// The source's own map of each Service's slices follows the
+// EndpointSlices' reflector: a slice added, another beside it, one moved
+// to another Service by its label, one updated in place, one deleted, and
+// a slice without the label, which no Service has, labelled later and then
+// unlabelled again.
+func TestSlicesFollowTheEvents(t *testing.T) {
+	s := newTestSource()
 	cached := func(name, svc, addr string) *cachedSlice {
 		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, AddressType: discoveryv1.AddressTypeIPv4,
 			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addr}}}}
@@ -823,52 +822,69 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 		return newCachedSlice(sl, "")
 	}
 	names := func(svc string) string {
+		_, list := s.stateOf(serviceKey{"default", svc})
 		var out []string
-		for _, sl := range s.slicesOf(serviceKey{"default", svc}) {
+		for _, sl := range list {
 			out = append(out, sl.Name)
 		}
 		slices.Sort(out)
 		return strings.Join(out, ",")
 	}
+	marked := func(want ...string) {
+		t.Helper()
+		if got := markedNames(s); got != strings.Join(want, ",") {
+			t.Fatalf("marked %q, want %v", got, want)
+		}
+	}
 	a1, a2 := cached("a-1", "a", "10.0.0.1"), cached("a-2", "a", "10.0.0.2")
-	s.indexSlice(nil, a1)
-	s.indexSlice(nil, a2)
+	s.putSlice(a1, true)
+	s.putSlice(a2, true)
 	if got := names("a"); got != "a-1,a-2" {
 		t.Fatalf("after two adds: %q", got)
 	}
-	moved := cached("a-2", "b", "10.0.0.2")
-	s.indexSlice(a2, moved)
+	marked("a")
+	s.putSlice(cached("a-2", "b", "10.0.0.2"), false)
 	if got, gotB := names("a"), names("b"); got != "a-1" || gotB != "a-2" {
 		t.Fatalf("after a relabel: a %q, b %q", got, gotB)
 	}
+	marked("a", "b")
 	a1v2 := cached("a-1", "a", "10.0.0.9")
-	s.indexSlice(a1, a1v2)
-	if list := s.slicesOf(serviceKey{"default", "a"}); len(list) != 1 || list[0] != &a1v2.Slice {
+	s.putSlice(a1v2, false)
+	if _, list := s.stateOf(serviceKey{"default", "a"}); len(list) != 1 || list[0] != &a1v2.Slice {
 		t.Fatalf("after an update in place: %v", list)
 	}
-	s.indexSlice(cache.DeletedFinalStateUnknown{Key: "default/a-2", Obj: moved}, nil)
-	s.indexSlice(a1v2, nil)
+	marked("a")
+	s.deleteSlice("default", "a-2", "b")
+	s.deleteSlice("default", "a-1", "a")
 	if len(s.bySvc) != 0 {
 		t.Fatalf("after the deletes: %v", s.bySvc)
 	}
-	s.indexSlice(nil, cached("loose", "", "10.0.0.3"))
+	marked("a", "b")
+	s.putSlice(cached("loose", "", "10.0.0.3"), true)
 	if len(s.bySvc) != 0 {
 		t.Fatalf("a slice without the label was kept: %v", s.bySvc)
 	}
+	marked()
+	s.putSlice(cached("loose", "c", "10.0.0.3"), false)
+	s.putSlice(cached("loose", "", "10.0.0.3"), false)
+	if len(s.bySvc) != 0 {
+		t.Fatalf("a slice whose label went was kept: %v", s.bySvc)
+	}
+	marked("c")
 	// The ports built share the entry, which goes when both are gone.
 	key, ports := serviceKey{"default", "a"}, []*lb.ServicePort{{Name: lb.ServicePortName{Namespace: "default", Name: "a"}}}
 	s.setBuilt(key, ports)
-	s.indexSlice(nil, a1)
-	s.indexSlice(a1, nil)
+	s.putSlice(a1, true)
+	s.deleteSlice("default", "a-1", "a")
 	if got := s.builtOf(key); len(got) != 1 || got[0] != ports[0] {
 		t.Fatalf("the built ports went with the last slice: %v", got)
 	}
-	s.indexSlice(nil, a1)
+	s.putSlice(a1, true)
 	s.setBuilt(key, nil)
 	if names("a") != "a-1" || s.builtOf(key) != nil {
 		t.Fatalf("after the ports went: slices %q, ports %v", names("a"), s.builtOf(key))
 	}
-	s.indexSlice(a1, nil)
+	s.deleteSlice("default", "a-1", "a")
 	if len(s.bySvc) != 0 {
 		t.Fatalf("an entry with neither slices nor ports was kept: %v", s.bySvc)
 	}
@@ -880,36 +896,5 @@ func TestSlicesOfFollowTheEvents(t *testing.T) {
 	s.setBuilt(key, nil)
 	if len(s.bySvc) != 0 {
 		t.Fatalf("an entry whose ports went, with no slices, was kept: %v", s.bySvc)
-	}
-}
-
-// What the informers cache is keyed and versioned through its name, namespace and resource version
-// as it was through an ObjectMeta: meta.Accessor takes it, the store's
-// key is namespace/name (also for a tombstone), and the resource version
-// that tells an update from a resync is kept; setting other metadata is
-// dropped, never a panic.
-func TestCachedObjectsAreInformerObjects(t *testing.T) {
-	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1", ResourceVersion: "42",
-		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", ResourceVersion: "43"}}
-	for _, o := range []any{newCachedSlice(sl, ""), newCachedService(svc)} {
-		acc, err := meta.Accessor(o)
-		if err != nil {
-			t.Fatalf("%T: %v", o, err)
-		}
-		want := map[bool]string{true: "default/web-1", false: "default/web"}[acc.GetName() == "web-1"]
-		for _, obj := range []any{o, cache.DeletedFinalStateUnknown{Key: want, Obj: o}} {
-			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err != nil || key != want {
-				t.Fatalf("%T: key %q, %v; want %q", obj, key, err, want)
-			}
-		}
-		if rv := acc.GetResourceVersion(); rv != map[string]string{"default/web-1": "42", "default/web": "43"}[want] {
-			t.Fatalf("%s: resource version %q", want, rv)
-		}
-		acc.SetLabels(map[string]string{"a": "b"})
-		acc.SetUID("u")
-		if acc.GetLabels() != nil || acc.GetUID() != "" || acc.GetNamespace() != "default" {
-			t.Fatalf("%s: metadata kept beyond the names: %v %q", want, acc.GetLabels(), acc.GetUID())
-		}
 	}
 }
