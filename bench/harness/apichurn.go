@@ -278,16 +278,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 			case <-time.After(time.Until(started.Add(ready + settleAfter))):
 				m["rss_settled_mb"], _ = procMemMB(proc.PID())
 				m["rss_settled_anon_mb"] = procAnonMB(proc.PID())
-				// The heap in use against its allocated bytes: the
-				// difference is room in spans kept by a few live
-				// objects, which resident memory keeps too.
-				if g, err := readGauges(metrics, "go_memstats_heap_inuse_bytes", "go_memstats_heap_alloc_bytes"); err == nil {
-					for name, key := range map[string]string{"go_memstats_heap_inuse_bytes": "heap_inuse_settled_mb", "go_memstats_heap_alloc_bytes": "heap_alloc_settled_mb"} {
-						if v, ok := g[name]; ok {
-							m[key] = v / (1 << 20)
-						}
-					}
-				}
+				settledMemStats(m, metrics)
 			}
 		}
 		ownShare(m, metrics)
@@ -297,6 +288,47 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		}
 	}
 	return m, err
+}
+
+// settledMemStats adds where the settled process's memory is, from Go's
+// memory statistics at the metrics URL (in MiB): the heap in use against
+// its allocated bytes (the difference is room in spans kept by a few live
+// objects, which resident memory keeps too); free heap pages not yet
+// handed back to the system (resident too, if touched); and the runtime's
+// own: stacks, span structures, the collector's metadata and the rest.
+// Nothing is added when they cannot be read.
+func settledMemStats(m Metrics, metricsURL string) {
+	g, err := readGauges(metricsURL, "go_memstats_heap_inuse_bytes", "go_memstats_heap_alloc_bytes", "go_memstats_heap_idle_bytes",
+		"go_memstats_heap_released_bytes", "go_memstats_stack_inuse_bytes", "go_memstats_mspan_inuse_bytes",
+		"go_memstats_gc_sys_bytes", "go_memstats_other_sys_bytes")
+	if err != nil {
+		return
+	}
+	sum := func(names ...string) (float64, bool) {
+		var total float64
+		for _, name := range names {
+			v, ok := g[name]
+			if !ok {
+				return 0, false
+			}
+			total += v
+		}
+		return total / (1 << 20), true
+	}
+	if v, ok := sum("go_memstats_heap_inuse_bytes"); ok {
+		m["heap_inuse_settled_mb"] = v
+	}
+	if v, ok := sum("go_memstats_heap_alloc_bytes"); ok {
+		m["heap_alloc_settled_mb"] = v
+	}
+	if idle, ok := sum("go_memstats_heap_idle_bytes"); ok {
+		if released, ok := sum("go_memstats_heap_released_bytes"); ok {
+			m["heap_free_kept_settled_mb"] = idle - released
+		}
+	}
+	if v, ok := sum("go_memstats_stack_inuse_bytes", "go_memstats_mspan_inuse_bytes", "go_memstats_gc_sys_bytes", "go_memstats_other_sys_bytes"); ok {
+		m["runtime_own_settled_mb"] = v
+	}
 }
 
 // settleAfter is how long after ready churn-api reads the resident
