@@ -414,7 +414,7 @@ func (m *BuildMemo) remember(objs *Objects) {
 // already matched to it), for either build path; ok is false on any
 // problem, which the full build then reports.
 func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoService, ok bool) {
-	if len(svc.problems) > 0 {
+	if len(svc.problemList()) > 0 {
 		return memoService{}, false
 	}
 	e := &objErr{}
@@ -536,10 +536,10 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 	known := map[svcKey]bool{}
 	for _, svc := range objs.Services {
 		known[svcKey{svc.Namespace, svc.Name}] = true
-		if len(svc.problems) > 0 {
+		if len(svc.problemList()) > 0 {
 			// Found when it was decoded; named with where this load found it.
 			origin := objs.Origin("Service " + svc.Namespace + "/" + svc.Name)
-			for _, err := range svc.problems {
+			for _, err := range svc.problemList() {
 				if me, ok := err.(*ManifestError); ok {
 					found := *me
 					found.File = origin
@@ -755,9 +755,7 @@ func buildService(svc *corev1.Service, name string, e *objErr) []*lb.ServicePort
 			ClusterIPs:          cips,
 			Port:                uint16(p.Port),
 			NodePort:            uint16(p.NodePort),
-			ExternalIPs:         eips,
-			LoadBalancerIPs:     lbips,
-			SourceRanges:        ranges,
+			External:            lb.NewExternalAddrs(eips, lbips, ranges),
 			HealthCheckNodePort: hcnp,
 			Affinity:            aff,
 			InternalLocal:       internalLocal,
@@ -1122,9 +1120,20 @@ type Service struct {
 	// lists would be held as long as the Service) and gives a copy, as
 	// every later build does. At 10k Services the second copy of every
 	// port was about a tenth of what the manifest source held.
-	ports    []*lb.ServicePort
-	given    portsGiven
-	problems []error
+	ports []*lb.ServicePort
+	given portsGiven
+	// problems are what is wrong with it (nil: nothing), behind a pointer:
+	// few Services have any, and a list in line made the API source's
+	// cached Service 112 bytes, where it is 96 (issue 16's memory budget).
+	problems *[]error
+}
+
+// problemList is what is wrong with svc (none: nothing).
+func (svc *Service) problemList() []error {
+	if svc.problems == nil {
+		return nil
+	}
+	return *svc.problems
 }
 
 // portsGiven is what the builds have done with a Service's ports.
@@ -1151,7 +1160,8 @@ func (s *Service) Parse(svc *corev1.Service) {
 	name := strings.Clone(svc.Name)
 	ports := buildService(svc, name, e)
 	if len(e.errors) > 0 {
-		*s = Service{Namespace: svc.Namespace, Name: name, problems: slices.Clip(e.errors)}
+		problems := slices.Clip(e.errors)
+		*s = Service{Namespace: svc.Namespace, Name: name, problems: &problems}
 		return
 	}
 	*s = Service{Namespace: svc.Namespace, Name: name, ports: slices.Clip(ports)}
@@ -1167,8 +1177,8 @@ func (s *Service) Parse(svc *corev1.Service) {
 // (ExternalName, headless) yields no ports and no error. The ports are new
 // each time: svc's own are never handed out.
 func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.ServicePort, []error) {
-	if len(svc.problems) > 0 {
-		return nil, svc.problems
+	if len(svc.problemList()) > 0 {
+		return nil, svc.problemList()
 	}
 	if len(svc.ports) == 0 {
 		return nil, nil

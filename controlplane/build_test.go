@@ -198,8 +198,8 @@ status:
 		t.Fatal(err)
 	}
 	sp := snap.Ports.Get(lb.ServicePortName{Namespace: "demo", Name: "lb", Port: "http", Protocol: lb.TCP})
-	if sp == nil || sp.HealthCheckNodePort != 32000 || len(sp.SourceRanges) != 2 ||
-		sp.SourceRanges[0] != netip.MustParsePrefix("192.168.1.0/24") || sp.LoadBalancerIPs[0] != netip.MustParseAddr("198.51.100.1") {
+	if sp == nil || sp.HealthCheckNodePort != 32000 || len(sp.SourceRanges()) != 2 ||
+		sp.SourceRanges()[0] != netip.MustParsePrefix("192.168.1.0/24") || sp.LoadBalancerIPs()[0] != netip.MustParseAddr("198.51.100.1") {
 		t.Fatalf("%+v", sp)
 	}
 }

@@ -67,16 +67,17 @@ type Affinity struct {
 
 // ServicePort is one port of one Service, with everything a data plane needs.
 //
-// The ports and flags are together, in one word (208 bytes, where spread
-// between the slices they padded it to 224: issue 16's memory budget).
+// The ports and flags are together, in one word, and the external
+// addresses, which few ports have, behind one pointer: 144 bytes, where
+// the three lists in line made 208 (issue 16's memory budget).
 type ServicePort struct {
-	Name            ServicePortName
-	ClusterIPs      []netip.Addr
-	ExternalIPs     []netip.Addr
-	LoadBalancerIPs []netip.Addr
-	// SourceRanges is loadBalancerSourceRanges: when set, traffic to the
-	// load-balancer IPs is accepted only from these prefixes.
-	SourceRanges []netip.Prefix
+	Name       ServicePortName
+	ClusterIPs []netip.Addr
+	// External holds the external and load-balancer IPs and the source
+	// ranges; nil when all three are empty (NewExternalAddrs), so that
+	// ports built alike compare equal. What it points to never changes:
+	// the setters make a new one.
+	External *ExternalAddrs
 	// Endpoints is sorted by address, as kube-proxy sorts them.
 	Endpoints []Endpoint
 	Affinity  Affinity
@@ -92,6 +93,62 @@ type ServicePort struct {
 	// reachable port: NodePort, external and load-balancer traffic goes
 	// only to local endpoints.
 	ExternalLocal bool
+}
+
+// ExternalAddrs is what few service ports have: external IPs, and
+// load-balancer IPs with the ranges their clients may come from.
+type ExternalAddrs struct {
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	// SourceRanges is loadBalancerSourceRanges: when set, traffic to the
+	// load-balancer IPs is accepted only from these prefixes.
+	SourceRanges []netip.Prefix
+}
+
+// NewExternalAddrs holds the three lists, or is nil when all are empty.
+func NewExternalAddrs(externalIPs, loadBalancerIPs []netip.Addr, sourceRanges []netip.Prefix) *ExternalAddrs {
+	if len(externalIPs) == 0 && len(loadBalancerIPs) == 0 && len(sourceRanges) == 0 {
+		return nil
+	}
+	return &ExternalAddrs{ExternalIPs: externalIPs, LoadBalancerIPs: loadBalancerIPs, SourceRanges: sourceRanges}
+}
+
+// ExternalIPs are the Service's externalIPs.
+func (sp *ServicePort) ExternalIPs() []netip.Addr {
+	if sp.External == nil {
+		return nil
+	}
+	return sp.External.ExternalIPs
+}
+
+// LoadBalancerIPs are the load-balancer ingress IPs.
+func (sp *ServicePort) LoadBalancerIPs() []netip.Addr {
+	if sp.External == nil {
+		return nil
+	}
+	return sp.External.LoadBalancerIPs
+}
+
+// SourceRanges is loadBalancerSourceRanges (see ExternalAddrs).
+func (sp *ServicePort) SourceRanges() []netip.Prefix {
+	if sp.External == nil {
+		return nil
+	}
+	return sp.External.SourceRanges
+}
+
+// SetExternalIPs, SetLoadBalancerIPs and SetSourceRanges replace one of
+// External's lists, with a new External.
+func (sp *ServicePort) SetExternalIPs(ips []netip.Addr) {
+	sp.External = NewExternalAddrs(ips, sp.LoadBalancerIPs(), sp.SourceRanges())
+}
+
+func (sp *ServicePort) SetLoadBalancerIPs(ips []netip.Addr) {
+	sp.External = NewExternalAddrs(sp.ExternalIPs(), ips, sp.SourceRanges())
+}
+
+func (sp *ServicePort) SetSourceRanges(ranges []netip.Prefix) {
+	sp.External = NewExternalAddrs(sp.ExternalIPs(), sp.LoadBalancerIPs(), ranges)
 }
 
 // Usable returns the endpoints cluster (ClusterIP) traffic may go to: the
@@ -173,9 +230,9 @@ func (sp *ServicePort) usable(localOnly bool) []netip.AddrPort {
 func (sp *ServicePort) SameFrontend(o *ServicePort) bool {
 	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort && sp.SplitPolicy() == o.SplitPolicy() &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
-		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
-		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
-		slices.Equal(sp.SourceRanges, o.SourceRanges) // the LB listeners' source check is set at open
+		slices.Equal(sp.ExternalIPs(), o.ExternalIPs()) &&
+		slices.Equal(sp.LoadBalancerIPs(), o.LoadBalancerIPs()) &&
+		slices.Equal(sp.SourceRanges(), o.SourceRanges()) // the LB listeners' source check is set at open
 }
 
 // Snapshot is one immutable view of every service port. It is published by

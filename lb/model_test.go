@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -51,7 +52,7 @@ func TestSnapshotWithNamesTheChange(t *testing.T) {
 	}
 }
 
-// An endpoint is 24 bytes with no pointer and a service port 208, as
+// An endpoint is 24 bytes with no pointer and a service port 144, as
 // their docs say: one is held per endpoint or port, and a field added
 // between the others, or a string, would grow every one (issue 16's memory
 // budget); a pointer would have the collector scan every endpoint list.
@@ -62,8 +63,38 @@ func TestModelSizes(t *testing.T) {
 	if hasPointers(reflect.TypeFor[Endpoint]()) {
 		t.Fatal("lb.Endpoint holds a pointer")
 	}
-	if n := unsafe.Sizeof(ServicePort{}); n != 208 {
-		t.Fatalf("lb.ServicePort is %d bytes, want 208", n)
+	if n := unsafe.Sizeof(ServicePort{}); n != 144 {
+		t.Fatalf("lb.ServicePort is %d bytes, want 144", n)
+	}
+}
+
+// A port's external addresses are held only when it has some: ports built
+// alike compare equal whichever way their lists were set, and emptied
+// lists leave none; the setters never change what an earlier copy points
+// to.
+func TestExternalAddrsAreHeldOnlyWhenSet(t *testing.T) {
+	eip, lbip := netip.MustParseAddr("203.0.113.1"), netip.MustParseAddr("198.51.100.1")
+	ranges := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	if NewExternalAddrs(nil, []netip.Addr{}, nil) != nil {
+		t.Fatal("empty lists made an ExternalAddrs")
+	}
+	var a ServicePort
+	a.SetExternalIPs([]netip.Addr{eip})
+	a.SetLoadBalancerIPs([]netip.Addr{lbip})
+	a.SetSourceRanges(ranges)
+	b := ServicePort{External: NewExternalAddrs([]netip.Addr{eip}, []netip.Addr{lbip}, ranges)}
+	if !reflect.DeepEqual(a, b) || !a.SameFrontend(&b) {
+		t.Fatalf("set one by one %+v, made at once %+v", a.External, b.External)
+	}
+	before := a
+	a.SetExternalIPs(nil)
+	if len(before.ExternalIPs()) != 1 || len(a.ExternalIPs()) != 0 || a.SameFrontend(&before) {
+		t.Fatal("a setter changed what a copy holds, or the change went unseen")
+	}
+	a.SetLoadBalancerIPs(nil)
+	a.SetSourceRanges(nil)
+	if a.External != nil || a.ExternalIPs() != nil || a.LoadBalancerIPs() != nil || a.SourceRanges() != nil {
+		t.Fatalf("emptied lists left %+v", a.External)
 	}
 }
 

@@ -506,10 +506,10 @@ func (s *Server) openPort(p *servedPort) []error {
 		if fe.Role == RoleProxyPort || fe.Role == RoleClusterIP {
 			t = p.target
 		}
-		if fe.Role == RoleLoadBalancer && len(sp.SourceRanges) > 0 {
+		if fe.Role == RoleLoadBalancer && len(sp.SourceRanges()) > 0 {
 			// loadBalancerSourceRanges: the same picker, behind a source check.
 			guarded := *t
-			ranges := sp.SourceRanges
+			ranges := sp.SourceRanges()
 			guarded.Admit = func(a netip.Addr) bool {
 				for _, r := range ranges {
 					if r.Contains(a) {
@@ -549,7 +549,7 @@ func (s *Server) openPort(p *servedPort) []error {
 	for _, set := range []struct {
 		role Role
 		ips  []netip.Addr
-	}{{RoleExternalIP, sp.ExternalIPs}, {RoleLoadBalancer, sp.LoadBalancerIPs}} {
+	}{{RoleExternalIP, sp.ExternalIPs()}, {RoleLoadBalancer, sp.LoadBalancerIPs()}} {
 		for _, ip := range set.ips {
 			if s.ListenOnVIPs || (s.IsLocal != nil && s.IsLocal(ip)) {
 				open(Frontend{Service: sp.Name, Role: set.role, Addr: netip.AddrPortFrom(ip, sp.Port)})

@@ -185,8 +185,8 @@ func TestServerListensOnLocalExternalAndLoadBalancerIPs(t *testing.T) {
 		defer srv.Close()
 		sp := webPort(0, serveTCP(t, nameHandler("ext")))
 		sp.Port = freePort(t)
-		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.5"), netip.MustParseAddr("203.0.113.9")} // the second is not local
-		sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("127.0.0.6")}
+		sp.SetExternalIPs([]netip.Addr{netip.MustParseAddr("127.0.0.5"), netip.MustParseAddr("203.0.113.9")}) // the second is not local
+		sp.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("127.0.0.6")})
 		if err := srv.Apply(snapshotOf(sp)); err != nil {
 			t.Fatal(err)
 		}
@@ -298,8 +298,8 @@ func TestServerListensOnVIPs(t *testing.T) {
 		sp := webPort(0, serveTCP(t, nameHandler("vip")))
 		sp.Port = freePort(t)
 		sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("127.0.0.7")}
-		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.8")}
-		sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("127.0.0.9")}
+		sp.SetExternalIPs([]netip.Addr{netip.MustParseAddr("127.0.0.8")})
+		sp.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("127.0.0.9")})
 		if err := srv.Apply(snapshotOf(sp)); err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +327,7 @@ func TestServerOpensExternalProxyPortForSplitPolicy(t *testing.T) {
 		defer srv.Close()
 		local, remote := serveTCP(t, nameHandler("local")), serveTCP(t, nameHandler("remote"))
 		sp := webPort(0, local, remote)
-		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+		sp.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.9")})
 		for i := range sp.Endpoints {
 			sp.Endpoints[i].Local = sp.Endpoints[i].Addr.AddrPort() == local
 		}
@@ -370,8 +370,8 @@ func TestServerLoadBalancerSourceRanges(t *testing.T) {
 		defer srv.Close()
 		sp := webPort(0, serveTCP(t, nameHandler("lb")))
 		sp.Port = freePort(t)
-		sp.LoadBalancerIPs = []netip.Addr{lbIP}
-		sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		sp.SetLoadBalancerIPs([]netip.Addr{lbIP})
+		sp.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})
 		if err := srv.Apply(snapshotOf(sp)); err != nil {
 			t.Fatal(err)
 		}
@@ -380,7 +380,7 @@ func TestServerLoadBalancerSourceRanges(t *testing.T) {
 			t.Fatal("client outside the source ranges was served")
 		}
 		sp2 := *sp
-		sp2.SourceRanges = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		sp2.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
 		if err := srv.Apply(snapshotOf(&sp2)); err != nil {
 			t.Fatal(err)
 		}
@@ -680,7 +680,7 @@ func TestServerServesTCPPortsThroughOneCapturePort(t *testing.T) {
 			sp.Name.Name = fmt.Sprintf("web%d", i)
 			sp.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}
 			if i == 7 {
-				sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+				sp.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.9")})
 				sp.ExternalLocal = true // its own external target
 				sp.Endpoints[0].Local = true
 			}
@@ -725,8 +725,8 @@ func TestServerServesTCPPortsThroughOneCapturePort(t *testing.T) {
 				if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ClusterIPs[0], 80)); got != p.target {
 					return fmt.Errorf("%s's ClusterIP resolves to %p, want its target %p", name, got, p.target)
 				}
-				if len(sp.ExternalIPs) > 0 {
-					if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ExternalIPs[0], 80)); got != p.ext || p.ext == p.target {
+				if len(sp.ExternalIPs()) > 0 {
+					if got := srv.resolveCaptured(netip.AddrPortFrom(sp.ExternalIPs()[0], 80)); got != p.ext || p.ext == p.target {
 						return fmt.Errorf("%s's external IP resolves to %p, want its external target %p", name, got, p.ext)
 					}
 				}

@@ -534,14 +534,14 @@ func portalsOf(sp *lb.ServicePort, t portalTargets, isLocal func(netip.Addr) boo
 	for _, ip := range sp.ClusterIPs {
 		add(ip, to, nil)
 	}
-	for _, ip := range sp.ExternalIPs {
+	for _, ip := range sp.ExternalIPs() {
 		if isLocal == nil || !isLocal(ip) {
 			add(ip, eto, nil)
 		}
 	}
-	for _, ip := range sp.LoadBalancerIPs {
+	for _, ip := range sp.LoadBalancerIPs() {
 		if isLocal == nil || !isLocal(ip) {
-			add(ip, eto, sp.SourceRanges)
+			add(ip, eto, sp.SourceRanges())
 		}
 	}
 	return out
@@ -558,7 +558,7 @@ type bindCapture struct {
 func serviceIPs(snap *lb.Snapshot) []netip.Addr {
 	set := map[netip.Addr]bool{}
 	for _, sp := range snap.Ports.All() {
-		for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs) {
+		for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs(), sp.LoadBalancerIPs()) {
 			set[ip] = true
 		}
 	}

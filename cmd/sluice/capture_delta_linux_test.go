@@ -30,12 +30,12 @@ func capturePort(rng *rand.Rand, j int) *lb.ServicePort {
 		sp.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte((j+1)%8 + 1)})}
 	}
 	if rng.IntN(3) == 0 {
-		sp.ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(j + 1)})}
+		sp.SetExternalIPs([]netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(j + 1)})})
 		sp.ExternalLocal = rng.IntN(2) == 0
 	}
 	if rng.IntN(10) == 0 {
-		sp.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(j + 1)})}
-		sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}
+		sp.SetLoadBalancerIPs([]netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(j + 1)})})
+		sp.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")})
 	}
 	if rng.IntN(4) == 0 {
 		sp.Port = 81

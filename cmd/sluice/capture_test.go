@@ -58,7 +58,7 @@ func TestCaptureWorksOutPortalsOnlyWhenFrontendsOrAddressesChange(t *testing.T) 
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 80,
 			Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(ep)), Ready: true, Serving: true}}}
 		if externalIP != "" {
-			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr(externalIP)}
+			sp.SetExternalIPs([]netip.Addr{netip.MustParseAddr(externalIP)})
 		}
 		return sp
 	}

@@ -329,7 +329,7 @@ func noLocalEndpoint(sp *lb.ServicePort, v6 bool) (internal, external int) {
 	if sp.InternalLocal {
 		internal = 1
 	}
-	if sp.ExternalLocal && (sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0) {
+	if sp.ExternalLocal && (sp.NodePort != 0 || len(sp.ExternalIPs()) > 0 || len(sp.LoadBalancerIPs()) > 0) {
 		external = 1
 	}
 	return internal, external

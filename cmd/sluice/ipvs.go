@@ -275,7 +275,7 @@ func (t *serviceAddrTally) add(sp *lb.ServicePort, sign int) {
 	if sp == nil {
 		return
 	}
-	for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs) {
+	for _, ip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs(), sp.LoadBalancerIPs()) {
 		if t.counts[ip] += sign; t.counts[ip] == 0 {
 			delete(t.counts, ip)
 		}

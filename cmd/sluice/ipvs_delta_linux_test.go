@@ -105,7 +105,7 @@ func TestIPVSPlaneUpdatesLeaveWhatResyncsLeave(t *testing.T) {
 				cur = randomChange(rng, cur, 3, 4, func() *lb.ServicePort {
 					sp := tallyPort(rng, rng.IntN(8))
 					if rng.IntN(3) == 0 {
-						sp.ExternalIPs = []netip.Addr{eip}
+						sp.SetExternalIPs([]netip.Addr{eip})
 					}
 					return sp
 				})

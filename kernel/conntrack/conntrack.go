@@ -87,10 +87,10 @@ func Stale(snap *lb.Snapshot, isLocal func(netip.Addr) bool) func(Flow) bool {
 		for _, ip := range sp.ClusterIPs {
 			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
-		for _, ip := range sp.ExternalIPs {
+		for _, ip := range sp.ExternalIPs() {
 			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
-		for _, ip := range sp.LoadBalancerIPs {
+		for _, ip := range sp.LoadBalancerIPs() {
 			byVIP[vipKey{proto, netip.AddrPortFrom(ip, sp.Port)}] = t
 		}
 		if sp.NodePort != 0 {

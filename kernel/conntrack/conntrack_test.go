@@ -9,11 +9,11 @@ import (
 
 func udpPort(eps ...string) *lb.ServicePort {
 	sp := &lb.ServicePort{
-		Name:        lb.ServicePortName{Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP},
-		ClusterIPs:  []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		ExternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.10")},
-		Port:        53,
-		NodePort:    30053,
+		Name:       lb.ServicePortName{Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		External:   lb.NewExternalAddrs([]netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil, nil),
+		Port:       53,
+		NodePort:   30053,
 	}
 	for _, e := range eps {
 		sp.Endpoints = append(sp.Endpoints, lb.Endpoint{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort(e)), Ready: true, Serving: true})

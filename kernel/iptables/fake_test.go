@@ -74,7 +74,7 @@ func syncTo(t *testing.T, f *Fake, o Options, s *lb.Snapshot) {
 func TestPacketFlows(t *testing.T) {
 	web := svcPort("web", "10.96.0.10", readyEP("10.244.1.1:8080", true), readyEP("10.244.2.1:8080", false))
 	web.NodePort = 30080
-	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.5")}
+	web.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.5")})
 	empty := svcPort("empty", "10.96.0.11")
 	empty.NodePort = 30081
 	local := svcPort("local", "10.96.0.12", readyEP("10.244.2.2:8080", false)) // no local endpoint
@@ -271,8 +271,8 @@ func TestCanaryAndCleanup(t *testing.T) {
 func TestLoadBalancerSourceRangesAndHealthCheckNodePort(t *testing.T) {
 	lbIP := netip.MustParseAddr("198.51.100.1")
 	web := svcPort("web", "10.96.0.10", readyEP("10.244.1.1:8080", true))
-	web.LoadBalancerIPs = []netip.Addr{lbIP}
-	web.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24")}
+	web.SetLoadBalancerIPs([]netip.Addr{lbIP})
+	web.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("192.168.0.0/24")})
 	web.NodePort = 30080
 	web.HealthCheckNodePort = 32000
 	web.ExternalLocal = true
@@ -300,7 +300,7 @@ func TestLoadBalancerSourceRangesAndHealthCheckNodePort(t *testing.T) {
 	}
 	// Without ranges no KUBE-FW chain is used.
 	web2 := *web
-	web2.SourceRanges = nil
+	web2.SetSourceRanges(nil)
 	syncTo(t, f, o, snap(&web2))
 	if got := dnats(f.Trace("PREROUTING", denied)); !slices.Equal(got, []string{"10.244.1.1:8080"}) {
 		t.Fatalf("no ranges: %v", got)

@@ -768,7 +768,7 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	proto := strings.ToLower(string(name.Protocol))
 	port := strconv.Itoa(int(sp.Port))
 	match := [4]string{"-m", proto, "-p", proto}
-	eips, lbips := o.filter(sp.ExternalIPs), o.filter(sp.LoadBalancerIPs)
+	eips, lbips := o.filter(sp.ExternalIPs()), o.filter(sp.LoadBalancerIPs())
 	externallyAccessible := sp.NodePort != 0 || len(eips) > 0 || len(lbips) > 0
 
 	cluster, local := o.filterEPs(sp.Select(false)), o.filterEPs(sp.Select(true))
@@ -808,7 +808,7 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 		}
 	}
 	var ranges []netip.Prefix
-	for _, r := range sp.SourceRanges {
+	for _, r := range sp.SourceRanges() {
 		if r.Addr().Is6() == o.IPv6 {
 			ranges = append(ranges, r)
 		}

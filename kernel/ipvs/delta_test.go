@@ -67,16 +67,16 @@ func deltaPort(rng *rand.Rand, j int, pn string) *lb.ServicePort {
 		}
 	}
 	if rng.IntN(3) == 0 { // shared by several ports: bound while any has it
-		sp.ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(rng.IntN(2) + 1)})}
+		sp.SetExternalIPs([]netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(rng.IntN(2) + 1)})})
 		sp.Port = uint16(8000 + 2*j)
 		if pn == "b" {
 			sp.Port++
 		}
 	}
 	if rng.IntN(4) == 0 { // a load balancer, sometimes guarded; the node is in one range
-		sp.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(rng.IntN(2) + 1)})}
+		sp.SetLoadBalancerIPs([]netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(rng.IntN(2) + 1)})})
 		if rng.IntN(2) == 0 {
-			sp.SourceRanges = []netip.Prefix{[]netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("172.16.0.0/12")}[rng.IntN(2)]}
+			sp.SetSourceRanges([]netip.Prefix{[]netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("172.16.0.0/12")}[rng.IntN(2)]})
 		}
 	}
 	if rng.IntN(5) == 0 {
@@ -263,14 +263,15 @@ func TestSyncChangedKeepsAnAddressMovedBetweenPorts(t *testing.T) {
 	a := port("a", "10.96.0.1", lb.TCP, "10.244.0.1:8080")
 	b := port("b", "10.96.0.2", lb.TCP, "10.244.0.2:8080")
 	b.Port = 81 // not a's virtual server on the external IP
-	a.ExternalIPs = []netip.Addr{eip}
+	a.SetExternalIPs([]netip.Addr{eip})
 	cur := snap(a, b)
 	cur.ID = 1
 	if bc, err := p.SyncChanged(cur); err != nil || !slices.Contains(bc.All, eip) {
 		t.Fatalf("first sync: %+v %v", bc, err)
 	}
 	a2, b2 := *a, *b
-	a2.ExternalIPs, b2.ExternalIPs = nil, []netip.Addr{eip}
+	a2.SetExternalIPs(nil)
+	b2.SetExternalIPs([]netip.Addr{eip})
 	next := cur.With(map[lb.ServicePortName]*lb.ServicePort{a.Name: &a2, b.Name: &b2}, nil)
 	next.ID = 2
 	bc, err := p.SyncChanged(next)

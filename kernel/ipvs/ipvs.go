@@ -160,7 +160,7 @@ func renderPort(sp *lb.ServicePort, o Options, server func(*VirtualServer), bind
 			bind(ip)
 		}
 	}
-	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+	for _, ip := range slices.Concat(sp.ExternalIPs(), sp.LoadBalancerIPs()) {
 		if fam(ip) {
 			add(ip, sp.Port, external)
 			if o.IsLocal == nil || !o.IsLocal(ip) {

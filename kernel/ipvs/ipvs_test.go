@@ -35,7 +35,7 @@ func opts() Options { return Options{NodeIPs: []netip.Addr{node, netip.MustParse
 func TestRender(t *testing.T) {
 	web := port("web", "10.96.0.10", lb.TCP, "10.244.0.5:8080", "10.244.0.6:8080")
 	web.NodePort = 30080
-	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10"), node}
+	web.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.10"), node})
 	web.Affinity = lb.Affinity{ClientIP: true, Timeout: 3 * time.Hour}
 	local := port("local", "10.96.0.11", lb.UDP, "10.244.0.5:53")
 	local.ExternalLocal, local.NodePort = true, 30053 // no local endpoint: falls back to all

@@ -126,7 +126,7 @@ func portEntries(sp *lb.ServicePort, o Options) []setEntry {
 			add(SetClusterIP, ipPort(ip, sp.Port))
 		}
 	}
-	for _, ip := range sp.ExternalIPs {
+	for _, ip := range sp.ExternalIPs() {
 		if fam(ip) {
 			add(SetExternalIP, ipPort(ip, sp.Port))
 			if sp.ExternalLocal {
@@ -135,7 +135,7 @@ func portEntries(sp *lb.ServicePort, o Options) []setEntry {
 		}
 	}
 	var ranges []netip.Prefix
-	for _, r := range sp.SourceRanges {
+	for _, r := range sp.SourceRanges() {
 		if fam(r.Addr()) {
 			ranges = append(ranges, r)
 		}
@@ -146,7 +146,7 @@ func portEntries(sp *lb.ServicePort, o Options) []setEntry {
 			nodeInRange = nodeInRange || r.Contains(n)
 		}
 	}
-	for _, ip := range sp.LoadBalancerIPs {
+	for _, ip := range sp.LoadBalancerIPs() {
 		if fam(ip) {
 			add(SetLoadBalancer, ipPort(ip, sp.Port))
 			if sp.ExternalLocal {

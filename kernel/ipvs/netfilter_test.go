@@ -23,13 +23,13 @@ func TestNetfilterSetsRulesAndCleanup(t *testing.T) {
 	web := port("web", "10.96.0.10", lb.TCP, "10.244.0.5:8080")
 	web.Endpoints[0].Local = true
 	web.NodePort, web.HealthCheckNodePort, web.ExternalLocal = 30080, 32000, true
-	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
+	web.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.10")})
 	sig := port("sig", "10.96.0.11", lb.SCTP, "10.244.0.6:9000")
 	sig.NodePort = 30090
 	dns := port("dns", "fd00::10", lb.UDP, "[fd00::5]:53")
 	guarded := port("guarded", "10.96.0.12", lb.TCP, "10.244.0.7:8080")
-	guarded.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
-	guarded.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("fd00::/64")}
+	guarded.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("198.51.100.1")})
+	guarded.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("fd00::/64")})
 	o := Options{NodeIPs: []netip.Addr{node}}
 	bound := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")}
 	if err := nf.Sync(snap(web, sig, dns, guarded), o, bound); err != nil {

@@ -270,12 +270,12 @@ func TestRulesMatchKubeProxys(t *testing.T) {
 	svc1 := mk("ns1", "svc1", "172.30.0.41", ep("10.180.0.1:80"))
 	svc2 := mk("ns2", "svc2", "172.30.0.42", ep("10.180.0.2:80"))
 	svc2.NodePort, svc2.ExternalLocal, svc2.HealthCheckNodePort = 3001, true, 30000
-	svc2.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("1.2.3.4")}
-	svc2.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.99.22")}
+	svc2.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("1.2.3.4")})
+	svc2.SetExternalIPs([]netip.Addr{netip.MustParseAddr("192.168.99.22")})
 	svc5 := mk("ns5", "svc5", "172.30.0.45", ep("10.180.0.3:80"))
 	svc5.NodePort = 3002
-	svc5.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("5.6.7.8")}
-	svc5.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25")}
+	svc5.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("5.6.7.8")})
+	svc5.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("203.0.113.0/25")})
 	svc5.Affinity = lb.Affinity{ClientIP: true, Timeout: 10800 * time.Second}
 	svc6 := mk("ns6", "svc6", "172.30.0.46")
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
@@ -471,8 +471,8 @@ func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 func TestFirewallAllowsLBIPsWhenARangeHoldsTheNode(t *testing.T) {
 	svc := &lb.ServicePort{Name: spn("ns5", "svc5", "p80"), ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.45")}, Port: 80,
 		NodePort: 3002, Endpoints: []lb.Endpoint{ep("10.180.0.3:80")},
-		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("5.6.7.8"), netip.MustParseAddr("fd00::8")},
-		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("192.168.0.0/24")}}
+		External: lb.NewExternalAddrs(nil, []netip.Addr{netip.MustParseAddr("5.6.7.8"), netip.MustParseAddr("fd00::8")},
+			[]netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("192.168.0.0/24")})}
 	for _, tc := range []struct {
 		node string
 		want string

@@ -528,12 +528,12 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 			cips = append(cips, a)
 		}
 	}
-	for _, a := range sp.ExternalIPs {
+	for _, a := range sp.ExternalIPs() {
 		if o.family(a) {
 			eips = append(eips, a)
 		}
 	}
-	for _, a := range sp.LoadBalancerIPs {
+	for _, a := range sp.LoadBalancerIPs() {
 		if o.family(a) {
 			lbips = append(lbips, a)
 		}
@@ -568,7 +568,7 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 		hasExternal = len(local) > 0
 	}
 	usesExt := hasEndpoints && externallyAccessible
-	usesFW := usesExt && len(lbips) > 0 && len(sp.SourceRanges) > 0
+	usesFW := usesExt && len(lbips) > 0 && len(sp.SourceRanges()) > 0
 	refusal := func() string {
 		if !hasEndpoints {
 			return "goto " + chainReject
@@ -668,13 +668,13 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 	}
 	if usesFW {
 		var allowed []string
-		for _, r := range sp.SourceRanges {
+		for _, r := range sp.SourceRanges() {
 			if o.family(r.Addr()) {
 				allowed = append(allowed, r.String())
 			}
 		}
 		nodeAllowed := false
-		for _, r := range sp.SourceRanges {
+		for _, r := range sp.SourceRanges() {
 			for _, n := range o.NodeIPs {
 				nodeAllowed = nodeAllowed || r.Contains(n)
 			}
