@@ -417,29 +417,39 @@ func newCachedService(svc *corev1.Service) *cachedService {
 // cachedSlice is what the source keeps of an EndpointSlice: the
 // slice as the build reads it, parsed and checked once
 // (controlplane.Slice), whose names its keys are made of and whose
-// endpoint lists the snapshot shares, and its last-change-trigger-time. A
-// slice of 10 endpoints as the EndpointSlice controller writes it held 3.3
-// KiB as a trimmed discoveryv1 object, and the snapshot a copy of its
-// endpoints besides (BenchmarkCachedObjectBytes).
+// endpoint lists the snapshot shares. A slice of 10 endpoints as the
+// EndpointSlice controller writes it held 3.3 KiB as a trimmed discoveryv1
+// object, and the snapshot a copy of its endpoints besides
+// (BenchmarkCachedObjectBytes). Its last-change-trigger-time is read as it
+// arrives (triggerOf) and not kept: 16 bytes of every slice (issue 16's
+// memory budget).
 type cachedSlice struct {
 	cachedMeta
 	controlplane.Slice
-	// trigger is endpoints.kubernetes.io/last-change-trigger-time, parsed,
-	// in Unix nanoseconds (0: none, or not a time): the annotation's text
-	// was 48 bytes more of every slice (issue 16's memory budget).
-	trigger int64
-	ipv6    bool
 }
 
 func newCachedSlice(sl *discoveryv1.EndpointSlice, nodeName string) *cachedSlice {
-	c := &cachedSlice{cachedMeta: metaOf(&sl.ObjectMeta), ipv6: sl.AddressType == discoveryv1.AddressTypeIPv6}
+	c := &cachedSlice{cachedMeta: metaOf(&sl.ObjectMeta)}
 	c.Slice.ParseFor(sl, nodeName)
-	if v := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; v != "" {
-		if at, err := time.Parse(time.RFC3339Nano, v); err == nil && at.UnixNano() > 0 {
-			c.trigger = at.UnixNano()
-		}
-	}
 	return c
+}
+
+// triggerOf is sl's endpoints.kubernetes.io/last-change-trigger-time with
+// its address family (the zero Trigger: none, or not a time).
+func triggerOf(sl *discoveryv1.EndpointSlice) controlplane.Trigger {
+	v := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if v == "" {
+		return controlplane.Trigger{}
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || at.UnixNano() <= 0 {
+		return controlplane.Trigger{}
+	}
+	family := "IPv4"
+	if sl.AddressType == discoveryv1.AddressTypeIPv6 {
+		family = "IPv6"
+	}
+	return controlplane.Trigger{Family: family, At: at}
 }
 
 // service interns svc's namespace and port names, which its cachedService
@@ -579,18 +589,13 @@ func (s *Source) takeDirty() (map[serviceKey]*pendingChange, controlplane.Update
 // noteTrigger keeps an EndpointSlice's last-change-trigger-time, when it
 // has one from after the source started (kube-proxy ignores older ones
 // too: they would measure the proxy's start-up, not the change).
-func (s *Source) noteTrigger(sl *cachedSlice) {
-	if sl.trigger == 0 {
+func (s *Source) noteTrigger(tr controlplane.Trigger) {
+	if tr.At.IsZero() {
 		return
 	}
-	at := time.Unix(0, sl.trigger)
-	family := "IPv4"
-	if sl.ipv6 {
-		family = "IPv6"
-	}
 	s.mu.Lock()
-	if at.After(s.started) {
-		s.triggers = append(s.triggers, controlplane.Trigger{Family: family, At: at})
+	if tr.At.After(s.started) {
+		s.triggers = append(s.triggers, tr)
 	}
 	s.mu.Unlock()
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+
+	"github.com/sluice-proxy/sluice/controlplane"
 )
 
 // reflectorStore is where a client-go Reflector puts the Services or the
@@ -57,12 +59,16 @@ func (r *reflectorStore) Add(o any) error { return r.put(o, true) }
 func (r *reflectorStore) Update(o any) error { return r.put(o, false) }
 
 func (r *reflectorStore) put(o any, added bool) error {
+	var tr controlplane.Trigger
+	if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+		tr = triggerOf(sl)
+	}
 	c, err := r.trim.transform(o)
 	switch c := c.(type) {
 	case *cachedService:
 		r.s.putService(c)
 	case *cachedSlice:
-		r.s.putSlice(c, added)
+		r.s.putSlice(c, tr, added)
 	}
 	return err
 }
@@ -87,14 +93,20 @@ func (r *reflectorStore) Delete(o any) error {
 func (r *reflectorStore) Replace(list []any, _ string) error {
 	var services []*cachedService
 	var slices []*cachedSlice
+	var triggers []controlplane.Trigger
 	var errs []error
 	for i, o := range list {
+		var tr controlplane.Trigger
+		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+			tr = triggerOf(sl)
+		}
 		c, err := r.trim.transform(o)
 		switch c := c.(type) {
 		case *cachedService:
 			services = append(services, c)
 		case *cachedSlice:
 			slices = append(slices, c)
+			triggers = append(triggers, tr)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -102,7 +114,7 @@ func (r *reflectorStore) Replace(list []any, _ string) error {
 		list[i] = nil // the decoded object goes as soon as nothing else holds it
 	}
 	if r.slices {
-		r.s.replaceSlices(slices)
+		r.s.replaceSlices(slices, triggers)
 	} else {
 		r.s.replaceServices(services)
 	}
@@ -199,7 +211,7 @@ func (s *Source) replaceServices(list []*cachedService) {
 // says the watch called it new: it is looked for only under its own
 // Service, where a changed one is looked for among every Service's too
 // (its label may have changed, or it had none).
-func (s *Source) putSlice(c *cachedSlice, added bool) {
+func (s *Source) putSlice(c *cachedSlice, tr controlplane.Trigger, added bool) {
 	s.slicesMu.Lock()
 	old := s.takeSlice(c.Namespace, c.Name, c.Slice.Service, !added)
 	if c.Slice.Service != "" {
@@ -207,7 +219,7 @@ func (s *Source) putSlice(c *cachedSlice, added bool) {
 		st.slices = append(st.slices, c)
 	}
 	s.slicesMu.Unlock()
-	s.noteTrigger(c)
+	s.noteTrigger(tr)
 	if old != nil && old.Slice.Service != c.Slice.Service {
 		s.markSlice(old)
 	}
@@ -265,9 +277,11 @@ func (s *Source) takeSlice(ns, name, svc string, everywhere bool) *cachedSlice {
 }
 
 // replaceSlices makes list the slices held, marking the Services of each
-// one added, changed or gone.
-func (s *Source) replaceSlices(list []*cachedSlice) {
+// one added, changed or gone; triggers are the list's
+// last-change-trigger-times, one for each.
+func (s *Source) replaceSlices(list []*cachedSlice, triggers []controlplane.Trigger) {
 	var changed, relabelled, gone []*cachedSlice
+	var changedTriggers []controlplane.Trigger
 	s.slicesMu.Lock()
 	held := map[serviceKey]*cachedSlice{} // by namespace and slice name
 	for _, st := range s.bySvc {
@@ -275,7 +289,7 @@ func (s *Source) replaceSlices(list []*cachedSlice) {
 			held[serviceKey{c.Namespace, c.Name}] = c
 		}
 	}
-	for _, c := range list {
+	for i, c := range list {
 		name := serviceKey{c.Namespace, c.Name}
 		old := held[name]
 		delete(held, name)
@@ -293,14 +307,15 @@ func (s *Source) replaceSlices(list []*cachedSlice) {
 			st.slices = append(st.slices, c)
 		}
 		changed = append(changed, c)
+		changedTriggers = append(changedTriggers, triggers[i])
 	}
 	for _, old := range held {
 		s.takeSlice(old.Namespace, old.Name, old.Slice.Service, false)
 		gone = append(gone, old)
 	}
 	s.slicesMu.Unlock()
-	for _, c := range changed {
-		s.noteTrigger(c)
+	for i, c := range changed {
+		s.noteTrigger(changedTriggers[i])
 		s.markSlice(c)
 		s.counted(true)
 	}

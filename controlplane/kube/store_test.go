@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -93,9 +94,21 @@ func TestRelistKeepsTheUnchangedAndDropsTheGone(t *testing.T) {
 		t.Fatalf("the changed Service: %+v", got)
 	}
 
-	if err := endpointSlices.Replace([]any{sl("a", "a-1", "1"), sl("c", "b-1", "2"), sl("e", "e-1", "1")}, "2"); err != nil {
+	// Each slice of the relist carries a last-change-trigger-time: only the
+	// changed and the new ones' are timed.
+	triggered := func(o any, at time.Time) any {
+		o.(*discoveryv1.EndpointSlice).Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339Nano)}
+		return o
+	}
+	t0 := time.Date(2026, 11, 27, 9, 0, 0, 0, time.UTC)
+	if err := endpointSlices.Replace([]any{triggered(sl("a", "a-1", "1"), t0), triggered(sl("c", "b-1", "2"), t0.Add(time.Second)),
+		triggered(sl("e", "e-1", "1"), t0.Add(2*time.Second))}, "2"); err != nil {
 		t.Fatal(err)
 	}
+	if s.mu.Lock(); len(s.triggers) != 2 || !s.triggers[0].At.Equal(t0.Add(time.Second)) || !s.triggers[1].At.Equal(t0.Add(2*time.Second)) {
+		t.Errorf("relist timed %v, want the changed and the new slices' triggers", s.triggers)
+	}
+	s.mu.Unlock()
 	if got := markedNames(s); got != "b,c,d,e" {
 		t.Fatalf("the slices' relist marked %q, want the one left, the one joined, the gone and the new", got)
 	}
@@ -164,5 +177,24 @@ func TestFailedListIsWarnedOfAndRetried(t *testing.T) {
 	}
 	if got := failures.Load(); got < 2 {
 		t.Fatalf("%d lists, want a second after the failure", got)
+	}
+}
+
+// What the source keeps of each Service and EndpointSlice fills its size
+// class: a field added, or one moved in line that is behind a pointer
+// (controlplane.Service's problems), would take the next class for every
+// object held (issue 16's memory budget).
+func TestCachedObjectSizes(t *testing.T) {
+	for _, c := range []struct {
+		what      string
+		size, max uintptr
+	}{
+		{"cachedService", unsafe.Sizeof(cachedService{}), 96},
+		{"cachedSlice", unsafe.Sizeof(cachedSlice{}), 128},
+		{"serviceState", unsafe.Sizeof(serviceState{}), 64},
+	} {
+		if c.size > c.max {
+			t.Errorf("%s is %d bytes, over its size class of %d", c.what, c.size, c.max)
+		}
 	}
 }
