@@ -44,7 +44,7 @@ func stringsIn(v reflect.Value, into map[*byte]string, seen map[uintptr]bool) {
 	}
 }
 
-// TestCachedObjectsKeepNoDecodedString checks that what the informers keep
+// TestCachedObjectsKeepNoDecodedString checks that what the source keeps
 // of a Service and an EndpointSlice holds no string of the object decoded
 // from the wire: one kept string keeps the span it was decoded into, and
 // with it the room of all the list's garbage decoded beside it (at 10k

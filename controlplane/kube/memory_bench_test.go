@@ -66,11 +66,11 @@ func appService(i int) *corev1.Service {
 }
 
 // BenchmarkCachedObjectBytes is what one Service and one EndpointSlice of
-// 10 endpoints hold on the heap once the informers have them: decoded
+// 10 endpoints hold on the heap once the source has them: decoded
 // from protobuf, as the API client receives them, then made into what the
-// informers' transform keeps (cachedService, cachedSlice: issue 16's memory
-// budget). Trimmed discoveryv1 and corev1 objects held 3288 and 976 bytes;
-// the compact ones 1120 and 656 at first, 504 and 384 now, and the
+// source keeps (cachedService, cachedSlice: issue 16's memory budget).
+// Trimmed discoveryv1 and corev1 objects held 3288 and 976 bytes; the
+// compact ones 1120 and 656 at first, then 504 and 384, 488 and 304 now, and the
 // snapshot shares the slice's endpoint lists besides. The figures are
 // counted, not timed: live heap after a collection, divided by the
 // objects held.
@@ -126,9 +126,9 @@ func liveHeap() uint64 {
 
 // BenchmarkSourceHeldBytesPerService is what the API source holds per
 // Service of one port and an EndpointSlice of 10 endpoints once its
-// initial list is published, the snapshot included: the informers'
-// caches and indexes, the source's own maps of each Service's slices and
-// built ports (issue 16's memory budget). The fake API's store is made
+// initial list is published, the snapshot included: the source's own map
+// of each Service, its slices and its built ports, and what the
+// reflectors keep (issue 16's memory budget). The fake API's store is made
 // before the count starts, and the list's copies are garbage by its end.
 // go test -run '^$' -bench SourceHeldBytes ./controlplane/kube
 func BenchmarkSourceHeldBytesPerService(b *testing.B) {
@@ -159,8 +159,8 @@ func BenchmarkSourceHeldBytesPerService(b *testing.B) {
 }
 
 // BenchmarkInitialListHeapInUse is the heap a list of 10,000 Services and
-// their EndpointSlices (10 endpoints each) keeps in use once the informers
-// have made what they cache of it, as client-go does on a first list:
+// their EndpointSlices (10 endpoints each) keeps in use once the source
+// has made what it keeps of it, as on a first list:
 // every object decoded from protobuf, then each transformed, then the
 // decoded ones dropped. Beside the live bytes it reports the heap in use
 // (spans with a live object in them), which is what resident memory
