@@ -201,25 +201,10 @@ func (s *Source) Run(ctx context.Context) error {
 	var reflectors sync.WaitGroup
 	defer reflectors.Wait()
 	defer stopReflectors()
-	selected := func(o metav1.ListOptions) metav1.ListOptions { o.LabelSelector = ProxySelector; return o }
 	services := s.Client.CoreV1().Services(metav1.NamespaceAll)
-	svcLW := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
-			return services.List(ctx, selected(o))
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return services.Watch(ctx, selected(o))
-		},
-	}
+	svcLW := proxyListWatch(services.List, services.Watch)
 	endpointSlices := s.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
-	sliceLW := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
-			return endpointSlices.List(ctx, selected(o))
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return endpointSlices.Watch(ctx, selected(o))
-		},
-	}
+	sliceLW := proxyListWatch(endpointSlices.List, endpointSlices.Watch)
 	svcReflector := cache.NewReflectorWithOptions(svcLW, &corev1.Service{}, svcStore, cache.ReflectorOptions{Name: "sluice services"})
 	sliceReflector := cache.NewReflectorWithOptions(sliceLW, &discoveryv1.EndpointSlice{}, sliceStore, cache.ReflectorOptions{Name: "sluice endpointslices"})
 	reflectors.Go(func() { s.reflect(reflectCtx, "services", svcReflector) })
@@ -331,6 +316,21 @@ func (s *Source) Run(ctx context.Context) error {
 			}
 		}
 		s.publishDelta(set, del, times)
+	}
+}
+
+// proxyListWatch lists and watches with kube-proxy's label selector
+// (ProxySelector).
+func proxyListWatch[L kruntime.Object](list func(context.Context, metav1.ListOptions) (L, error),
+	watchWith func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	selected := func(o metav1.ListOptions) metav1.ListOptions { o.LabelSelector = ProxySelector; return o }
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
+			return list(ctx, selected(o))
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return watchWith(ctx, selected(o))
+		},
 	}
 }
 

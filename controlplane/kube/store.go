@@ -59,11 +59,7 @@ func (r *reflectorStore) Add(o any) error { return r.put(o, true) }
 func (r *reflectorStore) Update(o any) error { return r.put(o, false) }
 
 func (r *reflectorStore) put(o any, added bool) error {
-	var tr controlplane.Trigger
-	if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
-		tr = triggerOf(sl)
-	}
-	c, err := r.trim.transform(o)
+	c, tr, err := r.keep(o)
 	switch c := c.(type) {
 	case *cachedService:
 		r.s.putService(c)
@@ -71,6 +67,18 @@ func (r *reflectorStore) put(o any, added bool) error {
 		r.s.putSlice(c, tr, added)
 	}
 	return err
+}
+
+// keep makes a decoded object into what the source keeps of it
+// (proxyTrim), and reads a slice's last-change-trigger-time, which is not
+// kept.
+func (r *reflectorStore) keep(o any) (any, controlplane.Trigger, error) {
+	var tr controlplane.Trigger
+	if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+		tr = triggerOf(sl)
+	}
+	c, err := r.trim.transform(o)
+	return c, tr, err
 }
 
 // Delete takes a watch's deleted object, in its last state.
@@ -96,11 +104,7 @@ func (r *reflectorStore) Replace(list []any, _ string) error {
 	var triggers []controlplane.Trigger
 	var errs []error
 	for i, o := range list {
-		var tr controlplane.Trigger
-		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
-			tr = triggerOf(sl)
-		}
-		c, err := r.trim.transform(o)
+		c, tr, err := r.keep(o)
 		switch c := c.(type) {
 		case *cachedService:
 			services = append(services, c)
