@@ -97,7 +97,8 @@ func (r *reflectorStore) Delete(o any) error {
 // Replace takes a whole list, the first or a later one (a relist, after a
 // watch could not go on): what the source holds and the list does not is
 // deleted, and an object at the resource version held is left as it is,
-// its Service not marked.
+// its Service not marked (one without a resource version is taken as
+// changed).
 func (r *reflectorStore) Replace(list []any, _ string) error {
 	var services []*cachedService
 	var slices []*cachedSlice
@@ -191,7 +192,7 @@ func (s *Source) replaceServices(list []*cachedService) {
 		key := serviceKey{c.Namespace, c.Name}
 		listed[key] = true
 		st := s.stateFor(key)
-		if st.svc != nil && st.svc.resourceVersion == c.resourceVersion {
+		if st.svc != nil && c.resourceVersion != "" && st.svc.resourceVersion == c.resourceVersion {
 			continue
 		}
 		st.svc = c
@@ -297,7 +298,7 @@ func (s *Source) replaceSlices(list []*cachedSlice, triggers []controlplane.Trig
 		name := serviceKey{c.Namespace, c.Name}
 		old := held[name]
 		delete(held, name)
-		if old != nil && old.resourceVersion == c.resourceVersion {
+		if old != nil && c.resourceVersion != "" && old.resourceVersion == c.resourceVersion {
 			continue
 		}
 		if old != nil {

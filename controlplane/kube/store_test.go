@@ -129,6 +129,18 @@ func TestRelistKeepsTheUnchangedAndDropsTheGone(t *testing.T) {
 		t.Error("the entry of a Service gone with its slice is kept")
 	}
 
+	// An object without a resource version is never taken as unchanged.
+	if err := services.Replace([]any{svc("a", ""), svc("b", "2"), svc("c", "1")}, "3"); err != nil {
+		t.Fatal(err)
+	}
+	markedNames(s)
+	if err := services.Replace([]any{svc("a", ""), svc("b", "2"), svc("c", "1")}, "4"); err != nil {
+		t.Fatal(err)
+	}
+	if got := markedNames(s); got != "a" {
+		t.Fatalf("relists of a Service without a resource version marked %q", got)
+	}
+
 	// A list of the wrong kind is refused, naming what it held.
 	if err := services.Replace([]any{svc("a", "1"), &corev1.Node{}}, "3"); err == nil || !strings.Contains(err.Error(), "*v1.Node") {
 		t.Fatalf("a Node in a list of Services: %v", err)
