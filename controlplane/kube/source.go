@@ -1,8 +1,9 @@
 // Package kube owns the Kubernetes API source: client-go reflectors on
 // Services and EndpointSlices, whose store is the source's own map, and an
 // informer on this node's Node object, turned into lb.Snapshots one
-// changed Service at a time, exactly as kube-proxy selects and merges them. It never publishes before the initial lists have synced,
-// and it keeps the last published state while the API server is away.
+// changed Service at a time, exactly as kube-proxy selects and merges them.
+// It never publishes before the initial lists have synced, and it keeps
+// the last published state while the API server is away.
 package kube
 
 import (
@@ -305,12 +306,11 @@ func (s *Source) Run(ctx context.Context) error {
 		var del []lb.ServicePortName
 		keys, times := s.takeDirty()
 		for key := range keys {
-			old := s.builtOf(key)
-			if s.rebuild(key) {
+			if old, ports, changed := s.rebuild(key); changed {
 				for _, sp := range old {
 					del = append(del, sp.Name)
 				}
-				for _, sp := range s.builtOf(key) {
+				for _, sp := range ports {
 					set[sp.Name] = sp
 				}
 			}
@@ -349,12 +349,13 @@ func proxyListWatch[L kruntime.Object](list func(context.Context, metav1.ListOpt
 // 1.9 and 1.0 KiB (BenchmarkCachedObjectBytes); what is kept now, 488 and
 // 304 bytes (552 and 432 when the parsed slice and Service were objects of
 // their own beside their names, 504 and 384 before a port's rare parts went
-// behind a pointer and a slice's trigger time out). The transform once also trimmed the
-// decoded objects (new annotation and label maps, shared flags, node names
-// and zones), from when the informers kept them: none of that is read now,
-// and the maps, kept alive by the list until its end among what is kept,
-// left 100 bytes a Service of the heap in use beyond the live heap once
-// they went (BenchmarkInitialListHeapInUse, 1115 -> 1014 B; issue 16).
+// behind a pointer and a slice's trigger time out). The transform once also
+// trimmed the decoded objects (new annotation and label maps, shared flags,
+// node names and zones), from when the informers kept them: none of that
+// is read now, and the maps, kept alive by the list until its end among
+// what is kept, left 100 bytes a Service of the heap in use beyond the live
+// heap once they went (BenchmarkInitialListHeapInUse, 1115 -> 1014 B;
+// issue 16).
 type proxyTrim struct {
 	node string // the node whose endpoints the cached slices mark Local
 	mu   sync.Mutex
@@ -486,7 +487,7 @@ func (t *proxyTrim) intern(s *string) *string {
 		return shared
 	}
 	if len(t.strs) < maxInterned {
-		v := strings.Clone(*s) // not the decoded object's string (see nameOf)
+		v := strings.Clone(*s) // not the decoded object's string (see metaOf)
 		t.strs[v] = &v
 		return &v
 	}
@@ -515,14 +516,10 @@ func (s *Source) builtOf(key serviceKey) []*lb.ServicePort {
 func (s *Source) setBuilt(key serviceKey, ports []*lb.ServicePort) {
 	s.slicesMu.Lock()
 	defer s.slicesMu.Unlock()
-	st := s.bySvc[key]
-	if st == nil {
-		if len(ports) == 0 {
-			return
-		}
-		st = &serviceState{}
-		s.bySvc[key] = st
+	if s.bySvc[key] == nil && len(ports) == 0 {
+		return
 	}
+	st := s.stateFor(key)
 	st.built = ports
 	s.dropEmpty(key, st)
 }
@@ -693,10 +690,9 @@ func (s *Source) node(o any) {
 	s.NodeEligible(eligible)
 }
 
-// rebuild recomputes one Service from what the source holds and reports
-// whether its ports changed.
-func (s *Source) rebuild(key serviceKey) bool {
-	var ports []*lb.ServicePort
+// rebuild recomputes one Service from what the source holds: its ports as
+// last built before (old) and now, and whether they changed.
+func (s *Source) rebuild(key serviceKey) (old, ports []*lb.ServicePort, changed bool) {
 	var errs []error
 	svc, eps := s.stateOf(key)
 	if svc != nil {
@@ -711,12 +707,12 @@ func (s *Source) rebuild(key serviceKey) bool {
 		}
 	}
 	s.report(key, errors.Join(errs...))
-	old := s.builtOf(key)
+	old = s.builtOf(key)
 	if reflect.DeepEqual(old, ports) {
-		return false // the same ports: the published ones stay, pointers and all
+		return old, old, false // the same ports: the published ones stay, pointers and all
 	}
 	s.setBuilt(key, ports)
-	return len(old) > 0 || len(ports) > 0
+	return old, ports, len(old) > 0 || len(ports) > 0
 }
 
 // report tells Skipped about a problem of one key once, and again only when
