@@ -66,6 +66,11 @@ func TestModelSizes(t *testing.T) {
 	if n := unsafe.Sizeof(ServicePort{}); n != 144 {
 		t.Fatalf("lb.ServicePort is %d bytes, want 144", n)
 	}
+	// One per service port (two for split traffic policies): the shared
+	// settings keep it in the 112-byte size class.
+	if n := unsafe.Sizeof(Picker{}); n > 112 {
+		t.Fatalf("lb.Picker is %d bytes, want at most 112", n)
+	}
 }
 
 // A port's external addresses are held only when it has some: ports built

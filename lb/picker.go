@@ -95,8 +95,7 @@ func (s *endpointSet) has(a netip.AddrPort) bool { _, ok := s.find(a); return ok
 // SetAffinity without disturbing pins to endpoints that stay. A Picker is safe
 // for concurrent use; Order never blocks on I/O.
 type Picker struct {
-	clock    affinity.Clock
-	ejection *EjectionPolicy // shared with the other pickers of a server; read only
+	settings *PickerSettings // shared with the other pickers of a server; read only
 	port     ServicePortName // told to the ejection callbacks
 
 	set      atomic.Pointer[endpointSet]
@@ -107,20 +106,29 @@ type Picker struct {
 	health map[netip.AddrPort]*health // made by the first failure
 }
 
+// PickerSettings are what every picker of a server shares: its clock and
+// its ejection policy. One pointer to them, where a clock and a policy
+// were two words each, makes a Picker 112 bytes, not 128 (issue 16's
+// memory budget).
+type PickerSettings struct {
+	Clock    affinity.Clock // nil: the system's
+	Ejection EjectionPolicy
+}
+
 // NewPicker returns a picker with no endpoints.
 func NewPicker(clock affinity.Clock, ejection EjectionPolicy) *Picker {
-	return NewPortPicker(clock, &ejection, ServicePortName{})
+	return NewPortPicker(&PickerSettings{Clock: clock, Ejection: ejection}, ServicePortName{})
 }
 
 // NewPortPicker returns a picker with no endpoints for one service port,
-// sharing ejection (which must not change afterwards) with the other
-// pickers made with it: a server's thousands of ports hold one policy
+// sharing settings (which must not change afterwards) with the other
+// pickers made with them: a server's thousands of ports hold one policy
 // between them (issue 16's memory budget).
-func NewPortPicker(clock affinity.Clock, ejection *EjectionPolicy, port ServicePortName) *Picker {
-	if clock == nil {
-		clock = affinity.SystemClock{}
+func NewPortPicker(settings *PickerSettings, port ServicePortName) *Picker {
+	if settings.Clock == nil {
+		settings = &PickerSettings{Clock: affinity.SystemClock{}, Ejection: settings.Ejection}
 	}
-	p := &Picker{clock: clock, ejection: ejection, port: port}
+	p := &Picker{settings: settings, port: port}
 	p.set.Store(&endpointSet{})
 	return p
 }
@@ -189,7 +197,7 @@ func (p *Picker) SetAffinity(a Affinity) {
 		t.SetTTL(a.Timeout)
 		return
 	}
-	p.affinity.Store(affinity.NewTable(a.Timeout, p.clock))
+	p.affinity.Store(affinity.NewTable(a.Timeout, p.settings.Clock))
 }
 
 // Order returns the endpoints to try, best first: the client's live pin, then
@@ -245,7 +253,7 @@ func (p *Picker) AppendOrder(dst []netip.AddrPort, client netip.Addr, max int) (
 	}
 	// The healthy ones first, then those in back-off, each in
 	// round-robin order.
-	now := p.clock.Now()
+	now := p.settings.Clock.Now()
 	for _, backedOff := range [2]bool{false, true} {
 		for k := 0; k < n && len(dst)-base < max; k++ {
 			i := (start + k) % n
@@ -270,8 +278,8 @@ func (p *Picker) Connected(client netip.Addr, ep netip.AddrPort) {
 	}
 	p.mu.Lock()
 	if h := p.health[ep]; h != nil {
-		if h.backoff > 0 && p.ejection.OnReturn != nil {
-			p.ejection.OnReturn(p.port, ep)
+		if h.backoff > 0 && p.settings.Ejection.OnReturn != nil {
+			p.settings.Ejection.OnReturn(p.port, ep)
 		}
 		delete(p.health, ep)
 	}
@@ -283,10 +291,10 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 	if t := p.affinity.Load(); t != nil {
 		t.Unpin(client, ep)
 	}
-	if p.ejection.Failures <= 0 {
+	if p.settings.Ejection.Failures <= 0 {
 		return false
 	}
-	now := p.clock.Now()
+	now := p.settings.Clock.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.set.Load().has(ep) {
@@ -301,24 +309,24 @@ func (p *Picker) Failed(client netip.Addr, ep netip.AddrPort) bool {
 		p.health[ep] = h
 	}
 	h.consecutive++
-	if h.consecutive < p.ejection.Failures {
+	if h.consecutive < p.settings.Ejection.Failures {
 		return false
 	}
 	if h.backoff == 0 {
-		h.backoff = p.ejection.Backoff
+		h.backoff = p.settings.Ejection.Backoff
 	} else {
-		h.backoff = min(2*h.backoff, max(p.ejection.MaxBackoff, p.ejection.Backoff))
+		h.backoff = min(2*h.backoff, max(p.settings.Ejection.MaxBackoff, p.settings.Ejection.Backoff))
 	}
 	h.ejectedUntil = now.Add(h.backoff)
-	if p.ejection.OnEject != nil {
-		p.ejection.OnEject(p.port, ep, h.backoff)
+	if p.settings.Ejection.OnEject != nil {
+		p.settings.Ejection.OnEject(p.port, ep, h.backoff)
 	}
 	return true
 }
 
 // EjectedFor is how long ep stays in back-off (0: it is not ejected).
 func (p *Picker) EjectedFor(ep netip.AddrPort) time.Duration {
-	now := p.clock.Now()
+	now := p.settings.Clock.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if h := p.health[ep]; h != nil && now.Before(h.ejectedUntil) {
@@ -329,7 +337,7 @@ func (p *Picker) EjectedFor(ep netip.AddrPort) time.Duration {
 
 // Ejected reports whether ep is currently in back-off.
 func (p *Picker) Ejected(ep netip.AddrPort) bool {
-	now := p.clock.Now()
+	now := p.settings.Clock.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h := p.health[ep]

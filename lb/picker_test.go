@@ -454,7 +454,7 @@ func refOrder(p *Picker, client netip.Addr) ([]netip.AddrPort, error) {
 	} else {
 		start = int((p.next.Add(1) - 1) % uint64(n))
 	}
-	now := p.clock.Now()
+	now := p.settings.Clock.Now()
 	var later []netip.AddrPort
 	p.mu.Lock()
 	for k := 0; k < n; k++ {

@@ -13,7 +13,10 @@ import (
 type PortAllocator struct {
 	base, size int
 	mu         sync.Mutex
-	used       map[int]bool
+	// used holds a bit per port of the range (at most 8 KiB), made on the
+	// first Next: a map of the ports handed out was 29 bytes per service
+	// port at 10k (issue 16's memory budget).
+	used []uint64
 	// ephemeral: random picks in base..base+size-1, skipping reserved.
 	ephemeral bool
 	reserved  func(port int) bool
@@ -22,7 +25,7 @@ type PortAllocator struct {
 // NewPortAllocator returns an allocator over ports base..base+size-1; base 0
 // means random ports chosen by the kernel.
 func NewPortAllocator(base, size int) *PortAllocator {
-	return &PortAllocator{base: base, size: size, used: map[int]bool{}}
+	return &PortAllocator{base: base, size: size}
 }
 
 // ErrPortRangeExhausted means every port of the range is in use.
@@ -44,7 +47,7 @@ func NewEphemeralPortAllocator(lo, hi int, reserved func(port int) bool) *PortAl
 	if reserved == nil {
 		reserved = func(int) bool { return false }
 	}
-	return &PortAllocator{base: lo, size: hi - lo + 1, used: map[int]bool{}, ephemeral: true, reserved: reserved}
+	return &PortAllocator{base: lo, size: hi - lo + 1, ephemeral: true, reserved: reserved}
 }
 
 // ephemeralTries is how many random picks Next makes in an ephemeral
@@ -58,6 +61,9 @@ func (a *PortAllocator) Next() (int, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.used == nil {
+		a.used = make([]uint64, (a.size+63)/64)
+	}
 	if a.ephemeral {
 		for try := 0; try < ephemeralTries; try++ {
 			p := a.base + rand.IntN(a.size)
@@ -69,8 +75,8 @@ func (a *PortAllocator) Next() (int, error) {
 					p++
 				}
 			}
-			if !a.used[p] && !a.reserved(p) {
-				a.used[p] = true
+			if !a.taken(p) && !a.reserved(p) {
+				a.take(p)
 				return p, nil
 			}
 		}
@@ -79,8 +85,8 @@ func (a *PortAllocator) Next() (int, error) {
 	off := rand.IntN(a.size)
 	for i := 0; i < a.size; i++ {
 		p := a.base + (off+i)%a.size
-		if !a.used[p] {
-			a.used[p] = true
+		if !a.taken(p) {
+			a.take(p)
 			return p, nil
 		}
 	}
@@ -90,6 +96,20 @@ func (a *PortAllocator) Next() (int, error) {
 // Release returns a port. Ports outside the range are ignored.
 func (a *PortAllocator) Release(p int) {
 	a.mu.Lock()
-	delete(a.used, p)
+	if i := p - a.base; i >= 0 && i < a.size && a.used != nil {
+		a.used[i/64] &^= 1 << (i % 64)
+	}
 	a.mu.Unlock()
+}
+
+// taken reports whether p, a port of the range, is handed out.
+func (a *PortAllocator) taken(p int) bool {
+	i := p - a.base
+	return a.used[i/64]&(1<<(i%64)) != 0
+}
+
+// take marks p, a port of the range, handed out.
+func (a *PortAllocator) take(p int) {
+	i := p - a.base
+	a.used[i/64] |= 1 << (i % 64)
 }

@@ -120,7 +120,7 @@ type Server struct {
 	// one goroutine, started with the first; what does not fit is counted.
 	ejectMu      sync.Mutex
 	policyOnce   sync.Once
-	policy       *lb.EjectionPolicy // Ejection with the log's callbacks, shared by every picker
+	settings     *lb.PickerSettings // Clock, and Ejection with the log's callbacks, shared by every picker
 	ejections    chan ejection
 	ejectDone    chan struct{}
 	ejectDropped int
@@ -138,12 +138,13 @@ type ejection struct {
 // newPicker is a picker for name, sharing the server's ejection policy,
 // whose ejections are logged.
 func (s *Server) newPicker(name lb.ServicePortName) *lb.Picker {
-	return lb.NewPortPicker(s.Clock, s.ejectionPolicy(), name)
+	return lb.NewPortPicker(s.pickerSettings(), name)
 }
 
-// ejectionPolicy is s.Ejection with ejections logged, made once: every
-// picker shares it (a pair of closures per port was 150 bytes each).
-func (s *Server) ejectionPolicy() *lb.EjectionPolicy {
+// pickerSettings are s.Clock and s.Ejection with ejections logged, made
+// once: every picker shares them (a pair of closures per port was 150
+// bytes each).
+func (s *Server) pickerSettings() *lb.PickerSettings {
 	s.policyOnce.Do(func() {
 		p := s.Ejection
 		if s.Log != nil {
@@ -154,9 +155,13 @@ func (s *Server) ejectionPolicy() *lb.EjectionPolicy {
 				s.noteEjection(ejection{port: port, ep: ep, returned: true})
 			}
 		}
-		s.policy = &p
+		clock := s.Clock
+		if clock == nil {
+			clock = affinity.SystemClock{}
+		}
+		s.settings = &lb.PickerSettings{Clock: clock, Ejection: p}
 	})
-	return s.policy
+	return s.settings
 }
 
 // noteEjection queues an ejection for the log; it never blocks.
@@ -219,8 +224,11 @@ func (p *servedPort) name() lb.ServicePortName { return p.sp.Name }
 // ownFrontends are a service port's listeners of its own and what goes
 // with them.
 type ownFrontends struct {
-	open      []openFrontend
-	nodeAddrs []netip.Addr // where its NodePort listens
+	open []openFrontend
+	// nodeAddrs is where its NodePort listens: the list its Apply made,
+	// shared by that Apply's ports (a slice each made this 80 bytes, not
+	// 64: issue 16's memory budget).
+	nodeAddrs *[]netip.Addr
 	// failed are the frontends whose listener could not be opened (a port
 	// busy with another process, an address not yet assigned); RetryFailed
 	// tries them again.
@@ -232,12 +240,35 @@ type ownFrontends struct {
 // it took from ProxyPorts (0: none). One slice of these, where a Frontend,
 // a Listener and a proxy port were in three, is 120 bytes less per port
 // with a listener each (issue 16's memory budget).
+//
+// Its role is an index into roles and its proxy port 16 bits: 80 bytes,
+// where a Role string and an int made 96 (issue 16's memory budget).
 type openFrontend struct {
-	role      Role
 	vip       netip.Addr
 	addr      netip.AddrPort
 	ln        Listener
-	proxyPort int
+	proxyPort uint16
+	role      uint8
+}
+
+// roles are the roles an openFrontend names by index.
+func roles() [6]Role {
+	return [...]Role{RoleNodePort, RoleExternalIP, RoleLoadBalancer, RoleProxyPort, RoleExternalProxyPort, RoleClusterIP}
+}
+
+// roleIndex is r's index in roles.
+func roleIndex(r Role) uint8 {
+	for i, x := range roles() {
+		if x == r {
+			return uint8(i)
+		}
+	}
+	panic("listeners: unknown role " + string(r))
+}
+
+// newOpenFrontend is fe served by ln.
+func newOpenFrontend(fe Frontend, ln Listener) openFrontend {
+	return openFrontend{role: roleIndex(fe.Role), vip: fe.VIP, addr: fe.Addr, ln: ln}
 }
 
 // mine is p.own, made if p has none.
@@ -250,15 +281,15 @@ func (p *servedPort) mine() *ownFrontends {
 
 // nodeAddrs is where p's NodePort listens (nil: it has none).
 func (p *servedPort) nodeAddrs() []netip.Addr {
-	if p.own == nil {
+	if p.own == nil || p.own.nodeAddrs == nil {
 		return nil
 	}
-	return p.own.nodeAddrs
+	return *p.own.nodeAddrs
 }
 
 // newServedPort is a port for sp whose NodePort, if it has one, listens
-// on nodeAddrs.
-func newServedPort(sp *lb.ServicePort, nodeAddrs []netip.Addr, t *Target) *servedPort {
+// on *nodeAddrs (shared: not changed afterwards).
+func newServedPort(sp *lb.ServicePort, nodeAddrs *[]netip.Addr, t *Target) *servedPort {
 	p := &servedPort{sp: sp, target: t, ext: t}
 	if sp.NodePort != 0 {
 		p.mine().nodeAddrs = nodeAddrs
@@ -286,7 +317,7 @@ func (p *servedPort) frontendCount() int {
 func (p *servedPort) appendFrontends(out []Frontend, to netip.AddrPort) []Frontend {
 	if p.own != nil {
 		for _, o := range p.own.open {
-			out = append(out, Frontend{Service: p.sp.Name, Role: o.role, VIP: o.vip, Addr: o.addr})
+			out = append(out, Frontend{Service: p.sp.Name, Role: roles()[o.role], VIP: o.vip, Addr: o.addr})
 		}
 	}
 	if p.capturedFEs&captureProxyFE != 0 {
@@ -423,7 +454,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 				s.log().Warn("SCTP service port not served", "service", sp.Name.String(), "why", why)
 			}
 			// Kept without listeners, so later updates neither warn again nor reopen anything.
-			s.setPort(newServedPort(sp, nodeAddrs, &Target{Picker: s.newPicker(sp.Name)}))
+			s.setPort(newServedPort(sp, &nodeAddrs, &Target{Picker: s.newPicker(sp.Name)}))
 			continue
 		}
 		var picker, extPicker *lb.Picker
@@ -441,7 +472,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
-		np := newServedPort(sp, nodeAddrs, &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr})
+		np := newServedPort(sp, &nodeAddrs, &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr})
 		if sp.SplitPolicy() {
 			if extPicker == nil {
 				extPicker = s.newPicker(sp.Name)
@@ -535,7 +566,7 @@ func (s *Server) openPort(p *servedPort) []error {
 		// IPv4 VIPs only to IPv4 frontends.
 		fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port())
 		own := p.mine()
-		own.open = append(own.open, openFrontend{role: fe.Role, vip: fe.VIP, addr: fe.Addr, ln: ln})
+		own.open = append(own.open, newOpenFrontend(fe, ln))
 		s.frontendsVersion++
 		return true
 	}
@@ -591,7 +622,7 @@ func (s *Server) openPort(p *servedPort) []error {
 			before := len(errs)
 			if open(Frontend{Service: sp.Name, Role: role, VIP: vip, Addr: netip.AddrPortFrom(bind, uint16(port))}) {
 				if port != 0 {
-					p.own.open[len(p.own.open)-1].proxyPort = port // open added it last
+					p.own.open[len(p.own.open)-1].proxyPort = uint16(port) // open added it last
 				}
 				return
 			}
@@ -665,7 +696,7 @@ func (s *Server) RetryFailed() (int, error) {
 			}
 			fe := f.fe
 			fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port()) // as openPort
-			own.open = append(own.open, openFrontend{role: fe.Role, vip: fe.VIP, addr: fe.Addr, ln: ln})
+			own.open = append(own.open, newOpenFrontend(fe, ln))
 			s.frontendsVersion++
 			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 		}
@@ -689,7 +720,7 @@ func (s *Server) closePort(p *servedPort) {
 		for _, o := range own.open {
 			o.ln.Close()
 			if o.proxyPort != 0 && s.ProxyPorts != nil {
-				s.ProxyPorts.Release(o.proxyPort)
+				s.ProxyPorts.Release(int(o.proxyPort))
 			}
 		}
 		s.unserved -= len(own.failed)

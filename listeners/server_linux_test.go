@@ -455,19 +455,19 @@ func TestServerLogsEjections(t *testing.T) {
 	var mu sync.Mutex
 	s := &Server{Log: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)), Ejection: lb.DefaultEjectionPolicy()}
 	name := lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: lb.TCP}
-	s.ejectionPolicy().OnEject(name, netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second)
+	s.pickerSettings().Ejection.OnEject(name, netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second)
 	s.Close()
 	mu.Lock()
 	defer mu.Unlock()
 	if out := logs.String(); !strings.Contains(out, "endpoint ejected") || !strings.Contains(out, "service=ns/web:http") || !strings.Contains(out, "endpoint=10.244.0.9:8080") || !strings.Contains(out, "for=5s") {
 		t.Fatalf("log: %q", out)
 	}
-	s.ejectionPolicy().OnEject(name, netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second) // after Close: dropped, no panic
+	s.pickerSettings().Ejection.OnEject(name, netip.MustParseAddrPort("10.244.0.9:8080"), 5*time.Second) // after Close: dropped, no panic
 
 	// A return (a probe that connected) is logged too.
 	logs.Reset()
 	s2 := &Server{Log: slog.New(slog.NewTextHandler(&logs, nil)), Ejection: lb.DefaultEjectionPolicy()}
-	s2.ejectionPolicy().OnReturn(name, netip.MustParseAddrPort("10.244.0.9:8080"))
+	s2.pickerSettings().Ejection.OnReturn(name, netip.MustParseAddrPort("10.244.0.9:8080"))
 	s2.Close()
 	if out := logs.String(); !strings.Contains(out, "endpoint returned") || !strings.Contains(out, "endpoint=10.244.0.9:8080") {
 		t.Fatalf("log: %q", out)

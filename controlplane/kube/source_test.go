@@ -858,19 +858,19 @@ func TestSlicesFollowTheEvents(t *testing.T) {
 	marked("a")
 	s.deleteSlice("default", "a-2", "b")
 	s.deleteSlice("default", "a-1", "a")
-	if len(s.bySvc) != 0 {
-		t.Fatalf("after the deletes: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("after the deletes: %v", s.bySvc.byNS)
 	}
 	marked("a", "b")
 	s.putSlice(cached("loose", "", "10.0.0.3"), controlplane.Trigger{}, true)
-	if len(s.bySvc) != 0 {
-		t.Fatalf("a slice without the label was kept: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("a slice without the label was kept: %v", s.bySvc.byNS)
 	}
 	marked()
 	s.putSlice(cached("loose", "c", "10.0.0.3"), controlplane.Trigger{}, false)
 	s.putSlice(cached("loose", "", "10.0.0.3"), controlplane.Trigger{}, false)
-	if len(s.bySvc) != 0 {
-		t.Fatalf("a slice whose label went was kept: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("a slice whose label went was kept: %v", s.bySvc.byNS)
 	}
 	marked("c")
 	// The ports built share the entry, which goes when both are gone.
@@ -887,16 +887,16 @@ func TestSlicesFollowTheEvents(t *testing.T) {
 		t.Fatalf("after the ports went: slices %q, ports %v", names("a"), s.builtOf(key))
 	}
 	s.deleteSlice("default", "a-1", "a")
-	if len(s.bySvc) != 0 {
-		t.Fatalf("an entry with neither slices nor ports was kept: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("an entry with neither slices nor ports was kept: %v", s.bySvc.byNS)
 	}
 	s.setBuilt(key, nil)
-	if len(s.bySvc) != 0 {
-		t.Fatalf("no ports made an entry: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("no ports made an entry: %v", s.bySvc.byNS)
 	}
 	s.setBuilt(key, ports)
 	s.setBuilt(key, nil)
-	if len(s.bySvc) != 0 {
-		t.Fatalf("an entry whose ports went, with no slices, was kept: %v", s.bySvc)
+	if s.bySvc.len() != 0 {
+		t.Fatalf("an entry whose ports went, with no slices, was kept: %v", s.bySvc.byNS)
 	}
 }

@@ -150,10 +150,10 @@ func (s *Source) reflect(ctx context.Context, what string, r *cache.Reflector) {
 
 // stateFor is key's entry in bySvc, made if missing; slicesMu is held.
 func (s *Source) stateFor(key serviceKey) *serviceState {
-	st := s.bySvc[key]
+	st := s.bySvc.get(key)
 	if st == nil {
 		st = &serviceState{}
-		s.bySvc[key] = st
+		s.bySvc.put(key, st)
 	}
 	return st
 }
@@ -170,7 +170,7 @@ func (s *Source) putService(c *cachedService) {
 // deleteService forgets key's Service and marks it, if it was held.
 func (s *Source) deleteService(key serviceKey) {
 	s.slicesMu.Lock()
-	st := s.bySvc[key]
+	st := s.bySvc.get(key)
 	held := st != nil && st.svc != nil
 	if held {
 		st.svc = nil
@@ -198,7 +198,7 @@ func (s *Source) replaceServices(list []*cachedService) {
 		st.svc = c
 		marks = append(marks, key)
 	}
-	for key, st := range s.bySvc {
+	for key, st := range s.bySvc.all() {
 		if st.svc != nil && !listed[key] {
 			st.svc = nil
 			s.dropEmpty(key, st)
@@ -262,7 +262,7 @@ func (s *Source) takeSlice(ns, name, svc string, everywhere bool) *cachedSlice {
 	}
 	if svc != "" {
 		key := serviceKey{ns, svc}
-		if st := s.bySvc[key]; st != nil {
+		if st := s.bySvc.get(key); st != nil {
 			if old := take(key, st); old != nil {
 				return old
 			}
@@ -271,7 +271,7 @@ func (s *Source) takeSlice(ns, name, svc string, everywhere bool) *cachedSlice {
 	if !everywhere {
 		return nil
 	}
-	for key, st := range s.bySvc {
+	for key, st := range s.bySvc.all() {
 		if key.ns == ns {
 			if old := take(key, st); old != nil {
 				return old
@@ -289,7 +289,7 @@ func (s *Source) replaceSlices(list []*cachedSlice, triggers []controlplane.Trig
 	var changedTriggers []controlplane.Trigger
 	s.slicesMu.Lock()
 	held := map[serviceKey]*cachedSlice{} // by namespace and slice name
-	for _, st := range s.bySvc {
+	for _, st := range s.bySvc.all() {
 		for _, c := range st.slices {
 			held[serviceKey{c.Namespace, c.Name}] = c
 		}

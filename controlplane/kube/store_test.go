@@ -20,7 +20,7 @@ import (
 
 // newTestSource is a Source ready for its stores' calls without Run.
 func newTestSource() *Source {
-	return &Source{Sink: newSink(), bySvc: map[serviceKey]*serviceState{}, pending: map[serviceKey]*pendingChange{},
+	return &Source{Sink: newSink(), pending: map[serviceKey]*pendingChange{},
 		problems: map[serviceKey]string{}, wake: make(chan struct{}, 1)}
 }
 
@@ -71,7 +71,7 @@ func TestRelistKeepsTheUnchangedAndDropsTheGone(t *testing.T) {
 	held := func(key string) (*cachedService, []*cachedSlice) {
 		s.slicesMu.Lock()
 		defer s.slicesMu.Unlock()
-		if st := s.bySvc[serviceKey{"default", key}]; st != nil {
+		if st := s.bySvc.get(serviceKey{"default", key}); st != nil {
 			return st.svc, slices.Clone(st.slices)
 		}
 		return nil, nil
@@ -125,7 +125,7 @@ func TestRelistKeepsTheUnchangedAndDropsTheGone(t *testing.T) {
 			t.Errorf("Service %s holds slices %v, want %q", name, got, want)
 		}
 	}
-	if _, ok := s.bySvc[serviceKey{"default", "d"}]; ok {
+	if s.bySvc.get(serviceKey{"default", "d"}) != nil {
 		t.Error("the entry of a Service gone with its slice is kept")
 	}
 
