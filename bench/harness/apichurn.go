@@ -258,7 +258,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		}
 	}
 	var m Metrics
-	m, effects, err = flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, func() string { return backendOf(client, probe) }, netip.AddrPortFrom(lo, bed.load).String())
+	m, effects, err = flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(lo, bed.probe).String()), netip.AddrPortFrom(lo, bed.load).String())
 	if m != nil {
 		if err := beyondWatch(m, written, effects, bare.arrivals(len(written), 10*time.Second)); err != nil {
 			return nil, err

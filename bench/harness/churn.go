@@ -3,6 +3,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -103,6 +104,50 @@ func writeNow(stage func(netip.AddrPort) (func() error, error), ep netip.AddrPor
 	return commit()
 }
 
+// rawBackendOf is backendOf for flips, over a bare connection to addr:
+// an HTTP/1.0 request written at once and the answer's head read, with
+// no client goroutines and no pool, so that each poll costs the box as
+// little as a new connection through the proxy can ("" on any error).
+func rawBackendOf(addr string) func() string {
+	req := []byte("GET / HTTP/1.0\r\n\r\n")
+	buf := make([]byte, 1024)
+	return func() string {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			return ""
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write(req); err != nil {
+			return ""
+		}
+		n := 0
+		for n < len(buf) {
+			m, err := c.Read(buf[n:])
+			n += m
+			if head, _, done := bytes.Cut(buf[:n], []byte("\r\n\r\n")); done {
+				return headerOf(head, "X-Backend")
+			}
+			if err != nil {
+				return ""
+			}
+		}
+		return ""
+	}
+}
+
+// headerOf is the value of the header name in an HTTP response head ("":
+// none).
+func headerOf(head []byte, name string) string {
+	for _, line := range bytes.Split(head, []byte("\r\n"))[1:] {
+		k, v, ok := bytes.Cut(line, []byte(":"))
+		if ok && strings.EqualFold(string(bytes.TrimSpace(k)), name) {
+			return string(bytes.TrimSpace(v))
+		}
+	}
+	return ""
+}
+
 // backendOf asks url which HTTP backend answers ("" on any error).
 func backendOf(client *http.Client, url string) string {
 	resp, err := client.Get(url)
@@ -171,7 +216,7 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	}
 	var effects []time.Duration
 	defer saveProcLog(proc, started, fmt.Sprintf("%s-churn-%d", sl.Name(), n), func() ([]time.Time, []time.Duration) { return written[1:], effects })
-	m, effects, err := flips(ctx, n, manifestFlips, sz, stage, httpBackends, func() string { return backendOf(client, probe) },
+	m, effects, err := flips(ctx, n, manifestFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(topo.LB, probePort).String()),
 		netip.AddrPortFrom(topo.LB, loadPort).String())
 	if m != nil {
 		ownShare(m, "http://"+metrics+"/metrics")
@@ -215,9 +260,21 @@ func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size)
 	if !in.Proc.WaitFor(3*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
 	}
-	m, _, err := flips(ctx, n, 0, sz, stage, httpBackends, func() string { return backendOf(client, probe) }, in.Addr("echo").String())
+	m, _, err := flips(ctx, n, 0, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(probeIP, 80).String()), in.Addr("echo").String())
 	return m, err
 }
+
+// The pace of flips' two loops. Unpaced, the load's new connections and
+// the probe's polls each kept a core busy (a connection through the
+// proxy and the backend per turn), which on two cores left the API
+// server, its watchers and the proxy waiting for CPU: the measurement
+// made the outliers it measured. Paced, the load is a new connection per
+// millisecond at most, and an effect is seen within about a poll gap
+// (plus a probe) of the moment it is served.
+const (
+	flipLoadEvery = time.Millisecond
+	flipPollGap   = 100 * time.Microsecond
+)
 
 // flips moves the probe's endpoint back and forth with stage's commits,
 // count times (0: 3, or 6 with the long mode's message count), timing each move
@@ -241,13 +298,15 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			default:
 			}
 			t := time.Now()
-			if err := oneShot(load, buf, buf); err != nil {
+			err := oneShot(load, buf, buf)
+			if err != nil {
 				loadErrs.Add(1)
-				continue
+			} else {
+				loadMu.Lock()
+				loadLat = append(loadLat, time.Since(t))
+				loadMu.Unlock()
 			}
-			loadMu.Lock()
-			loadLat = append(loadLat, time.Since(t))
-			loadMu.Unlock()
+			time.Sleep(time.Until(t.Add(flipLoadEvery)))
 		}
 	}()
 	if count == 0 {
@@ -275,6 +334,7 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 				wg.Wait()
 				return nil, nil, fmt.Errorf("update %d never took effect with %d services", i, n)
 			}
+			time.Sleep(flipPollGap)
 		}
 		effect = append(effect, time.Since(t))
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -311,5 +312,34 @@ func TestKubeSyncTakesEachBackendAndBoundsWhatNeverFinished(t *testing.T) {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
+	}
+}
+
+// rawBackendOf reads the backend's header from a bare connection, and
+// says "" when there is none or the answer is cut short.
+func TestRawBackendOfReadsTheHeader(t *testing.T) {
+	for _, tc := range []struct{ answer, want string }{
+		{"HTTP/1.0 204 No Content\r\nDate: x\r\nx-backend: 2\r\n\r\n", "2"},
+		{"HTTP/1.0 204 No Content\r\nDate: x\r\n\r\n", ""},
+		{"HTTP/1.0 204 No Content\r\nX-Backend: 1", ""},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 64)
+			c.Read(buf)
+			c.Write([]byte(tc.answer))
+			c.Close()
+		}()
+		if got := rawBackendOf(ln.Addr().String())(); got != tc.want {
+			t.Errorf("answer %q: got %q, want %q", tc.answer, got, tc.want)
+		}
+		ln.Close()
 	}
 }
