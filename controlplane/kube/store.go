@@ -246,8 +246,8 @@ func (s *Source) deleteSlice(ns, name, svc string) {
 
 // takeSlice removes the slice ns/name from the slices held and returns it
 // (nil: not held). It is looked for among the Service svc's first, then,
-// with everywhere, among every Service's of the namespace: a walk of them
-// all, for a slice whose label changed, which the EndpointSlice
+// with everywhere, among every Service's of the namespace: a walk of the
+// namespace's, for a slice whose label changed, which the EndpointSlice
 // controller never does. slicesMu is held.
 func (s *Source) takeSlice(ns, name, svc string, everywhere bool) *cachedSlice {
 	take := func(key serviceKey, st *serviceState) *cachedSlice {
@@ -271,11 +271,9 @@ func (s *Source) takeSlice(ns, name, svc string, everywhere bool) *cachedSlice {
 	if !everywhere {
 		return nil
 	}
-	for key, st := range s.bySvc.all() {
-		if key.ns == ns {
-			if old := take(key, st); old != nil {
-				return old
-			}
+	for name, st := range s.bySvc.byNS[ns] {
+		if old := take(serviceKey{ns, name}, st); old != nil {
+			return old
 		}
 	}
 	return nil
