@@ -1,9 +1,11 @@
 package listeners
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -375,6 +377,53 @@ func (s *Server) log() *slog.Logger {
 	return s.Log
 }
 
+// portLinesMax is how many lines an Apply logs at the default verbosity,
+// one per service port opened or removed. Past it the rest go to --v=1
+// and one summary line follows: at 10,000 Services the first apply
+// formatted and wrote 10,000 lines, 1.3 MB of log and its garbage made
+// among the ports being built (kube-proxy logs no line per Service at
+// its default verbosity either; the start's own listing does the same,
+// cmd/sluice's listenerLinesMax).
+const portLinesMax = 64
+
+// portLines logs an Apply's lines about its ports.
+type portLines struct {
+	log   *slog.Logger
+	n     int            // lines asked for
+	quiet int            // of them, logged only at debug level
+	byMsg map[string]int // the quiet ones by message
+}
+
+// port logs msg about name, with args after the service and protocol.
+func (l *portLines) port(msg string, name lb.ServicePortName, args ...any) {
+	l.n++
+	level := slog.LevelInfo
+	if l.n > portLinesMax {
+		level = slog.LevelDebug
+		l.quiet++
+		if l.byMsg == nil {
+			l.byMsg = map[string]int{}
+		}
+		l.byMsg[msg]++
+	}
+	if !l.log.Enabled(context.Background(), level) {
+		return
+	}
+	l.log.Log(context.Background(), level, msg, append([]any{"service", name.String(), "protocol", name.Protocol}, args...)...)
+}
+
+// summary logs how many lines went to the debug level, by message.
+func (l *portLines) summary() {
+	if l.quiet == 0 {
+		return
+	}
+	args := []any{"lines", l.quiet}
+	for _, msg := range slices.Sorted(maps.Keys(l.byMsg)) {
+		args = append(args, msg, l.byMsg[msg])
+	}
+	l.log.Info("more service ports changed; each logged with --v=1", args...)
+}
+
 // Apply makes the listeners match snap. A listener that cannot be opened is
 // reported in the returned error (naming service and address) and the rest
 // still goes ahead. Established connections are never touched.
@@ -386,6 +435,8 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		s.ports.NameOf = (*servedPort).name
 	}
 	var errs []error
+	lines := portLines{log: s.log()}
+	defer lines.summary()
 	nodeAddrs := []netip.Addr{s.bindAddress()}
 	if s.NodePortAddrs != nil {
 		if addrs := s.NodePortAddrs(); addrs != nil {
@@ -403,7 +454,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		if f, ok := p.target.Counters.(interface{ Forget() }); ok {
 			f.Forget() // its metric series go with it
 		}
-		s.log().Info("service port removed", "service", name.String(), "protocol", name.Protocol)
+		lines.port("service port removed", name)
 	}
 	// The very same port as last time (the sources reuse unchanged ones)
 	// needs nothing; the others are handled in name order, so listeners
@@ -482,7 +533,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		np.setEndpoints(sp)
 		errs = append(errs, s.openPort(np)...)
 		s.setPort(np)
-		s.log().Info("service port listening", "service", sp.Name.String(), "protocol", sp.Name.Protocol, "frontends", np.frontendCount(), "endpoints", picker.Len())
+		lines.port("service port listening", sp.Name, "frontends", np.frontendCount(), "endpoints", picker.Len())
 	}
 	if s.SCTPSkipped != nil {
 		n := 0
