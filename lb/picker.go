@@ -111,7 +111,9 @@ type Picker struct {
 // were two words each, makes a Picker 112 bytes, not 128 (issue 16's
 // memory budget).
 type PickerSettings struct {
-	Clock    affinity.Clock // nil: the system's
+	// Clock is nil for the system's; each picker made with a nil Clock
+	// then holds a copy of the settings of its own, so a server sets it.
+	Clock    affinity.Clock
 	Ejection EjectionPolicy
 }
 
@@ -121,7 +123,7 @@ func NewPicker(clock affinity.Clock, ejection EjectionPolicy) *Picker {
 }
 
 // NewPortPicker returns a picker with no endpoints for one service port,
-// sharing settings (which must not change afterwards) with the other
+// sharing settings (not nil, and not changed afterwards) with the other
 // pickers made with them: a server's thousands of ports hold one policy
 // between them (issue 16's memory budget).
 func NewPortPicker(settings *PickerSettings, port ServicePortName) *Picker {
