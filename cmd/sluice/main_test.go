@@ -193,12 +193,25 @@ func TestChangedPortsFromADeltaOrAComparison(t *testing.T) {
 	set := map[lb.ServicePortName]*lb.ServicePort{b2.Name: b2, c.Name: c}
 	next := &lb.Snapshot{Ports: prev.Ports.With(set, []lb.ServicePortName{a.Name}), ID: 5, Base: 4, Changed: []lb.ServicePortName{c.Name, b2.Name, a.Name}}
 	whole := &lb.Snapshot{Ports: next.Ports}
-	want := []string{"ns/a:p/TCP", "ns/b:p/TCP", "ns/c:p/TCP"}
-	if got := changedPorts(prev, next); !slices.Equal(got, want) {
-		t.Fatalf("from the delta: %v, want %v", got, want)
+	want := "ns/a:p/TCP,ns/b:p/TCP,ns/c:p/TCP"
+	for _, tc := range []struct {
+		how  string
+		next *lb.Snapshot
+	}{{"from the delta", next}, {"compared", whole}} {
+		n, first := changedPorts(prev, tc.next)
+		if got := portNames(first); n != 3 || got != want {
+			t.Fatalf("%s: %d, %v, want 3, %v", tc.how, n, got, want)
+		}
 	}
-	if got := changedPorts(prev, whole); !slices.Equal(got, want) {
-		t.Fatalf("compared: %v, want %v", got, want)
+	// Of many, the first eight in name order are named, all are counted.
+	many := map[lb.ServicePortName]*lb.ServicePort{}
+	for i := 19; i >= 0; i-- {
+		sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%02d", i), Port: "p", Protocol: lb.UDP}, Port: 53}
+		many[sp.Name] = sp
+	}
+	n, first := changedPorts(nil, lb.NewSnapshot(many))
+	if got, want := portNames(first), "ns/s00:p/UDP,ns/s01:p/UDP,ns/s02:p/UDP,ns/s03:p/UDP,ns/s04:p/UDP,ns/s05:p/UDP,ns/s06:p/UDP,ns/s07:p/UDP"; n != 20 || got != want {
+		t.Fatalf("20 new ports: %d, %q, want 20, %q", n, got, want)
 	}
 }
 

@@ -84,6 +84,7 @@ func BenchmarkFirstPublishAt10k(b *testing.B) {
 		{"kernel-picks", func() *listeners.PortAllocator { return listeners.NewPortAllocator(0, 0) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				engine, err := listeners.NewEventLoop(listeners.Options{})
