@@ -3,7 +3,7 @@
 package harness
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -112,7 +112,6 @@ func writeNow(stage func(netip.AddrPort) (func() error, error), ep netip.AddrPor
 // little as a new connection through the proxy can ("" on any error).
 func rawBackendOf(addr string) func() string {
 	req := []byte("GET / HTTP/1.0\r\n\r\n")
-	buf := make([]byte, 1024)
 	return func() string {
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
@@ -123,31 +122,12 @@ func rawBackendOf(addr string) func() string {
 		if _, err := c.Write(req); err != nil {
 			return ""
 		}
-		n := 0
-		for n < len(buf) {
-			m, err := c.Read(buf[n:])
-			n += m
-			if head, _, done := bytes.Cut(buf[:n], []byte("\r\n\r\n")); done {
-				return headerOf(head, "X-Backend")
-			}
-			if err != nil {
-				return ""
-			}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return ""
 		}
-		return ""
+		return resp.Header.Get("X-Backend")
 	}
-}
-
-// headerOf is the value of the header name in an HTTP response head ("":
-// none).
-func headerOf(head []byte, name string) string {
-	for _, line := range bytes.Split(head, []byte("\r\n"))[1:] {
-		k, v, ok := bytes.Cut(line, []byte(":"))
-		if ok && strings.EqualFold(string(bytes.TrimSpace(k)), name) {
-			return string(bytes.TrimSpace(v))
-		}
-	}
-	return ""
 }
 
 // backendOf asks url which HTTP backend answers ("" on any error).

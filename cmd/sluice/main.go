@@ -834,7 +834,7 @@ type applier struct {
 // (BenchmarkFirstPublishAt10k's allocations).
 func changedPorts(prev, next *lb.Snapshot) (int, []lb.ServicePortName) {
 	n := 0
-	first := make([]lb.ServicePortName, 0, shownPorts)
+	var first []lb.ServicePortName // grown as found: most updates change one port
 	note := func(name lb.ServicePortName) {
 		n++
 		i, _ := slices.BinarySearchFunc(first, name, lb.ServicePortName.Compare)
