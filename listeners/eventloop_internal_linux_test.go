@@ -698,3 +698,168 @@ func TestUDPRelayKeepsGSOAfterAnErrorOfTheSocket(t *testing.T) {
 		}
 	}
 }
+
+// The per-listener records stay in their size classes: a listener per
+// service port is the default (issue 16's memory budget).
+func TestEventLoopListenerRecordSizes(t *testing.T) {
+	if n := unsafe.Sizeof(elTCPListener{}); n > 112 {
+		t.Errorf("elTCPListener, its first socket in it, is %d bytes, want at most 112", n)
+	}
+	if n := unsafe.Sizeof(elTCPSocket{}); n > 32 {
+		t.Errorf("elTCPSocket is %d bytes, want at most 32", n)
+	}
+}
+
+// staleEvents is a test handler: on its first event it closes another
+// registered descriptor and registers a new one, which gets the closed
+// one's number; the new one is never written, so any event it has is
+// the closed one's, left over from the same wait.
+type staleEvents struct {
+	l        *loop
+	fd       int
+	other    *staleEvents
+	closed   bool // by the other's handler
+	after    int  // events after it was closed
+	reused   int  // the new descriptor's number (-1: none made)
+	newFD    *staleEvents
+	received int
+}
+
+func (s *staleEvents) event(uint32) {
+	s.received++
+	if s.closed {
+		s.after++
+		return
+	}
+	if s.other == nil || s.other.closed || s.newFD != nil {
+		return
+	}
+	s.l.closeFD(s.other.fd)
+	s.other.closed = true
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		panic(err)
+	}
+	s.reused = fd
+	s.newFD = &staleEvents{l: s.l, fd: fd, reused: -1}
+	if err := s.l.registerReads(fd, s.newFD); err != nil {
+		panic(err)
+	}
+}
+
+// An event left over from a wait for a descriptor a handler closed never
+// reaches the handler registered next under the same number, nor the
+// closed one's (the registry's slots hold no registration number).
+func TestEventLoopDropsTheEventsOfAClosedDescriptor(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	l := e.loops[0]
+	var a, b *staleEvents
+	l.do(func() {
+		var fds [2]int
+		for i := range fds {
+			if fds[i], err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+				return
+			}
+		}
+		a = &staleEvents{l: l, fd: fds[0], reused: -1}
+		b = &staleEvents{l: l, fd: fds[1], reused: -1, other: a}
+		a.other = b
+		for _, s := range []*staleEvents{a, b} {
+			if err = l.registerReads(s.fd, s); err != nil {
+				return
+			}
+		}
+		one := [8]byte{1}
+		unix.Write(a.fd, one[:]) // both readable before the loop's next wait
+		unix.Write(b.fd, one[:])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, second *staleEvents
+	l.do(func() { // runs after the wait that returned both
+		first, second = a, b
+		if b.newFD != nil {
+			first, second = b, a
+		}
+	})
+	l.do(func() {}) // and one more turn
+	l.do(func() {
+		defer l.closeFD(first.fd)
+		if first.newFD != nil {
+			defer l.closeFD(first.reused)
+		}
+		if first.newFD == nil || !second.closed {
+			err = fmt.Errorf("no handler closed the other (events %d, %d)", a.received, b.received)
+			return
+		}
+		if first.reused != second.fd {
+			err = fmt.Errorf("the new descriptor is %d, not the closed one's number %d: nothing to test", first.reused, second.fd)
+			return
+		}
+		if n := first.newFD.received; n != 0 {
+			err = fmt.Errorf("the descriptor registered under the closed one's number had %d event(s), never written", n)
+		}
+		if second.after != 0 {
+			err = fmt.Errorf("the closed descriptor's handler had %d event(s) after its close", second.after)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Shutdown finds every listener in the loops' registries and closes it:
+// TCP listeners with a socket per loop and with one socket, and UDP ones.
+func TestEventLoopShutdownClosesEveryListener(t *testing.T) {
+	e, err := NewEventLoop(Options{Loops: 2, MaxFDs: 16}) // a quarter: 4 sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tcp []netip.AddrPort
+	var shared, single int
+	for range 4 {
+		ln, err := e.Listen(lb.TCP, netip.MustParseAddrPort("127.0.0.1:0"), &Target{Picker: lb.NewPicker(nil, lb.EjectionPolicy{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ln.(*elTCPListener).socks) == 2 {
+			shared++
+		} else {
+			single++
+		}
+		tcp = append(tcp, ln.Addr())
+	}
+	if shared == 0 || single == 0 {
+		t.Fatalf("%d listeners with a socket per loop and %d with one, want some of each", shared, single)
+	}
+	udp, err := e.Listen(lb.UDP, netip.MustParseAddrPort("127.0.0.1:0"), &Target{Picker: lb.NewPicker(nil, lb.EjectionPolicy{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range tcp {
+		if c, err := net.Dial("tcp", a.String()); !errors.Is(err, syscall.ECONNREFUSED) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("%s after Shutdown: %v, want connection refused", a, err)
+		}
+	}
+	// The UDP port is free again: its socket is closed.
+	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(udp.Addr()))
+	if err != nil {
+		t.Errorf("UDP %s after Shutdown: %v, want it free", udp.Addr(), err)
+	} else {
+		pc.Close()
+	}
+	if n := e.listenSockets.Load(); n != 0 {
+		t.Errorf("%d listening sockets counted after Shutdown", n)
+	}
+}

@@ -33,13 +33,17 @@ type EventLoop struct {
 	loops []*loop
 	next  atomic.Uint64
 
-	mu        sync.Mutex
-	listeners map[Listener]struct{}
-	closing   bool
-	active    sync.WaitGroup // connections and flows
-	stopped   sync.WaitGroup // loop goroutines
-	stopOnce  sync.Once      // a second Shutdown must not close the loops' descriptors again
-	fds       *fdBudget
+	// The listeners are found in the loops' registries (listening), not
+	// kept in a set of their own: a map entry per listener was 44 bytes per
+	// service port at 10k (issue 16's memory budget).
+	mu       sync.Mutex
+	closing  bool
+	listenMu sync.RWMutex
+	noListen bool           // under listenMu: Shutdown has begun
+	active   sync.WaitGroup // connections and flows
+	stopped  sync.WaitGroup // loop goroutines
+	stopOnce sync.Once      // a second Shutdown must not close the loops' descriptors again
+	fds      *fdBudget
 	// listenSockets counts the TCP listening sockets open (see listenTCP).
 	listenSockets atomic.Int64
 }
@@ -63,7 +67,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if runtime.GOMAXPROCS(0) <= n {
 		runtime.GOMAXPROCS(n + 1)
 	}
-	e := &EventLoop{opts: opts, listeners: map[Listener]struct{}{}, fds: newFDBudget(opts.MaxFDs)}
+	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs)}
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -87,10 +91,12 @@ func (e *EventLoop) pick() *loop { return e.loops[(e.next.Add(1)-1)%uint64(len(e
 
 // Listen opens a TCP or UDP listener on one loop.
 func (e *EventLoop) Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (Listener, error) {
-	e.mu.Lock()
-	closing := e.closing
-	e.mu.Unlock()
-	if closing {
+	// Shutdown waits for the listeners being opened, then refuses more:
+	// it finds them in the registries, where a listener being opened may
+	// have some of its sockets and not yet the rest.
+	e.listenMu.RLock()
+	defer e.listenMu.RUnlock()
+	if e.noListen {
 		return nil, errors.New("engine is shutting down")
 	}
 	var (
@@ -108,27 +114,40 @@ func (e *EventLoop) Listen(proto lb.Protocol, addr netip.AddrPort, t *Target) (L
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	e.listeners[ln] = struct{}{}
-	e.mu.Unlock()
 	return ln, nil
 }
 
-func (e *EventLoop) forget(ln Listener) {
-	e.mu.Lock()
-	delete(e.listeners, ln)
-	e.mu.Unlock()
+// listening is every listener with a socket registered on a loop, each
+// loop's registry read on its own loop. A UDP listener that drains is no
+// longer registered.
+func (e *EventLoop) listening() []Listener {
+	var ls []Listener
+	seen := map[*elTCPListener]bool{} // a listener with a socket on each loop
+	for _, l := range e.loops {
+		l.do(func() {
+			l.regs.each(func(h handler) {
+				switch h := h.(type) {
+				case *elTCPSocket:
+					if !seen[h.ln] {
+						seen[h.ln] = true
+						ls = append(ls, h.ln)
+					}
+				case *elUDPListener:
+					ls = append(ls, h)
+				}
+			})
+		})
+	}
+	return ls
 }
 
 // Shutdown closes every listener, waits for connections to drain until ctx
 // ends, then closes the rest and stops the loops.
 func (e *EventLoop) Shutdown(ctx context.Context) error {
-	e.mu.Lock()
-	var ls []Listener
-	for l := range e.listeners {
-		ls = append(ls, l)
-	}
-	e.mu.Unlock()
+	e.listenMu.Lock()
+	e.noListen = true
+	e.listenMu.Unlock()
+	ls := e.listening()
 	// The listeners close first, on their loops: a connection accepted
 	// before that is served, not reset (after a hand-over the successor
 	// accepts on the same sockets, and any client reset here would be one
@@ -142,14 +161,7 @@ func (e *EventLoop) Shutdown(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.closing = true
-	ls = ls[:0]
-	for l := range e.listeners { // opened meanwhile
-		ls = append(ls, l)
-	}
 	e.mu.Unlock()
-	for _, l := range ls {
-		l.Close()
-	}
 	done := make(chan struct{})
 	go func() { e.active.Wait(); close(done) }()
 	var err error
@@ -184,11 +196,6 @@ type handler interface {
 	event(ev uint32)
 }
 
-type registration struct {
-	id uint32
-	h  handler
-}
-
 type loop struct {
 	e      *EventLoop
 	epfd   int
@@ -198,12 +205,15 @@ type loop struct {
 	tasks []func()
 
 	// Owned by the loop goroutine.
-	regs   registry
-	seq    uint32
-	later  []*tcpConn // connections that yielded with work left
-	again  []func()   // sockets that yielded with work left (accept, UDP)
-	timers deadlines
-	free   [][]byte // spare copy buffers
+	regs registry
+	// pending is what is left of the events of the wait being handled:
+	// drop takes a descriptor's events out of it, so that none reaches a
+	// handler that is gone, or the next one given the same number.
+	pending []unix.EpollEvent
+	later   []*tcpConn // connections that yielded with work left
+	again   []func()   // sockets that yielded with work left (accept, UDP)
+	timers  deadlines
+	free    [][]byte // spare copy buffers
 	// walks are spare connect walks, with their orders' room: a
 	// connection holds one only while it connects.
 	walks []*lb.Walk
@@ -284,18 +294,29 @@ func (l *loop) register(fd int, h handler) error {
 func (l *loop) registerReads(fd int, h handler) error { return l.registerFor(fd, h, unix.EPOLLIN) }
 
 func (l *loop) registerFor(fd int, h handler, events uint32) error {
-	l.seq++
-	ev := unix.EpollEvent{Events: events | unix.EPOLLET, Fd: int32(fd), Pad: int32(l.seq)}
+	ev := unix.EpollEvent{Events: events | unix.EPOLLET, Fd: int32(fd)}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return err
 	}
-	l.regs.set(fd, registration{id: l.seq, h: h})
+	l.regs.set(fd, h)
 	return nil
+}
+
+// drop unregisters fd, and takes its events out of those still to be
+// handled from the current wait: once fd is closed its number may be given
+// to a new socket, here or on another loop, before they are reached.
+func (l *loop) drop(fd int) {
+	l.regs.drop(fd)
+	for i := range l.pending {
+		if int(l.pending[i].Fd) == fd {
+			l.pending[i].Fd = -1
+		}
+	}
 }
 
 // closeFD unregisters and closes fd.
 func (l *loop) closeFD(fd int) {
-	l.regs.drop(fd)
+	l.drop(fd)
 	unix.Close(fd) // closing the only reference removes it from epoll
 }
 
@@ -405,16 +426,18 @@ func (l *loop) run() {
 			l.lastYield = l.now
 		}
 		for i := 0; i < n; i++ {
-			ev := &events[i]
+			ev := events[i]
+			l.pending = events[i+1 : n]
 			if int(ev.Fd) == l.wakefd {
 				var b [8]byte
 				unix.Read(l.wakefd, b[:])
 				continue
 			}
-			if r := l.regs.get(int(ev.Fd)); r.h != nil && r.id == uint32(ev.Pad) {
-				r.h.event(ev.Events)
+			if h := l.regs.get(int(ev.Fd)); h != nil { // nil: dropped (Fd -1) or not ours
+				h.event(ev.Events)
 			}
 		}
+		l.pending = nil
 		l.runTasks()
 		if later := l.later; len(later) > 0 {
 			l.later = nil
@@ -531,21 +554,28 @@ func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDB
 // elTCPListener is one TCP listening address served by every loop: a
 // socket per loop in one SO_REUSEPORT group, each accepting onto its own
 // loop.
+//
+// A listener per service port is the default, so it is one allocation of
+// 112 bytes with its socket when it has one, where it was 136 in three
+// (issue 16's memory budget; TestPortRecordSizes).
 type elTCPListener struct {
-	e     *EventLoop
-	addr  netip.AddrPort
-	v6    bool // an IPv6 socket (for the original destination's level)
-	t     *Target
-	socks []*elTCPSocket
-	once  sync.Once
+	e      *EventLoop
+	addr   netip.AddrPort
+	t      *Target
+	// socks are its sockets: one (in first) or one per loop, their room
+	// made before the first is registered, since the loops hold pointers
+	// into it; nil once closed, under mu.
+	socks []elTCPSocket
+	mu    sync.Mutex
+	first [1]elTCPSocket
 }
 
 // elTCPSocket is one loop's listening socket.
 type elTCPSocket struct {
 	ln      *elTCPListener
 	l       *loop
-	fd      int
 	backoff *deadline // pending accept retry after EMFILE and the like
+	fd      int32
 }
 
 func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) {
@@ -595,25 +625,30 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		}
 		fds = append(fds, fd)
 	}
-	ln.v6 = ln.addr.Addr().Is6() && !ln.addr.Addr().Is4In6()
 	first := 0
 	if len(fds) < len(e.loops) {
 		first = int(e.next.Add(1) - 1) // spread single sockets over the loops
 	}
+	if len(fds) == 1 {
+		ln.socks = ln.first[:0]
+	} else {
+		ln.socks = make([]elTCPSocket, 0, len(fds))
+	}
 	for i, fd := range fds {
 		l := e.loops[(first+i)%len(e.loops)]
-		s := &elTCPSocket{ln: ln, l: l, fd: fd}
+		ln.socks = append(ln.socks, elTCPSocket{ln: ln, l: l, fd: int32(fd)})
+		s := &ln.socks[i]
 		err := errStopped
 		l.do(func() { err = l.register(fd, s) })
 		if err != nil {
 			for _, fd := range fds[i:] {
 				unix.Close(fd)
 			}
+			ln.socks = ln.socks[:i]
 			ln.closeSockets()
 			return nil, err
 		}
 		socks.Hold("tcp", ln.addr, fd)
-		ln.socks = append(ln.socks, s)
 		e.listenSockets.Add(1)
 	}
 	return ln, nil
@@ -639,23 +674,30 @@ func listenSocket(at netip.AddrPort, reusePort bool) (int, error) {
 
 func (ln *elTCPListener) Addr() netip.AddrPort { return ln.addr }
 
+// v6 says the listener's sockets are IPv6 ones (for the original
+// destination's level).
+func (ln *elTCPListener) v6() bool { return ln.addr.Addr().Is6() && !ln.addr.Addr().Is4In6() }
+
+// Close closes the sockets; a second Close returns once the first has.
 func (ln *elTCPListener) Close() error {
-	ln.once.Do(func() {
-		ln.e.forget(ln)
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.socks != nil {
 		ln.closeSockets()
-	})
+	}
 	return nil
 }
 
 func (ln *elTCPListener) closeSockets() {
 	ln.e.listenSockets.Add(-int64(len(ln.socks)))
-	for _, s := range ln.socks {
+	for i := range ln.socks {
+		s := &ln.socks[i]
 		if !s.l.do(func() {
 			s.l.timers.cancel(s.backoff)
-			s.l.closeListening(s.fd)
+			s.l.closeListening(int(s.fd))
 		}) {
-			s.ln.e.opts.sockets().Release(s.fd)
-			unix.Close(s.fd)
+			s.ln.e.opts.sockets().Release(int(s.fd))
+			unix.Close(int(s.fd))
 		}
 	}
 	ln.socks = nil
@@ -681,7 +723,7 @@ func (s *elTCPSocket) event(uint32) {
 			s.pause()
 			return
 		}
-		nfd, client, err := accept4(s.fd)
+		nfd, client, err := accept4(int(s.fd))
 		switch {
 		case err == nil:
 		case errAgain(err):
@@ -697,7 +739,7 @@ func (s *elTCPSocket) event(uint32) {
 			s.pause()
 			return
 		}
-		t := s.ln.t.resolved(nfd, s.ln.v6)
+		t := s.ln.t.resolved(nfd, s.ln.v6())
 		if t == nil {
 			resetClose(nfd)
 			fds.give(2)
@@ -718,7 +760,7 @@ func (s *elTCPSocket) pause() {
 }
 
 func (s *elTCPSocket) retryAccept() {
-	if r := s.l.regs.get(s.fd); r.h == handler(s) {
+	if h := s.l.regs.get(int(s.fd)); h == handler(s) {
 		s.event(unix.EPOLLIN)
 	}
 }
@@ -1222,10 +1264,10 @@ func (c *tcpConn) abort() {
 		return
 	}
 	c.closed = true
-	c.l.regs.drop(c.cs.fd)
+	c.l.drop(c.cs.fd)
 	resetClose(c.cs.fd)
 	if c.bs.fd >= 0 {
-		c.l.regs.drop(c.bs.fd)
+		c.l.drop(c.bs.fd)
 		resetClose(c.bs.fd)
 	}
 	c.release()

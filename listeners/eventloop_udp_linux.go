@@ -88,7 +88,6 @@ func (ln *elUDPListener) Addr() netip.AddrPort { return ln.addr }
 // Close stops the listener; its flows cannot reply without it, so they end.
 func (ln *elUDPListener) Close() error {
 	ln.once.Do(func() {
-		ln.e.forget(ln)
 		closed := ln.l.do(func() {
 			ln.closed = true
 			ln.l.timers.cancel(ln.sweep)
@@ -111,11 +110,10 @@ func (ln *elUDPListener) Close() error {
 // one, or at the drain's deadline.
 func (ln *elUDPListener) drain() {
 	ln.once.Do(func() {
-		ln.e.forget(ln)
 		if !ln.l.do(func() {
 			ln.e.opts.sockets().Release(ln.fd)
 			unix.EpollCtl(ln.l.epfd, unix.EPOLL_CTL_DEL, ln.fd, nil)
-			ln.l.regs.drop(ln.fd)
+			ln.l.drop(ln.fd)
 			ln.draining = true
 			if len(ln.flows) == 0 {
 				ln.finish()
