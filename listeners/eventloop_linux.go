@@ -559,9 +559,9 @@ func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDB
 // 112 bytes with its socket when it has one, where it was 136 in three
 // (issue 16's memory budget; TestPortRecordSizes).
 type elTCPListener struct {
-	e      *EventLoop
-	addr   netip.AddrPort
-	t      *Target
+	e    *EventLoop
+	addr netip.AddrPort
+	t    *Target
 	// socks are its sockets: one (in first) or one per loop, their room
 	// made before the first is registered, since the loops hold pointers
 	// into it; nil once closed, under mu.
