@@ -102,7 +102,7 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	pc.Forget()
+	pc.Forget(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
 	if _, body, _ := get(t, h, "/metrics"); strings.Contains(body, "demo/web:http") {
 		t.Error("series of a forgotten service port remain")
 	}

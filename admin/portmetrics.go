@@ -38,7 +38,8 @@ type portMetrics struct {
 	mu sync.Mutex
 	// ports are keyed by their series' labels, which name the port: a
 	// ServicePortName key was 48 bytes more per port, and each
-	// PortCounters held its name besides (issue 16's memory budget).
+	// PortCounters held its name, then its labels, besides (issue 16's
+	// memory budget).
 	ports map[string]*PortCounters
 }
 
@@ -97,7 +98,7 @@ func (p *portMetrics) counters(name lb.ServicePortName) *PortCounters {
 	defer p.mu.Unlock()
 	c := p.ports[labels]
 	if c == nil {
-		c = &PortCounters{p: p, labels: labels}
+		c = &PortCounters{p: p}
 		p.ports[labels] = c
 	}
 	return c
@@ -111,12 +112,19 @@ func (p *portMetrics) labelsOf(name lb.ServicePortName) string {
 // labelValue is a label value quoted as the text format wants it.
 func (p *portMetrics) labelValue(v string) string { return `"` + p.escape.Replace(v) + `"` }
 
-func (p *portMetrics) forget(c *PortCounters) {
+func (p *portMetrics) forget(name lb.ServicePortName, c *PortCounters) {
+	labels := p.labelsOf(name)
 	p.mu.Lock()
-	if p.ports[c.labels] == c {
-		delete(p.ports, c.labels)
+	if p.ports[labels] == c {
+		delete(p.ports, labels)
 	}
 	p.mu.Unlock()
+}
+
+// labelled is a port's counters with their series' labels.
+type labelled struct {
+	labels string
+	*PortCounters
 }
 
 // writeText writes the families in the Prometheus text format (0.0.4),
@@ -125,15 +133,15 @@ func (p *portMetrics) forget(c *PortCounters) {
 // formatted as expfmt formats them.
 func (p *portMetrics) writeText(w *bufio.Writer) {
 	p.mu.Lock()
-	ports := make([]*PortCounters, 0, len(p.ports))
-	for _, c := range p.ports {
-		ports = append(ports, c)
+	ports := make([]labelled, 0, len(p.ports))
+	for labels, c := range p.ports {
+		ports = append(ports, labelled{labels, c})
 	}
 	p.mu.Unlock()
 	if len(ports) == 0 {
 		return
 	}
-	slices.SortFunc(ports, func(a, b *PortCounters) int { return strings.Compare(a.labels, b.labels) })
+	slices.SortFunc(ports, func(a, b labelled) int { return strings.Compare(a.labels, b.labels) })
 	var num []byte
 	// sample writes one line: name+suffix{pre labels[,le="le"]} v
 	sample := func(name, suffix, pre, labels, le string, v float64) {
@@ -228,9 +236,11 @@ func appendValue(b []byte, v float64) []byte {
 // PortCounters are one service port's data-path metrics: atomic counters
 // the data path adds to, read by portMetrics at scrape time. Its methods
 // match listeners.Counters.
+//
+// Its series' labels are its key in portMetrics.ports, not kept in it: 80
+// bytes a port, where they made it 96 (TestPortCountersSize).
 type PortCounters struct {
-	p      *portMetrics
-	labels string // its series' labels, as the text format writes them; its key in p.ports
+	p *portMetrics
 
 	connections, up, down, retries, failures, refused atomic.Uint64
 	active                                            atomic.Int64
@@ -279,6 +289,7 @@ func (c *PortCounters) Closed(up, down uint64) {
 	c.down.Add(down)
 }
 
-// Forget deletes the port's series, once the service port is gone, so that
-// churn does not grow the metrics without bound.
-func (c *PortCounters) Forget() { c.p.forget(c) }
+// Forget deletes the series of name, the port these counters were made
+// for, once the service port is gone, so that churn does not grow the
+// metrics without bound.
+func (c *PortCounters) Forget(name lb.ServicePortName) { c.p.forget(name, c) }

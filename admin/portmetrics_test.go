@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
@@ -175,7 +176,7 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 			ref.refused.WithLabelValues(l...).Inc()
 		case 5:
 			if rng.IntN(20) == 0 {
-				pc.Forget()
+				pc.Forget(n)
 				ref.forget(n)
 			}
 		default:
@@ -234,6 +235,15 @@ func TestPortCountersAreSmall(t *testing.T) {
 	after.read()
 	if per := (after.bytes - before.bytes) / ports; per > 1024 {
 		t.Fatalf("%d bytes allocated per service port's counters, want at most 1 KiB", per)
+	}
+}
+
+// A port's counters stay in the 80-byte size class: their labels are
+// their key in the metrics' map, not kept in them as well (issue 16's
+// memory budget).
+func TestPortCountersSize(t *testing.T) {
+	if n := unsafe.Sizeof(PortCounters{}); n > 80 {
+		t.Fatalf("PortCounters is %d bytes, want at most 80", n)
 	}
 }
 

@@ -30,9 +30,20 @@ type key struct {
 type Broker struct {
 	mu        sync.Mutex
 	inherited map[key][]int
+	// bound[fd] is the network (1 tcp, 2 udp, 3 sctp) of a held socket
+	// whose address is the one the kernel gives for it (getsockname), 0
+	// for the rest: its address is asked again when it is offered. An
+	// event-loop listener's address is its socket's own, and a map entry
+	// per listener was 44 bytes per service port at 10k (issue 16's
+	// memory budget).
+	bound     []uint8
 	held      map[int32]heldKey
 	heldOther map[int32]key // the keys heldKey cannot name
 }
+
+// networks are the networks bound and heldKey name, by their number less
+// one.
+var networks = [...]string{"tcp", "udp", "sctp"}
 
 // heldKey is a key as held: a process with a listener per service port
 // holds tens of thousands, and a key with its network's name and a
@@ -69,7 +80,7 @@ func (h heldKey) key() key {
 	if h.is4 {
 		a = a.Unmap()
 	}
-	return key{[...]string{"tcp", "udp", "sctp"}[h.network], netip.AddrPortFrom(a, h.port)}
+	return key{networks[h.network], netip.AddrPortFrom(a, h.port)}
 }
 
 // Take returns the inherited sockets listening on network/addr (several
@@ -94,9 +105,19 @@ func (b *Broker) Hold(network string, addr netip.AddrPort, fd int) {
 	if b == nil {
 		return
 	}
+	h, ok := hold(key{network, addr})
+	// Asked before the lock: one getsockname per listening socket.
+	own := ok && fd >= 0 && addr.Port() != 0 && boundAddr(fd) == addr
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	h, ok := hold(key{network, addr})
+	b.forget(fd)
+	if own {
+		if fd >= len(b.bound) {
+			b.bound = append(b.bound, make([]uint8, max(fd+1, 2*len(b.bound))-len(b.bound))...)
+		}
+		b.bound[fd] = h.network + 1
+		return
+	}
 	if !ok {
 		if b.heldOther == nil {
 			b.heldOther = map[int32]key{}
@@ -117,6 +138,14 @@ func (b *Broker) Release(fd int) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.forget(fd)
+}
+
+// forget drops fd from what is held, under the lock.
+func (b *Broker) forget(fd int) {
+	if fd >= 0 && fd < len(b.bound) {
+		b.bound[fd] = 0
+	}
 	delete(b.held, int32(fd))
 	delete(b.heldOther, int32(fd))
 }
@@ -163,6 +192,14 @@ type socket struct {
 func (b *Broker) eachHeld(fn func(socket) error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	for fd, n := range b.bound {
+		if n == 0 {
+			continue
+		}
+		if err := fn(socket{key{networks[n-1], boundAddr(fd)}, fd}); err != nil {
+			return err
+		}
+	}
 	for fd, h := range b.held {
 		if err := fn(socket{h.key(), int(fd)}); err != nil {
 			return err

@@ -232,3 +232,23 @@ func (o *Offer) Close() {
 		os.Remove(o.path)
 	}
 }
+
+// boundAddr is the address fd's socket is bound to, as the kernel gives it
+// (an IPv4 socket's as IPv4, an IPv6 socket's as IPv6 with no zone); the
+// zero value when fd is not a bound IP socket.
+func boundAddr(fd int) netip.AddrPort {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		if sa.ZoneId != 0 {
+			return netip.AddrPort{} // a zone: the caller's name for it is kept instead
+		}
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}

@@ -557,7 +557,7 @@ func errAgain(err error) bool { return err == unix.EAGAIN || err == unix.EWOULDB
 //
 // A listener per service port is the default, so it is one allocation of
 // 112 bytes with its socket when it has one, where it was 136 in three
-// (issue 16's memory budget; TestPortRecordSizes).
+// (issue 16's memory budget; TestEventLoopListenerRecordSizes).
 type elTCPListener struct {
 	e    *EventLoop
 	addr netip.AddrPort

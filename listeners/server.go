@@ -451,8 +451,8 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	remove := func(name lb.ServicePortName, p *servedPort) {
 		s.closePort(p)
 		s.dropPort(name)
-		if f, ok := p.target.Counters.(interface{ Forget() }); ok {
-			f.Forget() // its metric series go with it
+		if f, ok := p.target.Counters.(RemovableCounters); ok {
+			f.Forget(name) // its metric series go with it
 		}
 		lines.port("service port removed", name)
 	}

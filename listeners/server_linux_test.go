@@ -847,3 +847,39 @@ func TestEnginesHandOverWildcardListeners(t *testing.T) {
 		})
 	}
 }
+
+// forgettable counts nothing and records the ports whose series the
+// server drops.
+type forgettable struct {
+	noCounters
+	name      lb.ServicePortName
+	forgotten *[]lb.ServicePortName
+}
+
+func (f forgettable) Forget(n lb.ServicePortName) {
+	if n != f.name {
+		panic(fmt.Sprintf("counters of %s told to forget %s", f.name, n))
+	}
+	*f.forgotten = append(*f.forgotten, n)
+}
+
+// A removed service port's counters are told to forget its series, with
+// its name; a kept port's are not.
+func TestServerForgetsTheCountersOfARemovedPort(t *testing.T) {
+	var forgotten []lb.ServicePortName
+	srv := &Server{Engine: NewGoroutine(Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
+		Counters: func(n lb.ServicePortName) Counters { return forgettable{name: n, forgotten: &forgotten} }}
+	defer srv.Close()
+	web := webPort(freePort(t), netip.MustParseAddrPort("127.0.0.1:1"))
+	other := webPort(freePort(t), netip.MustParseAddrPort("127.0.0.1:1"))
+	other.Name.Name = "other"
+	if err := srv.Apply(snapshotOf(web, other)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Apply(snapshotOf(web)); err != nil {
+		t.Fatal(err)
+	}
+	if len(forgotten) != 1 || forgotten[0] != other.Name {
+		t.Fatalf("forgotten %v, want [%s]", forgotten, other.Name)
+	}
+}

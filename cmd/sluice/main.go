@@ -64,6 +64,10 @@ func main() {
 // errHandedOver ends a sluice whose successor serves (hitless restart).
 var errHandedOver = errors.New("handed over to a successor")
 
+// The data path's counters are the metrics' own, and a removed port's
+// series go with it.
+var _ listeners.RemovableCounters = (*admin.PortCounters)(nil)
+
 // stopSignal is the cause of the run's end when a signal asked for it.
 type stopSignal struct{ os.Signal }
 
