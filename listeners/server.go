@@ -243,11 +243,14 @@ type ownFrontends struct {
 // a Listener and a proxy port were in three, is 120 bytes less per port
 // with a listener each (issue 16's memory budget).
 //
-// Its role is an index into roles and its proxy port 16 bits: 80 bytes,
-// where a Role string and an int made 96 (issue 16's memory budget).
+// Its role is an index into roles and its proxy port 16 bits, and of its
+// address it keeps one IP: 48 bytes, where a Role string, an int, a VIP
+// and an address made 112 (issue 16's memory budget).
 type openFrontend struct {
-	vip       netip.Addr
-	addr      netip.AddrPort
+	// ip is the VIP a proxy-port frontend serves (its address is the
+	// server's bind address), or the IP the others listen on. The port is
+	// the listener's.
+	ip        netip.Addr
 	ln        Listener
 	proxyPort uint16
 	role      uint8
@@ -270,7 +273,27 @@ func roleIndex(r Role) uint8 {
 
 // newOpenFrontend is fe served by ln.
 func newOpenFrontend(fe Frontend, ln Listener) openFrontend {
-	return openFrontend{role: roleIndex(fe.Role), vip: fe.VIP, addr: fe.Addr, ln: ln}
+	o := openFrontend{role: roleIndex(fe.Role), ip: fe.Addr.Addr(), ln: ln}
+	if o.proxyRole() {
+		o.ip = fe.VIP
+	}
+	return o
+}
+
+// proxyRole says o listens on a proxy port, on the server's bind address.
+func (o *openFrontend) proxyRole() bool {
+	r := roles()[o.role]
+	return r == RoleProxyPort || r == RoleExternalProxyPort
+}
+
+// frontend is o as a Frontend of the port named name, on a server whose
+// bind address is bind.
+func (o *openFrontend) frontend(name lb.ServicePortName, bind netip.Addr) Frontend {
+	fe := Frontend{Service: name, Role: roles()[o.role], Addr: netip.AddrPortFrom(o.ip, o.ln.Addr().Port())}
+	if o.proxyRole() {
+		fe.VIP, fe.Addr = o.ip, netip.AddrPortFrom(bind, fe.Addr.Port())
+	}
+	return fe
 }
 
 // mine is p.own, made if p has none.
@@ -314,12 +337,13 @@ func (p *servedPort) frontendCount() int {
 	return n
 }
 
-// appendFrontends appends p's frontends to out: its listeners', then
-// those on the capture port, at to.
-func (p *servedPort) appendFrontends(out []Frontend, to netip.AddrPort) []Frontend {
+// appendFrontends appends p's frontends to out: its listeners', on a
+// server whose bind address is bind, then those on the capture port, at
+// to.
+func (p *servedPort) appendFrontends(out []Frontend, bind netip.Addr, to netip.AddrPort) []Frontend {
 	if p.own != nil {
-		for _, o := range p.own.open {
-			out = append(out, Frontend{Service: p.sp.Name, Role: roles()[o.role], VIP: o.vip, Addr: o.addr})
+		for i := range p.own.open {
+			out = append(out, p.own.open[i].frontend(p.sp.Name, bind))
 		}
 	}
 	if p.capturedFEs&captureProxyFE != 0 {
@@ -875,7 +899,7 @@ func (s *Server) PortFrontends(name lb.ServicePortName) []Frontend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p, ok := s.ports.Get(name); ok {
-		return p.appendFrontends(nil, s.captureAddr)
+		return p.appendFrontends(nil, s.bindAddress(), s.captureAddr)
 	}
 	return nil
 }
@@ -893,7 +917,7 @@ func (s *Server) Frontends() []Frontend {
 	var ks []keyed
 	var fes []Frontend
 	for p := range s.ports.Values() {
-		fes = p.appendFrontends(fes[:0], s.captureAddr)
+		fes = p.appendFrontends(fes[:0], s.bindAddress(), s.captureAddr)
 		for _, fe := range fes {
 			ks = append(ks, keyed{fe.Service.String() + string(fe.Service.Protocol), fe.Addr.String(), fe})
 		}
@@ -1001,7 +1025,7 @@ func (s *Server) Dump() []PortView {
 	out := []PortView{}
 	for name, p := range s.ports.All() {
 		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{}}
-		for _, fe := range p.appendFrontends(nil, s.captureAddr) {
+		for _, fe := range p.appendFrontends(nil, s.bindAddress(), s.captureAddr) {
 			d := string(fe.Role) + " " + fe.Addr.String()
 			if fe.VIP.IsValid() {
 				d += " (for " + fe.VIP.String() + ")"

@@ -197,6 +197,23 @@ func TestServerListensOnLocalExternalAndLoadBalancerIPs(t *testing.T) {
 		if roles[RoleExternalIP] != 1 || roles[RoleLoadBalancer] != 1 || roles[RoleProxyPort] != 1 || roles[RoleNodePort] != 0 {
 			t.Fatalf("frontends %v", srv.Frontends())
 		}
+		// Each listed with its address and, for the proxy port, the VIP it
+		// serves (the listed record keeps one IP of the two).
+		for _, fe := range srv.Frontends() {
+			want := Frontend{Service: sp.Name, Role: fe.Role}
+			switch fe.Role {
+			case RoleExternalIP:
+				want.Addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.5"), sp.Port)
+			case RoleLoadBalancer:
+				want.Addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.6"), sp.Port)
+			case RoleProxyPort:
+				want.Addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), fe.Addr.Port())
+				want.VIP = sp.ClusterIPs[0]
+			}
+			if fe != want || fe.Addr.Port() == 0 {
+				t.Errorf("frontend %+v, want %+v", fe, want)
+			}
+		}
 		for _, ip := range []string{"127.0.0.5", "127.0.0.6"} {
 			if got, err := dialName(t, netip.AddrPortFrom(netip.MustParseAddr(ip), sp.Port)); err != nil || got != "ext" {
 				t.Fatalf("%s:%d: %q %v", ip, sp.Port, got, err)
