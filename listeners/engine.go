@@ -60,6 +60,14 @@ type Target struct {
 	Retry      *lb.RetryPolicy
 	UDPTimeout time.Duration
 	Counters   Counters // nil means none
+	// Hooks are what few targets have (nil: none): one pointer, so that a
+	// Target is 48 bytes, not 64 (issue 16's memory budget: one or two a
+	// service port).
+	Hooks *TargetHooks
+}
+
+// TargetHooks are a Target's rarely set functions.
+type TargetHooks struct {
 	// Admit, when set, says which client addresses may use this frontend
 	// (loadBalancerSourceRanges); others are refused like a port with no
 	// endpoints.
@@ -74,13 +82,26 @@ type Target struct {
 	Resolve func(orig netip.AddrPort) *Target
 }
 
+// admits says whether the client at src may use the target.
+func (t *Target) admits(src netip.Addr) bool {
+	return t.Hooks == nil || t.Hooks.Admit == nil || t.Hooks.Admit(src)
+}
+
+// resolver is the target's Resolve (nil: it is not a capture listener's).
+func (t *Target) resolver() func(netip.AddrPort) *Target {
+	if t.Hooks == nil {
+		return nil
+	}
+	return t.Hooks.Resolve
+}
+
 // startWalk makes w a connection's walk under the target's retry policy,
 // from client src at time start, after the source check: over the first
 // endpoints of the picker's order, as many as the policy tries, written
 // into w's own room (issue 12: a connection ordered and held every
 // endpoint of the port).
 func (t *Target) startWalk(w *lb.Walk, src netip.Addr, start time.Time) error {
-	if t.Admit != nil && !t.Admit(src) {
+	if !t.admits(src) {
 		return errNotAdmitted
 	}
 	var policy lb.RetryPolicy
@@ -101,7 +122,7 @@ var errNotAdmitted = errors.New("client address not in the source ranges")
 // first is the endpoint a new flow from src goes to, after the source
 // check (a datagram flow is not retried).
 func (t *Target) first(src netip.Addr) (netip.AddrPort, error) {
-	if t.Admit != nil && !t.Admit(src) {
+	if !t.admits(src) {
 		return netip.AddrPort{}, errNotAdmitted
 	}
 	var one [1]netip.AddrPort
@@ -117,14 +138,15 @@ func (t *Target) first(src netip.Addr) (netip.AddrPort, error) {
 // capture listener the one its original destination resolves to (nil:
 // none).
 func (t *Target) resolved(fd int, v6 bool) *Target {
-	if t.Resolve == nil {
+	resolve := t.resolver()
+	if resolve == nil {
 		return t
 	}
 	orig, err := originalDst(fd, v6)
 	if err != nil {
 		return nil
 	}
-	return t.Resolve(orig)
+	return resolve(orig)
 }
 
 func (t *Target) counters() Counters {

@@ -315,7 +315,7 @@ func (l *goTCPListener) handle(gc *goConn) {
 	defer gc.cancel()
 	client := gc.client
 	t := l.t
-	if t.Resolve != nil {
+	if t.resolver() != nil {
 		t = nil
 		if rc, err := client.SyscallConn(); err == nil {
 			v6 := false

@@ -616,14 +616,14 @@ func (s *Server) openPort(p *servedPort) []error {
 			// loadBalancerSourceRanges: the same picker, behind a source check.
 			guarded := *t
 			ranges := sp.SourceRanges()
-			guarded.Admit = func(a netip.Addr) bool {
+			guarded.Hooks = &TargetHooks{Admit: func(a netip.Addr) bool {
 				for _, r := range ranges {
 					if r.Contains(a) {
 						return true
 					}
 				}
 				return false
-			}
+			}}
 			t = &guarded
 		}
 		ln, err := s.listen(sp.Name.Protocol, fe.Addr, t)
@@ -824,7 +824,7 @@ func (s *Server) OpenCapture() error {
 		return errors.New("capture port already open")
 	}
 	addr := netip.AddrPortFrom(s.bindAddress(), s.CapturePort)
-	ln, err := s.Engine.Listen(lb.TCP, addr, &Target{Resolve: s.resolveCaptured})
+	ln, err := s.Engine.Listen(lb.TCP, addr, &Target{Hooks: &TargetHooks{Resolve: s.resolveCaptured}})
 	if err != nil {
 		return fmt.Errorf("capture port: listen on %s: %w", addr, err)
 	}

@@ -16,6 +16,9 @@ func TestPortRecordSizes(t *testing.T) {
 	if n := unsafe.Sizeof(ownFrontends{}); n > 64 {
 		t.Errorf("ownFrontends is %d bytes, want at most 64", n)
 	}
+	if n := unsafe.Sizeof(Target{}); n > 48 {
+		t.Errorf("Target is %d bytes, want at most 48", n)
+	}
 }
 
 // roleIndex and roles name each role the same way round.
