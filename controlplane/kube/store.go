@@ -192,7 +192,7 @@ func (s *Source) replaceServices(list []*cachedService) {
 		key := serviceKey{c.Namespace, c.Name}
 		listed[key] = true
 		st := s.stateFor(key)
-		if st.svc != nil && c.resourceVersion != "" && st.svc.resourceVersion == c.resourceVersion {
+		if st.svc != nil && st.svc.sameVersion(c.cachedMeta) {
 			continue
 		}
 		st.svc = c
@@ -296,7 +296,7 @@ func (s *Source) replaceSlices(list []*cachedSlice, triggers []controlplane.Trig
 		name := serviceKey{c.Namespace, c.Name}
 		old := held[name]
 		delete(held, name)
-		if old != nil && c.resourceVersion != "" && old.resourceVersion == c.resourceVersion {
+		if old != nil && old.sameVersion(c.cachedMeta) {
 			continue
 		}
 		if old != nil {

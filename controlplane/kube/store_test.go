@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -90,7 +91,7 @@ func TestRelistKeepsTheUnchangedAndDropsTheGone(t *testing.T) {
 	if got, _ := held("d"); got != nil {
 		t.Fatal("a Service the relist lacks is still held")
 	}
-	if got, _ := held("b"); got == nil || got.resourceVersion != "2" {
+	if got, _ := held("b"); got == nil || got.version() != "2" {
 		t.Fatalf("the changed Service: %+v", got)
 	}
 
@@ -208,5 +209,27 @@ func TestCachedObjectSizes(t *testing.T) {
 		if c.size > c.max {
 			t.Errorf("%s is %d bytes, over its size class of %d", c.what, c.size, c.max)
 		}
+	}
+}
+
+// A resource version is kept as a number only when the number says what
+// the string did; two objects are the same version only when both have
+// one and it is the same string.
+func TestCachedVersionsCompareAsTheirStrings(t *testing.T) {
+	versions := []string{"", "1", "123", "0123", "0", "12a", "9999999999999999999", "18446744073709551615", "18446744073709551616", "abc", "-1"}
+	for _, a := range versions {
+		ma := metaOf(&metav1.ObjectMeta{ResourceVersion: a})
+		if got := ma.version(); got != a {
+			t.Errorf("%q kept as %q", a, got)
+		}
+		for _, b := range versions {
+			mb := metaOf(&metav1.ObjectMeta{ResourceVersion: b})
+			if got, want := ma.sameVersion(mb), a != "" && a == b; got != want {
+				t.Errorf("%q and %q: same version %v, want %v", a, b, got, want)
+			}
+		}
+	}
+	if m := metaOf(&metav1.ObjectMeta{ResourceVersion: "123456"}); m.rvText != nil {
+		t.Error("a decimal version is kept as a string")
 	}
 }
