@@ -46,6 +46,9 @@ type EventLoop struct {
 	fds      *fdBudget
 	// listenSockets counts the TCP listening sockets open (see listenTCP).
 	listenSockets atomic.Int64
+	// registerReqs are spare registerReqs (a channel rather than a
+	// sync.Pool, which under the race detector drops what it is given).
+	registerReqs chan *registerReq
 }
 
 // NewEventLoop starts the loops.
@@ -67,7 +70,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if runtime.GOMAXPROCS(0) <= n {
 		runtime.GOMAXPROCS(n + 1)
 	}
-	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs)}
+	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs), registerReqs: make(chan *registerReq, 16)}
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -202,7 +205,8 @@ type loop struct {
 	wakefd int
 
 	mu    sync.Mutex
-	tasks []func()
+	tasks []task
+	spare []task // the last batch's room, for the next (runTasks)
 
 	// Owned by the loop goroutine.
 	regs registry
@@ -229,6 +233,10 @@ type loop struct {
 	udp       map[*elUDPListener]struct{}
 
 	exited chan struct{} // closed when run returns; later tasks never run
+	// The eventfd's buffers, never written after newLoop but by the
+	// loop's reads into wakeSink: one on the stack escaped when built
+	// with -race, an allocation per wake-up.
+	wakeOne, wakeSink [8]byte
 }
 
 func newLoop(e *EventLoop) (*loop, error) {
@@ -242,7 +250,7 @@ func newLoop(e *EventLoop) (*loop, error) {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	l := &loop{e: e, epfd: epfd, wakefd: wfd,
-		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}, exited: make(chan struct{})}
+		conns: map[*tcpConn]struct{}{}, udp: map[*elUDPListener]struct{}{}, exited: make(chan struct{}), wakeOne: [8]byte{1}}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}); err != nil {
 		unix.Close(epfd)
 		unix.Close(wfd)
@@ -251,16 +259,27 @@ func newLoop(e *EventLoop) (*loop, error) {
 	return l, nil
 }
 
+// task is work posted to a loop.
+type task interface{ run() }
+
+// funcTask is a func posted as a task: a func value is one pointer, so
+// making it a task allocates nothing.
+type funcTask func()
+
+func (f funcTask) run() { f() }
+
 // post runs fn on the loop. It is safe from any goroutine and never blocks
 // on the loop.
-func (l *loop) post(fn func()) {
+func (l *loop) post(fn func()) { l.postTask(funcTask(fn)) }
+
+// postTask runs t on the loop, as post does.
+func (l *loop) postTask(t task) {
 	l.mu.Lock()
-	l.tasks = append(l.tasks, fn)
+	l.tasks = append(l.tasks, t)
 	first := len(l.tasks) == 1
 	l.mu.Unlock()
 	if first {
-		var one = [8]byte{1}
-		unix.Write(l.wakefd, one[:])
+		unix.Write(l.wakefd, l.wakeOne[:])
 	}
 }
 
@@ -283,8 +302,58 @@ func (l *loop) do(fn func()) bool {
 }
 
 // register adds fd edge-triggered for reads and writes.
-func (l *loop) register(fd int, h handler) error {
-	return l.registerFor(fd, h, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP)
+func (l *loop) register(fd int, h handler) error { return l.registerFor(fd, h, streamEvents) }
+
+// streamEvents are what a stream socket is registered for.
+const streamEvents = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP
+
+// registerReq is another goroutine's request that a loop register a
+// descriptor, which it waits for. They are reused (EventLoop.registerReqs)
+// so that opening listeners leaves no garbage among what they keep: a
+// do's closure, channel and boxed error per listener left the spans of
+// the sizes a port keeps half empty once collected (issue 16's memory
+// budget: heap dumps at 10k).
+type registerReq struct {
+	l      *loop
+	fd     int
+	h      handler
+	events uint32
+	err    error
+	done   chan struct{} // buffered: run never waits
+}
+
+func (r *registerReq) run() {
+	r.err = r.l.registerFor(r.fd, r.h, r.events)
+	r.done <- struct{}{}
+}
+
+// registerFrom registers fd on the loop for events, from another
+// goroutine, and waits; errStopped when the loop has stopped.
+func (l *loop) registerFrom(fd int, h handler, events uint32) error {
+	var r *registerReq
+	select {
+	case r = <-l.e.registerReqs:
+	default:
+		r = &registerReq{done: make(chan struct{}, 1)}
+	}
+	r.l, r.fd, r.h, r.events, r.err = l, fd, h, events, nil
+	l.postTask(r)
+	select {
+	case <-r.done:
+	case <-l.exited:
+		select {
+		case <-r.done:
+		default:
+			return errStopped // never run: r is not reused
+		}
+	}
+	err := r.err
+	r.l, r.h, r.err = nil, nil, nil
+	select {
+	case l.e.registerReqs <- r:
+	default:
+	}
+	return err
 }
 
 // registerReads adds fd edge-triggered for reads only: a datagram socket
@@ -429,8 +498,7 @@ func (l *loop) run() {
 			ev := events[i]
 			l.pending = events[i+1 : n]
 			if int(ev.Fd) == l.wakefd {
-				var b [8]byte
-				unix.Read(l.wakefd, b[:])
+				unix.Read(l.wakefd, l.wakeSink[:])
 				continue
 			}
 			if h := l.regs.get(int(ev.Fd)); h != nil { // nil: dropped (Fd -1) or not ours
@@ -459,20 +527,34 @@ func (l *loop) run() {
 	l.closeAll()
 }
 
+// runTasks runs the posted tasks, in turns until none is left. The
+// batches' room is reused, up to maxSpareTasks: a new slice per batch was
+// garbage of every listener opened (issue 16's memory budget; see
+// registerFrom).
 func (l *loop) runTasks() {
 	for {
 		l.mu.Lock()
 		tasks := l.tasks
-		l.tasks = nil
-		l.mu.Unlock()
 		if len(tasks) == 0 {
+			l.mu.Unlock()
 			return
 		}
-		for _, t := range tasks {
-			t()
+		l.tasks, l.spare = l.spare, nil // posts meanwhile go to the spare room
+		l.mu.Unlock()
+		for i, t := range tasks {
+			t.run()
+			tasks[i] = nil
+		}
+		if cap(tasks) <= maxSpareTasks {
+			l.mu.Lock()
+			l.spare = tasks[:0]
+			l.mu.Unlock()
 		}
 	}
 }
+
+// maxSpareTasks is the most room for tasks a loop keeps between batches.
+const maxSpareTasks = 256
 
 func (l *loop) closeAll() {
 	for c := range l.conns {
@@ -491,16 +573,6 @@ func toSockaddr(ap netip.AddrPort) (unix.Sockaddr, int) {
 		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}, unix.AF_INET
 	}
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}, unix.AF_INET6
-}
-
-func fromSockaddr(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
 }
 
 func bindSocket(typ int, addr netip.AddrPort) (int, error) {
@@ -536,12 +608,16 @@ func bindSocketOpts(typ int, addr netip.AddrPort, reusePort bool) (int, error) {
 	return fd, nil
 }
 
+// localAddr is the address fd is bound to (IPv4-mapped ones as IPv4),
+// asked with no allocation (x/sys/unix's Getsockname makes two).
 func localAddr(fd int) netip.AddrPort {
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
+	var raw unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	_, _, errno := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&raw)), uintptr(unsafe.Pointer(&n)))
+	if errno != 0 {
 		return netip.AddrPort{}
 	}
-	return fromSockaddr(sa)
+	return rawAddrPort(&raw)
 }
 
 var errStopped = errors.New("event loop stopped")
@@ -584,7 +660,11 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 	// A predecessor's sockets for this address (hitless restart) are all
 	// served, however many loops there are here: closing one of a
 	// reuseport group would drop the connections queued on it.
+	var one [1]int // the room for one socket, the usual case, on the stack
 	fds := socks.Take("tcp", addr)
+	if fds == nil {
+		fds = one[:0]
+	}
 	inherited := len(fds) > 0
 	for _, fd := range fds {
 		unix.SetNonblock(fd, true)
@@ -638,9 +718,7 @@ func (e *EventLoop) listenTCP(addr netip.AddrPort, t *Target) (Listener, error) 
 		l := e.loops[(first+i)%len(e.loops)]
 		ln.socks = append(ln.socks, elTCPSocket{ln: ln, l: l, fd: int32(fd)})
 		s := &ln.socks[i]
-		err := errStopped
-		l.do(func() { err = l.register(fd, s) })
-		if err != nil {
+		if err := l.registerFrom(fd, s, streamEvents); err != nil {
 			for _, fd := range fds[i:] {
 				unix.Close(fd)
 			}
