@@ -275,15 +275,16 @@ func (b *dgramBatch) sendGSO(fd, i, j, size int, name *rawSockaddr, oob []byte) 
 	}
 }
 
-// rawSockaddr is an IPv4 or IPv6 socket address in the kernel's layout,
-// made once per flow for its replies.
+// rawSockaddr is an IPv4 or IPv6 socket address in the kernel's layout:
+// made once per flow for its replies, and on the stack for a bind or a
+// connect (bindRaw, connectRaw).
 type rawSockaddr struct {
 	raw unix.RawSockaddrInet6 // room for either family
 	len uint32
 }
 
-// newRawSockaddr lays out ap as toSockaddr would make it: an IPv4 address
-// (mapped or not) as AF_INET, anything else as AF_INET6.
+// newRawSockaddr lays out ap for the kernel: an IPv4 address (mapped or
+// not) as AF_INET, anything else as AF_INET6.
 func newRawSockaddr(ap netip.AddrPort) rawSockaddr {
 	var r rawSockaddr
 	a := ap.Addr()
@@ -300,6 +301,29 @@ func newRawSockaddr(ap netip.AddrPort) rawSockaddr {
 	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&r.raw.Port))[:], ap.Port())
 	r.len = unix.SizeofSockaddrInet6
 	return r
+}
+
+// family is r's address family.
+func (r *rawSockaddr) family() int { return int(r.raw.Family) }
+
+// connectRaw is connect(2) to r, for a non-blocking socket, with no
+// allocation: unix.Connect takes a Sockaddr, one allocation per backend
+// connection or flow.
+func connectRaw(fd int, r *rawSockaddr) error {
+	_, _, errno := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&r.raw)), uintptr(r.len))
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// bindRaw is bind(2) to r, with no allocation.
+func bindRaw(fd int, r *rawSockaddr) error {
+	_, _, errno := unix.RawSyscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&r.raw)), uintptr(r.len))
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // data is datagram i of the last recv.

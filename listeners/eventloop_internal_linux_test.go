@@ -900,3 +900,46 @@ func TestEventLoopRegistersWithoutGarbage(t *testing.T) {
 		t.Fatalf("%.2f allocations per registration, want none", allocs)
 	}
 }
+
+// A backend connect names its address in the kernel's layout on the stack:
+// unix.Connect's Sockaddr was an allocation per connection and per UDP
+// flow. The address connected to is the one asked for, either family.
+func TestConnectRawAllocatesNothing(t *testing.T) {
+	for _, ep := range []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:9"), netip.MustParseAddrPort("[::1]:9"), netip.MustParseAddrPort("[::ffff:127.0.0.2]:10")} {
+		sa := newRawSockaddr(ep)
+		fd, err := unix.Socket(sa.family(), unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := connectRaw(fd, &sa); errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENETUNREACH) {
+			t.Logf("%s: %v (no IPv6 loopback here)", ep, err)
+			continue
+		} else if err != nil {
+			t.Fatalf("connect %s: %v", ep, err)
+		}
+		peer, err := unix.Getpeername(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got netip.AddrPort
+		switch p := peer.(type) {
+		case *unix.SockaddrInet4:
+			got = netip.AddrPortFrom(netip.AddrFrom4(p.Addr), uint16(p.Port))
+		case *unix.SockaddrInet6:
+			got = netip.AddrPortFrom(netip.AddrFrom16(p.Addr), uint16(p.Port))
+		}
+		if want := netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port()); got != want {
+			t.Errorf("connected to %s, want %s", got, want)
+		}
+		allocs := testing.AllocsPerRun(100, func() {
+			sa := newRawSockaddr(ep)
+			if err := connectRaw(fd, &sa); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %.1f allocations per connect, want none", ep, allocs)
+		}
+	}
+}

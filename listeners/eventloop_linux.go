@@ -567,14 +567,6 @@ func (l *loop) closeAll() {
 
 // sockaddr conversions.
 
-func toSockaddr(ap netip.AddrPort) (unix.Sockaddr, int) {
-	a := ap.Addr()
-	if a.Is4() || a.Is4In6() {
-		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}, unix.AF_INET
-	}
-	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}, unix.AF_INET6
-}
-
 func bindSocket(typ int, addr netip.AddrPort) (int, error) {
 	return bindSocketOpts(typ, addr, false)
 }
@@ -583,7 +575,8 @@ func bindSocket(typ int, addr netip.AddrPort) (int, error) {
 // loops each bind their own socket to the same address (SO_REUSEPORT: the
 // kernel spreads new connections across them by their 4-tuple).
 func bindSocketOpts(typ int, addr netip.AddrPort, reusePort bool) (int, error) {
-	sa, family := toSockaddr(addr)
+	sa := newRawSockaddr(addr)
+	family := sa.family()
 	fd, err := unix.Socket(family, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -601,7 +594,7 @@ func bindSocketOpts(typ int, addr netip.AddrPort, reusePort bool) (int, error) {
 	if family == unix.AF_INET6 {
 		unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
 	}
-	if err := unix.Bind(fd, sa); err != nil {
+	if err := bindRaw(fd, &sa); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("bind %s: %w", addr, err)
 	}
@@ -1025,15 +1018,15 @@ func (c *tcpConn) tryNext() {
 			c.abort()
 			return
 		}
-		sa, family := toSockaddr(ep)
-		fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		sa := newRawSockaddr(ep)
+		fd, err := unix.Socket(sa.family(), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			c.t.counters().Refused()
 			c.abort()
 			return
 		}
 		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		err = unix.Connect(fd, sa)
+		err = connectRaw(fd, &sa)
 		if err != nil && err != unix.EINPROGRESS {
 			unix.Close(fd)
 			c.failed(ep)

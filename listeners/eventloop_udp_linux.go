@@ -195,19 +195,19 @@ func (ln *elUDPListener) flow(client netip.AddrPort, oob []byte) *udpFlow {
 		ctr.Refused()
 		return nil
 	}
-	epsa, family := toSockaddr(ep)
+	epsa := newRawSockaddr(ep)
 	fds := ln.e.fds
 	if !fds.take(1) {
 		ctr.Refused() // out of descriptors: the datagram is dropped
 		return nil
 	}
-	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(epsa.family(), unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		fds.give(1)
 		ctr.Refused()
 		return nil
 	}
-	if err := unix.Connect(fd, epsa); err != nil {
+	if err := connectRaw(fd, &epsa); err != nil {
 		unix.Close(fd)
 		fds.give(1)
 		ln.t.Picker.Failed(client.Addr(), ep)
