@@ -171,3 +171,29 @@ func TestSocketsAtTheirOwnAddressAreHeldByDescriptor(t *testing.T) {
 		t.Fatalf("offered %d sockets, want %d:\n got %v\nwant %v", len(got), len(want), got[:3], want[:3])
 	}
 }
+
+// An SCTP socket is held at the address it was given, never asked of the
+// kernel: SCTP's own name for a socket is not always the one a successor
+// asks for (TestUserspaceSCTPInVM's hand-over lost its NodePorts). A UDP
+// socket stands in for it here, where the kernel has no SCTP.
+func TestSCTPSocketsAreHeldAsGiven(t *testing.T) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	addr := boundAddr(fd)
+	var b Broker
+	b.Hold("sctp", addr, fd)
+	if fd < len(b.bound) && b.bound[fd] != 0 {
+		t.Fatal("an SCTP socket is held by its descriptor alone")
+	}
+	var got []socket
+	b.eachHeld(func(s socket) error { got = append(got, s); return nil })
+	if want := []socket{{key{"sctp", addr}, fd}}; !slices.Equal(got, want) {
+		t.Fatalf("offered %v, want %v", got, want)
+	}
+}
