@@ -41,9 +41,9 @@ type Broker struct {
 	heldOther map[int32]key // the keys heldKey cannot name
 }
 
-// networks are the networks bound and heldKey name, by their number less
-// one.
-var networks = [...]string{"tcp", "udp", "sctp"}
+// networkName is the network that bound and heldKey number i (less one
+// in bound).
+func networkName(i uint8) string { return [...]string{"tcp", "udp", "sctp"}[i] }
 
 // heldKey is a key as held: a process with a listener per service port
 // holds tens of thousands, and a key with its network's name and a
@@ -80,7 +80,7 @@ func (h heldKey) key() key {
 	if h.is4 {
 		a = a.Unmap()
 	}
-	return key{networks[h.network], netip.AddrPortFrom(a, h.port)}
+	return key{networkName(h.network), netip.AddrPortFrom(a, h.port)}
 }
 
 // Take returns the inherited sockets listening on network/addr (several
@@ -198,7 +198,7 @@ func (b *Broker) eachHeld(fn func(socket) error) error {
 		if n == 0 {
 			continue
 		}
-		if err := fn(socket{key{networks[n-1], boundAddr(fd)}, fd}); err != nil {
+		if err := fn(socket{key{networkName(n - 1), boundAddr(fd)}, fd}); err != nil {
 			return err
 		}
 	}

@@ -810,7 +810,10 @@ func (s *elTCPSocket) event(uint32) {
 			s.pause()
 			return
 		}
-		t := s.ln.t.resolved(nfd, s.ln.v6())
+		t := s.ln.t
+		if t.resolver() != nil { // a capture listener's: its family is asked only then
+			t = t.resolved(nfd, s.ln.v6())
+		}
 		if t == nil {
 			resetClose(nfd)
 			fds.give(2)
