@@ -106,10 +106,12 @@ func (b *Broker) Hold(network string, addr netip.AddrPort, fd int) {
 		return
 	}
 	h, ok := hold(key{network, addr})
-	// Asked before the lock: one getsockname per listening socket. Not for
-	// SCTP, whose own name for a socket is not always the one a successor
-	// asks for: TestUserspaceSCTPInVM's hand-over lost its NodePorts.
-	own := ok && network != "sctp" && fd >= 0 && addr.Port() != 0 && boundAddr(fd) == addr
+	// Asked before the lock: one getsockname per listening socket. Only
+	// for TCP and UDP, whose listening socket's name is what it was bound
+	// to for its life; an SCTP socket's was not the one a successor asks
+	// for at hand-over (TestUserspaceSCTPInVM lost its NodePorts; an
+	// association's own address, most likely).
+	own := ok && (network == "tcp" || network == "udp") && fd >= 0 && addr.Port() != 0 && boundAddr(fd) == addr
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.forget(fd)

@@ -133,14 +133,7 @@ func TestSocketsAtTheirOwnAddressAreHeldByDescriptor(t *testing.T) {
 	const n = 1000
 	var want []socket
 	for range n {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-			t.Fatal(err)
-		}
+		fd := boundUDP(t)
 		want = append(want, socket{key{"udp", boundAddr(fd)}, fd})
 	}
 	if !want[0].addr.IsValid() || want[0].addr.Port() == 0 {
@@ -168,7 +161,7 @@ func TestSocketsAtTheirOwnAddressAreHeldByDescriptor(t *testing.T) {
 	b.eachHeld(func(s socket) error { got = append(got, s); return nil })
 	slices.SortFunc(got, func(a, b socket) int { return a.fd - b.fd })
 	if !slices.Equal(got, want) {
-		t.Fatalf("offered %d sockets, want %d:\n got %v\nwant %v", len(got), len(want), got[:3], want[:3])
+		t.Fatalf("offered %d sockets, want %d:\n got %v\nwant %v", len(got), len(want), got[:min(3, len(got))], want[:3])
 	}
 }
 
@@ -177,14 +170,7 @@ func TestSocketsAtTheirOwnAddressAreHeldByDescriptor(t *testing.T) {
 // asks for (TestUserspaceSCTPInVM's hand-over lost its NodePorts). A UDP
 // socket stands in for it here, where the kernel has no SCTP.
 func TestSCTPSocketsAreHeldAsGiven(t *testing.T) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
+	fd := boundUDP(t)
 	addr := boundAddr(fd)
 	var b Broker
 	b.Hold("sctp", addr, fd)
@@ -196,4 +182,19 @@ func TestSCTPSocketsAreHeldAsGiven(t *testing.T) {
 	if want := []socket{{key{"sctp", addr}, fd}}; !slices.Equal(got, want) {
 		t.Fatalf("offered %v, want %v", got, want)
 	}
+}
+
+// boundUDP is a UDP socket bound to a port of 127.0.0.1, closed when the
+// test ends.
+func boundUDP(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return fd
 }
