@@ -78,7 +78,8 @@ func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
 func TestMetricsEndpointAndPortCounters(t *testing.T) {
 	m := NewMetrics()
 	e := &Endpoints{Health: NewHealth(time.Minute, nil), Metrics: m, ProxyMode: "userspace", Dump: func() any { return map[string]int{"x": 1} }}
-	pc := m.PortCounters(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
+	ports := newPortSet(m)
+	pc := ports.get(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
 	pc.Opened()
 	pc.ConnectFailed()
 	pc.Connected(3*time.Millisecond, 2)
@@ -102,9 +103,9 @@ func TestMetricsEndpointAndPortCounters(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	pc.Forget(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
+	ports.forget(lb.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP})
 	if _, body, _ := get(t, h, "/metrics"); strings.Contains(body, "demo/web:http") {
-		t.Error("series of a forgotten service port remain")
+		t.Error("series of a service port no longer listed remain")
 	}
 	if _, body, _ := get(t, h, "/proxyMode"); body != "userspace" {
 		t.Errorf("/proxyMode = %q", body)
@@ -240,8 +241,9 @@ func TestKernelModeMetricsPerFamily(t *testing.T) {
 // and the per-port ones; without gzip, plain text.
 func TestMetricsScrapeParses(t *testing.T) {
 	m := NewMetrics()
+	ports := newPortSet(m)
 	for _, n := range []lb.ServicePortName{{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP}, {Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP}} {
-		pc := m.PortCounters(n)
+		pc := ports.get(n)
 		pc.Opened()
 		pc.Connected(2*time.Millisecond, 1)
 	}

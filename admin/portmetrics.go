@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bufio"
+	"bytes"
 	"math"
 	"slices"
 	"sort"
@@ -30,18 +31,25 @@ import (
 //     of garbage (2 million allocations) per scrape
 //     (BenchmarkScrapeAt10k), for 25 MB of text.
 type portMetrics struct {
-	families []portFamily      // sorted by name, as a registry gathers them
-	escape   *strings.Replacer // label values
-	buckets  []float64         // the latency histogram's upper bounds
-	le       []string          // their le label values, formatted once
+	families []portFamily // sorted by name, as a registry gathers them
+	buckets  []float64    // the latency histogram's upper bounds
+	le       []string     // their le label values, formatted once
 
 	mu sync.Mutex
-	// ports are keyed by their series' labels, which name the port: a
-	// ServicePortName key was 48 bytes more per port, and each
-	// PortCounters held its name, then its labels, besides (issue 16's
-	// memory budget).
-	ports map[string]*PortCounters
+	// series lists the ports' counters with their names at scrape time
+	// (SetPortSeries): the listeners' server, which keeps each port's
+	// counters with the port. No map of its own: one keyed by the
+	// series' labels, with the labels, held 89 bytes per port beside the
+	// counters (issue 16's memory budget).
+	series PortSeries
+	// lastPorts and lastLabels are the last scrape's port count and
+	// labels' length, the next one's first guess of its room.
+	lastPorts, lastLabels int
 }
+
+// PortSeries calls yield once with each service port's name and counters,
+// every name once.
+type PortSeries func(yield func(lb.ServicePortName, *PortCounters))
 
 // portFamily is one metric family of the per-port metrics.
 type portFamily struct {
@@ -81,49 +89,46 @@ func newPortMetrics() *portMetrics {
 		{famLatency, "sluice_connect_latency_seconds", "Time from accepting a connection to reaching an endpoint, retries included.", "histogram"},
 	}
 	slices.SortFunc(families, func(a, b portFamily) int { return strings.Compare(a.name, b.name) })
-	return &portMetrics{
-		families: families,
-		escape:   strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`),
-		buckets:  buckets,
-		le:       le,
-		ports:    map[string]*PortCounters{},
-	}
+	return &portMetrics{families: families, buckets: buckets, le: le}
 }
 
-// counters returns name's counters, made on first use: a port whose
-// frontend changes keeps its series, as a labelled child did.
-func (p *portMetrics) counters(name lb.ServicePortName) *PortCounters {
-	labels := p.labelsOf(name)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.ports[labels]
-	if c == nil {
-		c = &PortCounters{p: p}
-		p.ports[labels] = c
+// appendLabels appends a port's series' labels as the text format writes
+// them: protocol="TCP",service="namespace/name:port".
+func appendLabels(b []byte, n lb.ServicePortName) []byte {
+	b = append(b, `protocol="`...)
+	b = appendLabelValue(b, string(n.Protocol))
+	b = append(b, `",service="`...)
+	b = appendLabelValue(b, n.Namespace)
+	b = append(b, '/')
+	b = appendLabelValue(b, n.Name)
+	if n.Port != "" {
+		b = append(b, ':')
+		b = appendLabelValue(b, n.Port)
 	}
-	return c
+	return append(b, '"')
 }
 
-// labelsOf is a port's series' labels as the text format writes them.
-func (p *portMetrics) labelsOf(name lb.ServicePortName) string {
-	return "protocol=" + p.labelValue(string(name.Protocol)) + ",service=" + p.labelValue(name.String())
-}
-
-// labelValue is a label value quoted as the text format wants it.
-func (p *portMetrics) labelValue(v string) string { return `"` + p.escape.Replace(v) + `"` }
-
-func (p *portMetrics) forget(name lb.ServicePortName, c *PortCounters) {
-	labels := p.labelsOf(name)
-	p.mu.Lock()
-	if p.ports[labels] == c {
-		delete(p.ports, labels)
+// appendLabelValue appends v escaped as the text format escapes a label
+// value: backslash, newline and double quote.
+func appendLabelValue(b []byte, v string) []byte {
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '\\':
+			b = append(b, `\\`...)
+		case '\n':
+			b = append(b, `\n`...)
+		case '"':
+			b = append(b, `\"`...)
+		default:
+			b = append(b, c)
+		}
 	}
-	p.mu.Unlock()
+	return b
 }
 
 // labelled is a port's counters with their series' labels.
 type labelled struct {
-	labels string
+	labels []byte
 	*PortCounters
 }
 
@@ -133,23 +138,35 @@ type labelled struct {
 // formatted as expfmt formats them.
 func (p *portMetrics) writeText(w *bufio.Writer) {
 	p.mu.Lock()
-	ports := make([]labelled, 0, len(p.ports))
-	for labels, c := range p.ports {
-		ports = append(ports, labelled{labels, c})
+	series := p.series
+	// The labels of every port in one buffer, which each port's slice of
+	// it keeps if it grows: not an allocation a port.
+	ports := make([]labelled, 0, p.lastPorts+p.lastPorts/8)
+	all := make([]byte, 0, p.lastLabels+p.lastLabels/8)
+	p.mu.Unlock()
+	if series == nil {
+		return
 	}
+	series(func(n lb.ServicePortName, c *PortCounters) {
+		start := len(all)
+		all = appendLabels(all, n)
+		ports = append(ports, labelled{all[start:len(all):len(all)], c})
+	})
+	p.mu.Lock()
+	p.lastPorts, p.lastLabels = len(ports), len(all)
 	p.mu.Unlock()
 	if len(ports) == 0 {
 		return
 	}
-	slices.SortFunc(ports, func(a, b labelled) int { return strings.Compare(a.labels, b.labels) })
+	slices.SortFunc(ports, func(a, b labelled) int { return bytes.Compare(a.labels, b.labels) })
 	var num []byte
 	// sample writes one line: name+suffix{pre labels[,le="le"]} v
-	sample := func(name, suffix, pre, labels, le string, v float64) {
+	sample := func(name, suffix, pre string, labels []byte, le string, v float64) {
 		w.WriteString(name)
 		w.WriteString(suffix)
 		w.WriteByte('{')
 		w.WriteString(pre)
-		w.WriteString(labels)
+		w.Write(labels)
 		if le != "" {
 			w.WriteString(`,le="`)
 			w.WriteString(le)
@@ -237,8 +254,9 @@ func appendValue(b []byte, v float64) []byte {
 // the data path adds to, read by portMetrics at scrape time. Its methods
 // match listeners.Counters.
 //
-// Its series' labels are its key in portMetrics.ports, not kept in it: 80
-// bytes a port, where they made it 96 (TestPortCountersSize).
+// It keeps no name or labels: whoever keeps it with its port lists it
+// with the port's name (PortSeries). 80 bytes a port
+// (TestPortCountersSize).
 type PortCounters struct {
 	p *portMetrics
 
@@ -251,9 +269,17 @@ type PortCounters struct {
 	latencyNanos atomic.Uint64
 }
 
-// PortCounters returns the data-path counters of one service port; the
-// same ones for the same port until Forget.
-func (m *Metrics) PortCounters(name lb.ServicePortName) *PortCounters { return m.ports.counters(name) }
+// NewPortCounters returns new data-path counters for one service port.
+// They are exported while the PortSeries given to SetPortSeries lists them.
+func (m *Metrics) NewPortCounters() *PortCounters { return &PortCounters{p: m.ports} }
+
+// SetPortSeries sets what lists the service ports' counters at scrape
+// time (nil: none).
+func (m *Metrics) SetPortSeries(s PortSeries) {
+	m.ports.mu.Lock()
+	m.ports.series = s
+	m.ports.mu.Unlock()
+}
 
 // Opened counts a connection or flow.
 func (c *PortCounters) Opened() { c.connections.Add(1); c.active.Add(1) }
@@ -288,8 +314,3 @@ func (c *PortCounters) Closed(up, down uint64) {
 	c.up.Add(up)
 	c.down.Add(down)
 }
-
-// Forget deletes the series of name, the port these counters were made
-// for, once the service port is gone, so that churn does not grow the
-// metrics without bound.
-func (c *PortCounters) Forget(name lb.ServicePortName) { c.p.forget(name, c) }

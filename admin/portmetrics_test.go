@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -131,16 +132,18 @@ func exposition(t *testing.T, text string) string {
 // latency on a bucket's bound lands in that bucket as Prometheus puts it.
 func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 	m, ref := NewMetrics(), newChildPorts()
+	ports := newPortSet(m)
 	names := []lb.ServicePortName{
 		{Namespace: "demo", Name: "web", Port: "http", Protocol: lb.TCP},
 		{Namespace: "demo", Name: "dns", Port: "dns", Protocol: lb.UDP},
 		{Namespace: "kube-system", Name: "api", Protocol: lb.TCP},
+		{Namespace: `odd\ns`, Name: "a\"b", Port: "new\nline", Protocol: lb.TCP}, // escaped
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	bounds := prometheus.ExponentialBuckets(0.00005, 2, 18)
 	for step := 0; step < 3000; step++ {
 		n := names[rng.IntN(len(names))]
-		pc, l := m.PortCounters(n), ref.labels(n)
+		pc, l := ports.get(n), ref.labels(n)
 		switch rng.IntN(8) {
 		case 0:
 			pc.Opened()
@@ -176,12 +179,12 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 			ref.refused.WithLabelValues(l...).Inc()
 		case 5:
 			if rng.IntN(20) == 0 {
-				pc.Forget(n)
+				ports.forget(n)
 				ref.forget(n)
 			}
 		default:
-			if m.PortCounters(n) != pc {
-				t.Fatal("a second PortCounters call for the same port gave other counters")
+			if ports.get(n) != pc {
+				t.Fatal("a second get for the same port gave other counters")
 			}
 		}
 		if step%250 == 0 || step == 2999 {
@@ -189,10 +192,7 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 			// last forget; make the collector's set the same by touching
 			// the reference's children for every port the collector has.
 			for _, n := range names {
-				m.ports.mu.Lock()
-				_, has := m.ports.ports[m.ports.labelsOf(n)]
-				m.ports.mu.Unlock()
-				if has {
+				if _, has := ports.m[n]; has {
 					ref.touch(n)
 				}
 			}
@@ -200,6 +200,46 @@ func TestPortMetricsExpositionMatchesLabelledChildren(t *testing.T) {
 				t.Fatalf("step %d: exposition differs\n--- written\n%s\n--- children\n%s", step, got, want)
 			}
 		}
+	}
+}
+
+// portSet keeps ports' counters by name and lists them to the metrics,
+// as the listeners' server does.
+type portSet struct {
+	mu sync.Mutex
+	mk func() *PortCounters
+	m  map[lb.ServicePortName]*PortCounters
+}
+
+func newPortSet(m *Metrics) *portSet {
+	s := &portSet{mk: m.NewPortCounters, m: map[lb.ServicePortName]*PortCounters{}}
+	m.SetPortSeries(s.each)
+	return s
+}
+
+// get is n's counters, made on first use.
+func (s *portSet) get(n lb.ServicePortName) *PortCounters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.m[n]
+	if c == nil {
+		c = s.mk()
+		s.m[n] = c
+	}
+	return c
+}
+
+func (s *portSet) forget(n lb.ServicePortName) {
+	s.mu.Lock()
+	delete(s.m, n)
+	s.mu.Unlock()
+}
+
+func (s *portSet) each(yield func(lb.ServicePortName, *PortCounters)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for n, c := range s.m {
+		yield(n, c)
 	}
 }
 
@@ -229,8 +269,8 @@ func TestPortCountersAreSmall(t *testing.T) {
 	}
 	var before, after runtimeMem
 	before.read()
-	for _, n := range names {
-		m.PortCounters(n)
+	for range names {
+		m.NewPortCounters()
 	}
 	after.read()
 	if per := (after.bytes - before.bytes) / ports; per > 1024 {
@@ -238,9 +278,8 @@ func TestPortCountersAreSmall(t *testing.T) {
 	}
 }
 
-// A port's counters stay in the 80-byte size class: their labels are
-// their key in the metrics' map, not kept in them as well (issue 16's
-// memory budget).
+// A port's counters stay in the 80-byte size class: they keep no name
+// or labels, which their lister gives (issue 16's memory budget).
 func TestPortCountersSize(t *testing.T) {
 	if n := unsafe.Sizeof(PortCounters{}); n > 80 {
 		t.Fatalf("PortCounters is %d bytes, want at most 80", n)
@@ -263,8 +302,9 @@ func (r *runtimeMem) read() {
 // go test -bench ScrapeAt10k ./admin
 func BenchmarkScrapeAt10k(b *testing.B) {
 	m := NewMetrics()
+	ports := newPortSet(m)
 	for i := range 10000 {
-		pc := m.PortCounters(lb.ServicePortName{Namespace: "bench", Name: "s" + strconv.Itoa(i), Port: "http", Protocol: lb.TCP})
+		pc := ports.get(lb.ServicePortName{Namespace: "bench", Name: "s" + strconv.Itoa(i), Port: "http", Protocol: lb.TCP})
 		pc.Opened()
 		pc.Connected(time.Millisecond, 1)
 		pc.Closed(100, 200)

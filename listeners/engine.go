@@ -34,13 +34,6 @@ type Counters interface {
 	Closed(up, down uint64)
 }
 
-// RemovableCounters are Counters whose series go when their port does:
-// the Server calls Forget with the port's name when it removes the port.
-type RemovableCounters interface {
-	Counters
-	Forget(lb.ServicePortName)
-}
-
 type noCounters struct{}
 
 func (noCounters) Opened()                      {}

@@ -90,7 +90,8 @@ type Server struct {
 	Ejection      lb.EjectionPolicy
 	UDPTimeout    time.Duration
 	Clock         affinity.Clock
-	// Counters returns the counters of a service port; nil means none.
+	// Counters returns new counters for a service port (nil: none). A port
+	// keeps them until it is removed; EachCounters lists them.
 	Counters func(lb.ServicePortName) Counters
 	Log      *slog.Logger
 
@@ -474,10 +475,7 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 	delta = delta && slices.Equal(nodeAddrs, s.appliedNodeAddrs)
 	remove := func(name lb.ServicePortName, p *servedPort) {
 		s.closePort(p)
-		s.dropPort(name)
-		if f, ok := p.target.Counters.(RemovableCounters); ok {
-			f.Forget(name) // its metric series go with it
-		}
+		s.dropPort(name) // its counters' series go with it (EachCounters)
 		lines.port("service port removed", name)
 	}
 	// The very same port as last time (the sources reuse unchanged ones)
@@ -543,8 +541,12 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		} else {
 			picker = s.newPicker(sp.Name)
 		}
+		// A port keeps its counters across a frontend change, as a
+		// labelled metric kept its series.
 		var ctr Counters
-		if s.Counters != nil {
+		if p != nil && p.target.Counters != nil {
+			ctr = p.target.Counters
+		} else if s.Counters != nil {
 			ctr = s.Counters(sp.Name)
 		}
 		np := newServedPort(sp, &nodeAddrs, &Target{Picker: picker, Retry: s.retryPolicy(), UDPTimeout: s.UDPTimeout, Counters: ctr})
@@ -567,6 +569,20 @@ func (s *Server) Apply(snap *lb.Snapshot) error {
 		s.SCTPSkipped(n)
 	}
 	return errors.Join(errs...)
+}
+
+// EachCounters calls yield with each service port's name and counters,
+// those of the ports the last Apply kept (a port without counters is
+// left out). It holds the server's lock throughout, so yield must be
+// quick and must not call back into the server.
+func (s *Server) EachCounters(yield func(lb.ServicePortName, Counters)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, p := range s.ports.All() {
+		if p.target.Counters != nil {
+			yield(name, p.target.Counters)
+		}
+	}
 }
 
 // setPort puts p in ports under its name; s.mu held.

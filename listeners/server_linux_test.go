@@ -865,38 +865,49 @@ func TestEnginesHandOverWildcardListeners(t *testing.T) {
 	}
 }
 
-// forgettable counts nothing and records the ports whose series the
-// server drops.
-type forgettable struct {
+// namedCounters count nothing and know the port they were made for.
+type namedCounters struct {
 	noCounters
-	name      lb.ServicePortName
-	forgotten *[]lb.ServicePortName
+	name lb.ServicePortName
 }
 
-func (f forgettable) Forget(n lb.ServicePortName) {
-	if n != f.name {
-		panic(fmt.Sprintf("counters of %s told to forget %s", f.name, n))
-	}
-	*f.forgotten = append(*f.forgotten, n)
-}
-
-// A removed service port's counters are told to forget its series, with
-// its name; a kept port's are not.
-func TestServerForgetsTheCountersOfARemovedPort(t *testing.T) {
-	var forgotten []lb.ServicePortName
+// EachCounters lists every served port's counters, made once for that
+// port: kept across a frontend change, gone with a removed port.
+func TestServerListsEachPortsCountersWhileItIsServed(t *testing.T) {
+	made := 0
 	srv := &Server{Engine: NewGoroutine(Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
-		Counters: func(n lb.ServicePortName) Counters { return forgettable{name: n, forgotten: &forgotten} }}
+		Counters: func(n lb.ServicePortName) Counters { made++; return &namedCounters{name: n} }}
 	defer srv.Close()
+	listed := func() map[lb.ServicePortName]Counters {
+		out := map[lb.ServicePortName]Counters{}
+		srv.EachCounters(func(n lb.ServicePortName, c Counters) {
+			if _, dup := out[n]; dup {
+				t.Fatalf("%s listed twice", n)
+			}
+			if c.(*namedCounters).name != n {
+				t.Fatalf("%s listed with the counters of %s", n, c.(*namedCounters).name)
+			}
+			out[n] = c
+		})
+		return out
+	}
 	web := webPort(freePort(t), netip.MustParseAddrPort("127.0.0.1:1"))
 	other := webPort(freePort(t), netip.MustParseAddrPort("127.0.0.1:1"))
 	other.Name.Name = "other"
 	if err := srv.Apply(snapshotOf(web, other)); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Apply(snapshotOf(web)); err != nil {
+	first := listed()
+	if len(first) != 2 || made != 2 {
+		t.Fatalf("listed %v after %d made, want both ports' counters", first, made)
+	}
+	moved := *web
+	moved.NodePort = uint16(freePort(t)) // a frontend change: the port is opened again
+	if err := srv.Apply(snapshotOf(&moved)); err != nil {
 		t.Fatal(err)
 	}
-	if len(forgotten) != 1 || forgotten[0] != other.Name {
-		t.Fatalf("forgotten %v, want [%s]", forgotten, other.Name)
+	second := listed()
+	if len(second) != 1 || second[web.Name] != first[web.Name] || made != 2 {
+		t.Fatalf("listed %v after %d made, want only %s's first counters", second, made, web.Name)
 	}
 }

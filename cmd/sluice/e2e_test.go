@@ -362,6 +362,13 @@ func endToEnd(t *testing.T, engine string) {
 	if !regexp.MustCompile(`sluice_rejected_updates_total\{object="Service e2e/web",source="manifests"\} [1-9]`).MatchString(m) {
 		t.Fatalf("rejected update not counted:\n%s", m)
 	}
+	// Each service port's data-path series, listed with the port.
+	for _, series := range []string{`sluice_connections_total{protocol="TCP",service="e2e/web:http"}`,
+		`sluice_connections_total{protocol="UDP",service="e2e/web:dns"}`} {
+		if !regexp.MustCompile(regexp.QuoteMeta(series) + ` [1-9]`).MatchString(m) {
+			t.Fatalf("no %s counted in the metrics:\n%s", series, m)
+		}
+	}
 
 	// SIGTERM: stop accepting, drain the open connection, exit 0. The
 	// connection is proven to be through the proxy (one keep-alive request)

@@ -64,9 +64,19 @@ func main() {
 // errHandedOver ends a sluice whose successor serves (hitless restart).
 var errHandedOver = errors.New("handed over to a successor")
 
-// The data path's counters are the metrics' own, and a removed port's
-// series go with it.
-var _ listeners.RemovableCounters = (*admin.PortCounters)(nil)
+// servedCounters wires the data path's counters to the metrics: the
+// metrics make each port's, srv keeps them with the port and lists them
+// at scrape time, and a removed port's series go with it.
+func servedCounters(srv *listeners.Server, m *admin.Metrics) {
+	srv.Counters = func(lb.ServicePortName) listeners.Counters { return m.NewPortCounters() }
+	m.SetPortSeries(func(yield func(lb.ServicePortName, *admin.PortCounters)) {
+		srv.EachCounters(func(n lb.ServicePortName, c listeners.Counters) {
+			if pc, ok := c.(*admin.PortCounters); ok {
+				yield(n, pc)
+			}
+		})
+	})
+}
 
 // stopSignal is the cause of the run's end when a signal asked for it.
 type stopSignal struct{ os.Signal }
@@ -374,9 +384,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			Ejection:   lb.EjectionPolicy{Failures: cfg.EjectAfter, Backoff: cfg.EjectBackoff, MaxBackoff: cfg.EjectMaxBackoff},
 			UDPTimeout: cfg.UDPTimeout,
 			Clock:      affinity.SystemClock{},
-			Counters:   func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 			Log:        log,
 		}
+		servedCounters(srv, metrics)
 		srv.SCTPSkipped = metrics.SCTPSkipped
 		var sctpEngine *listeners.SCTP
 		if err := listeners.SCTPSupported(); err != nil {

@@ -34,9 +34,9 @@ func BenchmarkPublishOneChangeAt10k(b *testing.B) {
 	// Wired as run wires them: node addresses (with the address watch), the SCTP count (no SCTP
 	// listener, as on a kernel without SCTP) and the health check ports.
 	srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
-		Counters:      func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) },
 		NodePortAddrs: func() []netip.Addr { return selectNodePortAddrs(nil, local.list()) },
 		SCTPSkipped:   metrics.SCTPSkipped, SCTPWhy: "benchmark"}
+	servedCounters(srv, metrics)
 	defer srv.Close()
 	svcHealth := &admin.ServiceHealth{Addrs: func() []netip.Addr { return selectNodePortAddrs(nil, local.list()) }}
 	defer svcHealth.Close()
@@ -95,7 +95,8 @@ func BenchmarkFirstPublishAt10k(b *testing.B) {
 				log := slog.New(slog.DiscardHandler)
 				health := admin.NewHealth(time.Minute, nil)
 				srv := &listeners.Server{Engine: engine, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
-					ProxyPorts: c.ports(), Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }}
+					ProxyPorts: c.ports()}
+				servedCounters(srv, metrics)
 				a := &applier{plane: userspacePlane{Server: srv, capture: noCapture{}, metrics: metrics, health: health, log: log},
 					local: &localAddrs{}, health: health, metrics: metrics, log: log, first: make(chan struct{})}
 				b.StartTimer()
@@ -243,7 +244,8 @@ func BenchmarkHeldBytesPerPortWithCapture(b *testing.B) {
 		metrics := admin.NewMetrics()
 		srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
 			Ejection: lb.DefaultEjectionPolicy(), ProxyPorts: listeners.NewPortAllocator(0, 0), CaptureExternal: true,
-			Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }, Log: slog.New(slog.DiscardHandler)}
+			Log: slog.New(slog.DiscardHandler)}
+		servedCounters(srv, metrics)
 		if err := srv.OpenCapture(); err != nil {
 			b.Fatal(err)
 		}
@@ -269,7 +271,8 @@ func BenchmarkHeldBytesPerPortWithListeners(b *testing.B) {
 		metrics := admin.NewMetrics()
 		srv := &listeners.Server{Engine: engine, BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(),
 			Ejection: lb.DefaultEjectionPolicy(), ProxyPorts: listeners.NewPortAllocator(0, 0),
-			Counters: func(n lb.ServicePortName) listeners.Counters { return metrics.PortCounters(n) }, Log: slog.New(slog.DiscardHandler)}
+			Log: slog.New(slog.DiscardHandler)}
+		servedCounters(srv, metrics)
 		perPort = heldPerPort(b, srv, all)
 		srv.Close()
 		engine.Shutdown(context.Background())
