@@ -114,7 +114,13 @@ type Server struct {
 	// The ID and node addresses of the snapshot applied last (for deltas).
 	appliedID        uint64
 	appliedNodeAddrs []netip.Addr
-	unserved         int // frontends in the ports' failed lists
+	unserved         int // frontends in the failed lists
+	// failed are, per port, the frontends whose listener could not be
+	// opened (a port busy with another process, an address not yet
+	// assigned); RetryFailed tries them again. Kept here, not in each
+	// port's ownFrontends: few ports have any, and the list's room made
+	// every port's 64 bytes where it is 32 (issue 16's memory budget).
+	failed map[*servedPort][]failedFrontend
 	// frontendsVersion counts the changes to the open frontends: a
 	// listener opened or closed (FrontendsVersion).
 	frontendsVersion uint64
@@ -232,10 +238,6 @@ type ownFrontends struct {
 	// shared by that Apply's ports (a slice each made this 80 bytes, not
 	// 64: issue 16's memory budget).
 	nodeAddrs *[]netip.Addr
-	// failed are the frontends whose listener could not be opened (a port
-	// busy with another process, an address not yet assigned); RetryFailed
-	// tries them again.
-	failed []failedFrontend
 }
 
 // openFrontend is one listener of a port's own with its frontend, less
@@ -646,8 +648,10 @@ func (s *Server) openPort(p *servedPort) []error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s %s): listen on %s: %w", sp.Name, sp.Name.Protocol, fe.Role, fe.Addr, err))
 			if fe.Role != RoleProxyPort && fe.Role != RoleExternalProxyPort { // those move to another port of the range
-				own := p.mine()
-				own.failed = append(own.failed, failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
+				if s.failed == nil {
+					s.failed = map[*servedPort][]failedFrontend{}
+				}
+				s.failed[p] = append(s.failed[p], failedFrontend{fe: fe, t: t, next: s.now().Add(retryFirst), backoff: retryFirst})
 				s.unserved++
 			}
 			return false
@@ -765,14 +769,10 @@ func (s *Server) RetryFailed() (int, error) {
 	now := s.now()
 	var errs []error
 	left := 0
-	for p := range s.ports.Values() {
-		if p.own == nil {
-			continue
-		}
-		own := p.own
-		before := len(own.failed)
-		kept := own.failed[:0]
-		for _, f := range own.failed {
+	for p, failed := range s.failed {
+		before := len(failed)
+		kept := failed[:0]
+		for _, f := range failed {
 			if now.Before(f.next) {
 				kept = append(kept, f)
 				continue
@@ -787,11 +787,16 @@ func (s *Server) RetryFailed() (int, error) {
 			}
 			fe := f.fe
 			fe.Addr = netip.AddrPortFrom(fe.Addr.Addr(), ln.Addr().Port()) // as openPort
+			own := p.mine()
 			own.open = append(own.open, newOpenFrontend(fe, ln))
 			s.frontendsVersion++
 			s.log().Info("listener opened on retry", "service", p.sp.Name.String(), "protocol", p.sp.Name.Protocol, "role", fe.Role, "addr", fe.Addr.String())
 		}
-		own.failed = kept
+		if len(kept) == 0 {
+			delete(s.failed, p)
+		} else {
+			s.failed[p] = kept
+		}
 		s.unserved += len(kept) - before
 		left += len(kept)
 	}
@@ -814,8 +819,9 @@ func (s *Server) closePort(p *servedPort) {
 				s.ProxyPorts.Release(int(o.proxyPort))
 			}
 		}
-		s.unserved -= len(own.failed)
 	}
+	s.unserved -= len(s.failed[p])
+	delete(s.failed, p)
 	for _, dst := range p.captured {
 		if t := s.captured.get(dst); t != nil && (t == p.target || t == p.ext) {
 			s.captured.delete(dst)
@@ -825,7 +831,7 @@ func (s *Server) closePort(p *servedPort) {
 		s.frontendsVersion++
 	}
 	if p.own != nil {
-		p.own.open, p.own.failed = nil, nil
+		p.own.open = nil
 	}
 	p.captured, p.capturedFEs = nil, 0
 }

@@ -465,6 +465,39 @@ func TestServerRetriesAListenerThatFailedToOpen(t *testing.T) {
 	})
 }
 
+// A port removed while a listener of its waits for a retry takes the
+// retry with it: nothing is unserved, and nothing is tried again.
+func TestServerDropsTheRetriesOfARemovedPort(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	bp := busy.Addr().(*net.TCPAddr).AddrPort().Port()
+	clock := &stepClock{now: time.Unix(1000, 0)}
+	srv := &Server{Engine: NewGoroutine(Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"), Retry: lb.DefaultRetryPolicy(), Clock: clock}
+	defer srv.Close()
+	web := webPort(bp, netip.MustParseAddrPort("127.0.0.1:1"))
+	if err := srv.Apply(snapshotOf(web)); err == nil || srv.Unserved() != 1 {
+		t.Fatalf("a busy nodePort: %v, %d unserved", err, srv.Unserved())
+	}
+	moved := *web
+	moved.NodePort = uint16(freePort(t)) // the port opened again elsewhere
+	if err := srv.Apply(snapshotOf(&moved)); err != nil || srv.Unserved() != 0 {
+		t.Fatalf("after a frontend change: %v, %d unserved", err, srv.Unserved())
+	}
+	clock.now = clock.now.Add(time.Minute)
+	if left, err := srv.RetryFailed(); left != 0 || err != nil || len(srv.failed) != 0 {
+		t.Fatalf("retry after the change: %d left, %v, %d ports with failures", left, err, len(srv.failed))
+	}
+	if err := srv.Apply(snapshotOf(web)); err == nil || srv.Unserved() != 1 {
+		t.Fatalf("the busy nodePort again: %v, %d unserved", err, srv.Unserved())
+	}
+	if err := srv.Apply(snapshotOf()); err != nil || srv.Unserved() != 0 || len(srv.failed) != 0 {
+		t.Fatalf("after the removal: %v, %d unserved, %d ports with failures", err, srv.Unserved(), len(srv.failed))
+	}
+}
+
 // An ejection is logged, off the data path, with the service and the
 // endpoint (issue 17: ejections were not logged); Close waits for the log.
 func TestServerLogsEjections(t *testing.T) {

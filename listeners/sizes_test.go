@@ -13,8 +13,8 @@ func TestPortRecordSizes(t *testing.T) {
 	if n := unsafe.Sizeof(openFrontend{}); n > 48 {
 		t.Errorf("openFrontend is %d bytes, want at most 48", n)
 	}
-	if n := unsafe.Sizeof(ownFrontends{}); n > 64 {
-		t.Errorf("ownFrontends is %d bytes, want at most 64", n)
+	if n := unsafe.Sizeof(ownFrontends{}); n > 32 {
+		t.Errorf("ownFrontends is %d bytes, want at most 32", n)
 	}
 	if n := unsafe.Sizeof(Target{}); n > 48 {
 		t.Errorf("Target is %d bytes, want at most 48", n)
