@@ -533,3 +533,30 @@ func TestAppendOrderAllocatesNothingWithRoom(t *testing.T) {
 		t.Fatalf("%v allocations per ordering", n)
 	}
 }
+
+// A picker before its first endpoints has none, answers every question as
+// an empty one does, and is one allocation: no empty set of its own to
+// be replaced at once (32 bytes of garbage a port among the sets kept).
+func TestNewPickerHasNoEndpointsAndMakesNoSet(t *testing.T) {
+	settings := &PickerSettings{Clock: affinity.SystemClock{}, Ejection: DefaultEjectionPolicy()}
+	name := ServicePortName{Namespace: "ns", Name: "s", Port: "p", Protocol: TCP}
+	var kept *Picker
+	if n := testing.AllocsPerRun(100, func() { kept = NewPortPicker(settings, name) }); n != 1 || kept == nil {
+		t.Errorf("NewPortPicker made %v allocations, want 1 (the picker)", n)
+	}
+	p := NewPortPicker(settings, name)
+	client := netip.MustParseAddr("10.0.0.1")
+	ep := netip.MustParseAddrPort("10.244.0.1:80")
+	if _, err := p.Order(client); err != ErrNoEndpoints {
+		t.Errorf("Order: %v, want ErrNoEndpoints", err)
+	}
+	if p.Len() != 0 || len(p.Endpoints()) != 0 || p.Has(ep) {
+		t.Errorf("a new picker has endpoints: %d %v %v", p.Len(), p.Endpoints(), p.Has(ep))
+	}
+	p.Failed(client, ep)    // an endpoint it does not have: ignored
+	p.Connected(client, ep) // likewise
+	p.SetEndpoints([]netip.AddrPort{ep})
+	if got, err := p.Order(client); err != nil || len(got) != 1 || got[0] != ep {
+		t.Errorf("after SetEndpoints: %v, %v", got, err)
+	}
+}
