@@ -913,15 +913,15 @@ endpoints:
 	}
 	// The slices themselves are as they were made.
 	for _, sl := range objs.EndpointSlices {
-		for i, list := range sl.byPort {
-			for _, ep := range list {
-				if ep.Local || ep.Addr.Port() != sl.ports[i].port {
-					t.Fatalf("slice %s port %d holds %+v", sl.Name, sl.ports[i].port, ep)
+		for _, p := range sl.ports {
+			for _, ep := range p.eps {
+				if ep.Local || ep.Addr.Port() != p.port {
+					t.Fatalf("slice %s port %d holds %+v", sl.Name, p.port, ep)
 				}
 			}
 		}
-		if sl.Name == "api-1" && len(sl.byPort[0]) != 1 {
-			t.Fatalf("api-1's list took another slice's endpoints: %+v", sl.byPort[0])
+		if sl.Name == "api-1" && len(sl.ports[0].eps) != 1 {
+			t.Fatalf("api-1's list took another slice's endpoints: %+v", sl.ports[0].eps)
 		}
 	}
 }
@@ -980,7 +980,7 @@ endpoints:
 		if strings.Join(local, ",") != want {
 			t.Fatalf("node %s: local endpoints %v, want %s", node, local, want)
 		}
-		if &eps[0] != &sl.byPort[0][0] {
+		if &eps[0] != &sl.ports[0].eps[0] {
 			t.Fatalf("node %s: the snapshot copied the slice's list", node)
 		}
 		other := map[string]string{"n1": "n2", "n2": "n1"}[node]

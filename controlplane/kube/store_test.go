@@ -203,7 +203,7 @@ func TestCachedObjectSizes(t *testing.T) {
 		size, max uintptr
 	}{
 		{"cachedService", unsafe.Sizeof(cachedService{}), 96},
-		{"cachedSlice", unsafe.Sizeof(cachedSlice{}), 128},
+		{"cachedSlice", unsafe.Sizeof(cachedSlice{}), 112},
 		{"serviceState", unsafe.Sizeof(serviceState{}), 64},
 	} {
 		if c.size > c.max {
