@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -289,6 +290,20 @@ func TestAcceptsGzip(t *testing.T) {
 	for h, want := range map[string]bool{"": false, "gzip": true, "deflate, gzip;q=1.0, *;q=0.5": true, "gzip;q=0": false, "identity": false, " gzip ": true} {
 		if got := acceptsGzip(h); got != want {
 			t.Errorf("%q: %v", h, got)
+		}
+	}
+}
+
+// The own share's bounds double from 0.1 ms and hold 1 ms, issue 16's
+// target for its p99, so that a bench can read whether it was met.
+func TestOwnShareBucketsHoldTheTarget(t *testing.T) {
+	b := ownShareBuckets()
+	if !slices.IsSorted(b) || !slices.Contains(b, 0.001) || b[0] != 0.0001 || len(b) != 19 {
+		t.Fatalf("buckets %v", b)
+	}
+	for i := 1; i < len(b); i++ {
+		if b[i] == b[i-1] {
+			t.Fatalf("bucket %v twice", b[i])
 		}
 	}
 }
