@@ -201,8 +201,6 @@ func (m *Metrics) Rejected(source string, objects []string) {
 // ListenerError counts a listener that could not be opened.
 func (m *Metrics) ListenerError() { m.listenerErrors.Inc() }
 
-// kubeProxySyncBuckets are kube-proxy's: 0.25, 0.5, 1..59 s by 1, 60..115
-// by 5, 120..300 by 30.
 // ownShareBuckets are sluice_update_apply_seconds' bounds: doubling from
 // 0.1 ms, with 1 ms among them, issue 16's target for the p99 at 10k
 // Services. Without it a p99 past 0.8 ms read only as at most 1.6.
@@ -212,6 +210,8 @@ func ownShareBuckets() []float64 {
 	return slices.Insert(b, i, 0.001)
 }
 
+// kubeProxySyncBuckets are kube-proxy's: 0.25, 0.5, 1..59 s by 1, 60..115
+// by 5, 120..300 by 30.
 func kubeProxySyncBuckets() []float64 {
 	b := []float64{0.25, 0.5}
 	for s := 1.0; s < 60; s++ {
