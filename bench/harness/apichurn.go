@@ -286,8 +286,53 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		if h, herr := readHistogram(metrics, "kubeproxy_network_programming_duration_seconds"); herr == nil && h.count > 0 {
 			m["netprog_mean_ms"] = h.sum / h.count * 1e3
 		}
+		// The flips above come right after the start, when a restarted
+		// proxy has most to catch up on and the box is busiest; the same
+		// flips again once settled are the steady state's (steady_*).
+		if bed.n >= settleFrom && ctx.Err() == nil {
+			if err := steadyFlips(m, metrics, func() (Metrics, []writtenVersion, []time.Duration, error) {
+				from := len(written)
+				sm, effects, err := flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(lo, bed.probe).String()), netip.AddrPortFrom(lo, bed.load).String())
+				return sm, written[from:], effects, err
+			}, func(n int) map[string]time.Time { return bare.arrivals(n, 10*time.Second) }, len(written)); err != nil {
+				return nil, fmt.Errorf("steady flips: %w", err)
+			}
+		}
 	}
 	return m, err
+}
+
+// steadyFlips runs a second set of flips (run) and adds its figures to m
+// as steady_*: the slowest flip and its median, how far beyond the API's
+// watch, and sluice's own share of just these flips (its histogram at
+// metricsURL read before and after). arrivals waits for the bare watch
+// to have seen n versions in all, the earlier flips' included (before).
+func steadyFlips(m Metrics, metricsURL string, run func() (Metrics, []writtenVersion, []time.Duration, error), arrivals func(n int) map[string]time.Time, before int) error {
+	h0, err := readHistogram(metricsURL, "sluice_update_apply_seconds")
+	if err != nil {
+		return err
+	}
+	sm, written, effects, err := run()
+	if err != nil {
+		return err
+	}
+	if err := beyondWatch(sm, written, effects, arrivals(before+len(written))); err != nil {
+		return err
+	}
+	for _, k := range []string{"update_p50_ms", "update_max_ms", "beyond_watch_p50_ms", "beyond_watch_max_ms"} {
+		m["steady_"+k] = sm[k]
+	}
+	h1, err := readHistogram(metricsURL, "sluice_update_apply_seconds")
+	if err != nil {
+		return err
+	}
+	if d, ok := h1.minus(h0); ok && d.count > 0 {
+		m["steady_own_share_mean_ms"] = d.sum / d.count * 1e3
+		if b := d.bound(0.99); !math.IsInf(b, 1) {
+			m["steady_own_share_p99_le_ms"] = b * 1e3
+		}
+	}
+	return nil
 }
 
 // settledMemStats adds where the settled process's memory is, from Go's

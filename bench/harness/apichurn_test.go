@@ -4,10 +4,15 @@ package harness
 
 import (
 	"context"
+	"math"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,5 +95,44 @@ func TestBareWatchSeesEachWrite(t *testing.T) {
 	}
 	if w := m["api_watch_max_ms"]; !(w > 0 && w < 60e3) {
 		t.Errorf("watch latency %v ms: want after the write and before the effects", w)
+	}
+}
+
+// The steady flips' figures are theirs alone: their own share read as
+// what the histogram counted while they ran, and how far beyond the
+// watch their effects came, their writes paired with theirs.
+func TestSteadyFlipsCountOnlyTheirOwn(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_update_apply_seconds", Buckets: []float64{0.0004, 0.0008, 0.001, 0.0016}})
+	reg.MustRegister(h)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	for range 50 {
+		h.Observe(0.0015) // the start-up flips: slow
+	}
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	seen := map[string]time.Time{"1": t0, "2": t0.Add(3 * ms), "3": t0.Add(time.Second + 2*ms)}
+	run := func() (Metrics, []writtenVersion, []time.Duration, error) {
+		for range 10 {
+			h.Observe(0.0003)
+		}
+		return Metrics{"update_p50_ms": 3, "update_max_ms": 4}, []writtenVersion{{"2", t0}, {"3", t0.Add(time.Second)}}, []time.Duration{4 * ms, 3 * ms}, nil
+	}
+	var asked int
+	m := Metrics{}
+	if err := steadyFlips(m, srv.URL, run, func(n int) map[string]time.Time { asked = n; return seen }, 1); err != nil {
+		t.Fatal(err)
+	}
+	if asked != 3 {
+		t.Errorf("waited for %d versions, want 3 (1 before, 2 steady)", asked)
+	}
+	for k, want := range map[string]float64{"steady_own_share_p99_le_ms": 0.4, "steady_update_max_ms": 4, "steady_beyond_watch_max_ms": 1} {
+		if got := m[k]; math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s = %v, want %v", k, got, want)
+		}
+	}
+	if got := m["steady_own_share_mean_ms"]; math.Abs(got-0.3) > 1e-9 {
+		t.Errorf("steady_own_share_mean_ms = %v, want 0.3", got)
 	}
 }

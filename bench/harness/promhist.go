@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -83,4 +84,20 @@ func (h promHistogram) bound(q float64) float64 {
 		}
 	}
 	return math.Inf(1)
+}
+
+// minus is what h counted since earlier, a reading of the same histogram
+// (false: their buckets differ).
+func (h promHistogram) minus(earlier promHistogram) (promHistogram, bool) {
+	if len(earlier.les) == 0 {
+		return h, true
+	}
+	if !slices.Equal(h.les, earlier.les) {
+		return promHistogram{}, false
+	}
+	d := promHistogram{count: h.count - earlier.count, sum: h.sum - earlier.sum, les: h.les, cum: make([]float64, len(h.cum))}
+	for i := range h.cum {
+		d.cum[i] = h.cum[i] - earlier.cum[i]
+	}
+	return d, true
 }

@@ -37,3 +37,40 @@ func TestReadHistogramBounds(t *testing.T) {
 		t.Error("a missing histogram read without error")
 	}
 }
+
+// Two readings of one histogram: what came between them, its quantiles
+// read from that alone; readings of different buckets do not subtract.
+func TestHistogramMinusAnEarlierReading(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "x_seconds", Buckets: []float64{0.001, 0.002, 0.004}})
+	reg.MustRegister(h)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	for range 100 {
+		h.Observe(0.003) // before: all slow
+	}
+	before, err := readHistogram(srv.URL, "x_seconds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		h.Observe(0.0005)
+	}
+	after, err := readHistogram(srv.URL, "x_seconds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok := after.minus(before)
+	if !ok || d.count != 10 || d.sum < 0.0049 || d.sum > 0.0051 {
+		t.Fatalf("between the readings: %+v %v, want 10 observations summing to 0.005", d, ok)
+	}
+	if b := d.bound(0.99); b != 0.001 {
+		t.Errorf("p99 between the readings in the bucket %v, want 0.001", b)
+	}
+	if b := after.bound(0.99); b != 0.004 {
+		t.Errorf("p99 overall in the bucket %v, want 0.004", b)
+	}
+	if _, ok := after.minus(promHistogram{count: 1, les: []float64{1}, cum: []float64{1}}); ok {
+		t.Error("readings with other buckets subtracted")
+	}
+}
