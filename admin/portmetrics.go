@@ -126,6 +126,12 @@ func appendLabelValue(b []byte, v string) []byte {
 	return b
 }
 
+// namedCounters is a port's counters with its name, as listed.
+type namedCounters struct {
+	name lb.ServicePortName
+	c    *PortCounters
+}
+
 // labelled is a port's counters with their series' labels.
 type labelled struct {
 	labels []byte
@@ -141,17 +147,22 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 	series := p.series
 	// The labels of every port in one buffer, which each port's slice of
 	// it keeps if it grows: not an allocation a port.
-	ports := make([]labelled, 0, p.lastPorts+p.lastPorts/8)
+	named := make([]namedCounters, 0, p.lastPorts+p.lastPorts/8)
 	all := make([]byte, 0, p.lastLabels+p.lastLabels/8)
 	p.mu.Unlock()
 	if series == nil {
 		return
 	}
-	series(func(n lb.ServicePortName, c *PortCounters) {
+	// Only copied while the series is listed (the listeners' server holds
+	// its lock throughout, and an apply waits for it); the labels are
+	// written after.
+	series(func(n lb.ServicePortName, c *PortCounters) { named = append(named, namedCounters{n, c}) })
+	ports := make([]labelled, len(named))
+	for i, nc := range named {
 		start := len(all)
-		all = appendLabels(all, n)
-		ports = append(ports, labelled{all[start:len(all):len(all)], c})
-	})
+		all = appendLabels(all, nc.name)
+		ports[i] = labelled{all[start:len(all):len(all)], nc.c}
+	}
 	p.mu.Lock()
 	p.lastPorts, p.lastLabels = len(ports), len(all)
 	p.mu.Unlock()
