@@ -309,17 +309,14 @@ func (r *rawSockaddr) family() int { return int(r.raw.Family) }
 // connectRaw is connect(2) to r, for a non-blocking socket, with no
 // allocation: unix.Connect takes a Sockaddr, one allocation per backend
 // connection or flow.
-func connectRaw(fd int, r *rawSockaddr) error {
-	_, _, errno := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&r.raw)), uintptr(r.len))
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
+func connectRaw(fd int, r *rawSockaddr) error { return sockaddrCall(unix.SYS_CONNECT, fd, r) }
 
 // bindRaw is bind(2) to r, with no allocation.
-func bindRaw(fd int, r *rawSockaddr) error {
-	_, _, errno := unix.RawSyscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&r.raw)), uintptr(r.len))
+func bindRaw(fd int, r *rawSockaddr) error { return sockaddrCall(unix.SYS_BIND, fd, r) }
+
+// sockaddrCall is the socket call trap on fd with r as its address.
+func sockaddrCall(trap uintptr, fd int, r *rawSockaddr) error {
+	_, _, errno := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(&r.raw)), uintptr(r.len))
 	if errno != 0 {
 		return errno
 	}

@@ -126,20 +126,16 @@ func (t *Target) first(src netip.Addr) (netip.AddrPort, error) {
 	return order[0], nil
 }
 
-// resolved is the target that serves a connection accepted on fd by a
-// listener of this target (on a socket of family v6): t itself, or for a
-// capture listener the one its original destination resolves to (nil:
-// none).
+// resolved is, for a capture listener's target (its resolver set: the
+// engines ask only then, so that others pay nothing per connection), the
+// target that serves a connection accepted on fd (a socket of family v6):
+// the one its original destination resolves to (nil: none).
 func (t *Target) resolved(fd int, v6 bool) *Target {
-	resolve := t.resolver()
-	if resolve == nil {
-		return t
-	}
 	orig, err := originalDst(fd, v6)
 	if err != nil {
 		return nil
 	}
-	return resolve(orig)
+	return t.resolver()(orig)
 }
 
 func (t *Target) counters() Counters {
