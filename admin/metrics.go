@@ -112,7 +112,7 @@ func NewMetrics() *Metrics {
 			Help:    "From a pod change (its EndpointSlice's last-change-trigger-time) to the data plane programmed for it, per IP family.",
 			Buckets: kubeProxySyncBuckets()}, []string{"ip_family"}),
 		updateApply: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "sluice", Name: "update_apply_seconds",
-			Help:    "sluice's own share of an update: from a change reaching it (an API event; a --manifests reload, after its coalescing wait) to applied.",
+			Help:    "sluice's own share of an update: from a change reaching it (an API event; a --manifests reload, after its coalescing wait) to the data plane having it (the health-check ports' sync and the log after it are not counted, as kube-proxy does not count them in its network programming latency).",
 			Buckets: ownShareBuckets()}),
 		ctDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kubeproxy", Name: "conntrack_reconciler_sync_duration_seconds",
 			Help: "How long one clean-up of stale conntrack entries after a kernel mode's sync took, per IP family.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"ip_family"}),
@@ -274,7 +274,7 @@ func (m *Metrics) NetworkProgrammed(family string, took time.Duration) {
 }
 
 // UpdateApplied records sluice's own share of an update: from its
-// arrival to applied.
+// arrival to the data plane having it.
 func (m *Metrics) UpdateApplied(took time.Duration) { m.updateApply.Observe(took.Seconds()) }
 
 // NFTablesSyncFailed counts a failed nftables transaction of one family.

@@ -833,6 +833,8 @@ type applier struct {
 	// release is signalled after a state of at least bigApply changed
 	// ports is applied (nil: never), for run to hand the garbage back.
 	release chan struct{}
+	// clock is the time source (nil: time.Now).
+	clock func() time.Time
 
 	mu        sync.Mutex
 	err       error
@@ -903,26 +905,40 @@ func portNames(names []lb.ServicePortName) string {
 func (a *applier) Publish(snap *lb.Snapshot) { a.publish(snap) }
 
 // PublishTimed is Publish, then, if the state was applied, the time from
-// each change to now into kube-proxy's network programming latency and
-// sluice's update apply histogram.
+// each change to the moment the data plane had it into kube-proxy's
+// network programming latency and sluice's update apply histogram. That
+// moment is the plane's Apply returning, before the health-check ports'
+// sync and the log line that follow it: kube-proxy observes its latency
+// at the same point, right after its rules are in the kernel and before
+// it syncs its service health servers.
 func (a *applier) PublishTimed(snap *lb.Snapshot, times controlplane.UpdateTimes) {
-	if a.publish(snap) != nil {
+	applied, err := a.publish(snap)
+	if err != nil {
 		return
 	}
-	now := time.Now()
 	for _, t := range times.Triggers {
-		a.metrics.NetworkProgrammed(t.Family, now.Sub(t.At))
+		a.metrics.NetworkProgrammed(t.Family, applied.Sub(t.At))
 	}
 	for _, t := range times.Arrived {
-		a.metrics.UpdateApplied(now.Sub(t))
+		a.metrics.UpdateApplied(applied.Sub(t))
 	}
 }
 
-// publish applies snap; it returns what failed.
-func (a *applier) publish(snap *lb.Snapshot) error {
-	start := time.Now()
+// now is the applier's clock.
+func (a *applier) now() time.Time {
+	if a.clock != nil {
+		return a.clock()
+	}
+	return time.Now()
+}
+
+// publish applies snap; it returns when the data plane had it and what
+// failed.
+func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
+	start := a.now()
 	a.local.refresh()
 	err := a.plane.Apply(snap)
+	applied := a.now()
 	if err != nil {
 		for _, e := range unjoin(err) {
 			a.log.Error("part of the state not applied", "err", e)
@@ -947,7 +963,7 @@ func (a *applier) publish(snap *lb.Snapshot) error {
 		close(a.first)
 	}
 	a.mu.Unlock()
-	took := time.Since(start)
+	took := a.now().Sub(start) // the whole sync, as kube-proxy's duration is
 	a.health.Updated()
 	if err != nil {
 		// Not "state applied", and not counted as a sync: what failed
@@ -955,15 +971,15 @@ func (a *applier) publish(snap *lb.Snapshot) error {
 		// what was applied before it stays (issue 18: a killed restore
 		// was followed by "state applied" and counted as a sync).
 		a.log.Error("state not applied in full; the failed parts keep what they had and are retried", "servicePorts", snap.Ports.Len(), "changed", changed, "ports", portNames(shown), "failures", len(unjoin(err)), "took", took)
-		return err
+		return applied, err
 	}
 	_, perFamily := a.plane.(interface{ perFamilySyncs() })
-	a.metrics.Synced(took, time.Now(), !perFamily)
+	a.metrics.Synced(took, a.now(), !perFamily)
 	a.log.Info("state applied", "servicePorts", snap.Ports.Len(), "changed", changed, "ports", portNames(shown), "took", took)
 	if changed >= bigApply {
 		a.askRelease()
 	}
-	return nil
+	return applied, nil
 }
 
 // askRelease asks run to hand garbage back to the system (handBack).

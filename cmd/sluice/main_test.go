@@ -180,6 +180,55 @@ func TestUpdateTimesObservedOnceApplied(t *testing.T) {
 	}
 }
 
+// stepClock is a clock that moves only when told.
+type stepClock struct{ at time.Time }
+
+func (c *stepClock) now() time.Time { return c.at }
+
+// slowLog is a log handler that takes a minute of c's time per record,
+// as a log write stuck behind a full pipe would.
+type slowLog struct{ c *stepClock }
+
+func (h slowLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h slowLog) Handle(context.Context, slog.Record) error {
+	h.c.at = h.c.at.Add(time.Minute)
+	return nil
+}
+func (h slowLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h slowLog) WithGroup(string) slog.Handler      { return h }
+
+// An update's latency ends when the data plane has it, as kube-proxy's
+// network programming latency ends once its rules are in the kernel: what
+// the apply does after that (the "state applied" line, the health-check
+// ports) is not in the update's latency.
+func TestUpdateLatencyEndsWhenThePlaneHasIt(t *testing.T) {
+	clock := &stepClock{at: time.Unix(1_700_000_000, 0)}
+	metrics := admin.NewMetrics()
+	a := &applier{plane: okPlane{}, local: &localAddrs{}, health: admin.NewHealth(time.Hour, nil),
+		metrics: metrics, log: slog.New(slowLog{clock}), first: make(chan struct{}), clock: clock.now}
+	a.PublishTimed(lb.NewSnapshot(nil), controlplane.UpdateTimes{
+		Triggers: []controlplane.Trigger{{Family: "IPv4", At: clock.at.Add(-2 * time.Second)}},
+		Arrived:  []time.Time{clock.at.Add(-3 * time.Millisecond)}})
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				sums[f.GetName()] += h.GetSampleSum()
+			}
+		}
+	}
+	for name, want := range map[string]float64{"kubeproxy_network_programming_duration_seconds": 2,
+		"sluice_update_apply_seconds": 0.003} {
+		if got := sums[name]; got < want-1e-9 || got > want+1e-9 {
+			t.Errorf("%s observed %v s, want %v", name, got, want)
+		}
+	}
+}
+
 // The changed-ports log names the same ports whether the snapshot says
 // what changed (a delta of the last) or the two are compared whole.
 func TestChangedPortsFromADeltaOrAComparison(t *testing.T) {
