@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 // has three instances.
 type Backends struct {
 	Echo      []netip.AddrPort // TCP echo
-	HTTP      []netip.AddrPort // HTTP 204 with X-Backend: <index>
+	HTTP      []netip.AddrPort // HTTP 204 with X-Backend: <index> and X-Served-At: <Unix ns>
 	UDP       []netip.AddrPort // UDP echo
 	Push      []netip.AddrPort // TCP: writes without end (slow-reader source)
 	HalfClose []netip.AddrPort // TCP: reads to EOF, then replies with the byte count
@@ -175,6 +176,10 @@ func (b *Backends) http(i int) error {
 	id := fmt.Sprint(i)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Backend", id)
+		// When this backend served the request, on the bench's clock: the
+		// flips take it as the moment an update was in effect, which the
+		// probe that saw it learns only a response later.
+		w.Header().Set("X-Served-At", strconv.FormatInt(time.Now().UnixNano(), 10))
 		w.WriteHeader(http.StatusNoContent)
 	})}
 	b.closers = append(b.closers, func() { srv.Close() })

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,22 @@ func stageAtomically(file, content string) (commit func() error, err error) {
 	return func() error { return os.Rename(tmp, file) }, nil
 }
 
+// servedAfter is flip i's write-to-effect: from its write (written) to
+// when the backend it moved to served the first probe that reached it
+// (served, on the same clock). That is an upper bound on when the update
+// took effect, tighter than the probe's seeing it by the response's way
+// back and the probe's own turn.
+func servedAfter(i int, written, served time.Time) (time.Duration, error) {
+	if served.IsZero() {
+		return 0, fmt.Errorf("update %d: the backend's answer has no X-Served-At", i)
+	}
+	took := served.Sub(written)
+	if took <= 0 {
+		return 0, fmt.Errorf("update %d: served %v before its write", i, -took)
+	}
+	return took, nil
+}
+
 // writeNow stages and commits at once (the set-up's writes, not timed).
 func writeNow(stage func(netip.AddrPort) (func() error, error), ep netip.AddrPort) error {
 	commit, err := stage(ep)
@@ -109,24 +126,30 @@ func writeNow(stage func(netip.AddrPort) (func() error, error), ep netip.AddrPor
 // rawBackendOf is backendOf for flips, over a bare connection to addr:
 // an HTTP/1.0 request written at once and the answer's head read, with
 // no client goroutines and no pool, so that each poll costs the box as
-// little as a new connection through the proxy can ("" on any error).
-func rawBackendOf(addr string) func() string {
+// little as a new connection through the proxy can. It says which backend
+// served the request and when (its X-Served-At); "" on any error, and a
+// zero time when the answer has no valid X-Served-At.
+func rawBackendOf(addr string) func() (string, time.Time) {
 	req := []byte("GET / HTTP/1.0\r\n\r\n")
-	return func() string {
+	return func() (string, time.Time) {
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
-			return ""
+			return "", time.Time{}
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(2 * time.Second))
 		if _, err := c.Write(req); err != nil {
-			return ""
+			return "", time.Time{}
 		}
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
-			return ""
+			return "", time.Time{}
 		}
-		return resp.Header.Get("X-Backend")
+		var at time.Time
+		if ns, err := strconv.ParseInt(resp.Header.Get("X-Served-At"), 10, 64); err == nil && ns > 0 {
+			at = time.Unix(0, ns)
+		}
+		return resp.Header.Get("X-Backend"), at
 	}
 }
 
@@ -274,10 +297,12 @@ func pause(d time.Duration) {
 
 // flips moves the probe's endpoint back and forth with stage's commits,
 // count times (0: 3, or 6 with the long mode's message count), timing each move
-// until backendOf sees it, while new connections run against load. It
-// returns the moves' times in the order they were made beside the
-// metrics.
-func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort) (commit func() error, err error), httpBackends []netip.AddrPort, backendOf func() string, load string) (Metrics, []time.Duration, error) {
+// from its write to when the backend it moved to served the first probe
+// backendOf sent there (servedAfter), while new connections run against
+// load. It returns the moves' times in the order they were made beside the
+// metrics; probe_lag_* is how much later than that the probe saw it, which
+// the figures before the backends' X-Served-At included.
+func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort) (commit func() error, err error), httpBackends []netip.AddrPort, backendOf func() (string, time.Time), load string) (Metrics, []time.Duration, error) {
 	var loadErrs atomic.Int64
 	var loadMu sync.Mutex
 	var loadLat []time.Duration
@@ -311,7 +336,7 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			count = 6
 		}
 	}
-	var effect []time.Duration
+	var effect, lag []time.Duration
 	for i := 1; i <= count && ctx.Err() == nil; i++ {
 		want := fmt.Sprint(i % 2)
 		commit, err := stage(httpBackends[i%2])
@@ -324,7 +349,13 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			wg.Wait()
 			return nil, nil, err
 		}
-		for backendOf() != want {
+		var served time.Time
+		for {
+			got, at := backendOf()
+			if got == want {
+				served = at
+				break
+			}
 			if time.Since(t) > time.Minute {
 				close(stop)
 				wg.Wait()
@@ -332,7 +363,15 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			}
 			pause(flipPollGap)
 		}
-		effect = append(effect, time.Since(t))
+		seen := time.Since(t)
+		took, err := servedAfter(i, t, served)
+		if err != nil {
+			close(stop)
+			wg.Wait()
+			return nil, nil, err
+		}
+		effect = append(effect, took)
+		lag = append(lag, seen-took)
 	}
 	close(stop)
 	wg.Wait()
@@ -343,12 +382,15 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 	first := effect[0] // the first after start-up, which meets its leftovers
 	sort.Slice(effect, func(i, j int) bool { return effect[i] < effect[j] })
 	sort.Slice(loadLat, func(i, j int) bool { return loadLat[i] < loadLat[j] })
+	slices.Sort(lag)
 	return Metrics{
-		"update_p50_ms":   float64(effect[len(effect)/2].Microseconds()) / 1e3,
-		"update_max_ms":   float64(effect[len(effect)-1].Microseconds()) / 1e3,
-		"update_p90_ms":   float64(effect[len(effect)*9/10].Microseconds()) / 1e3,
-		"update_first_ms": float64(first.Microseconds()) / 1e3,
-		"load_errors":     float64(loadErrs.Load()),
-		"load_p99_us":     percentile(loadLat, 99),
+		"probe_lag_p50_ms": float64(lag[len(lag)/2].Microseconds()) / 1e3,
+		"probe_lag_max_ms": float64(lag[len(lag)-1].Microseconds()) / 1e3,
+		"update_p50_ms":    float64(effect[len(effect)/2].Microseconds()) / 1e3,
+		"update_max_ms":    float64(effect[len(effect)-1].Microseconds()) / 1e3,
+		"update_p90_ms":    float64(effect[len(effect)*9/10].Microseconds()) / 1e3,
+		"update_first_ms":  float64(first.Microseconds()) / 1e3,
+		"load_errors":      float64(loadErrs.Load()),
+		"load_p99_us":      percentile(loadLat, 99),
 	}, inOrder, nil
 }

@@ -315,13 +315,19 @@ func TestKubeSyncTakesEachBackendAndBoundsWhatNeverFinished(t *testing.T) {
 	}
 }
 
-// rawBackendOf reads the backend's header from a bare connection, and
-// says "" when there is none or the answer is cut short.
+// rawBackendOf reads the backend's headers from a bare connection: which
+// backend, "" when there is none or the answer is cut short, and when it
+// served, zero when that is missing or not a time.
 func TestRawBackendOfReadsTheHeader(t *testing.T) {
-	for _, tc := range []struct{ answer, want string }{
-		{"HTTP/1.0 204 No Content\r\nDate: x\r\nx-backend: 2\r\n\r\n", "2"},
-		{"HTTP/1.0 204 No Content\r\nDate: x\r\n\r\n", ""},
-		{"HTTP/1.0 204 No Content\r\nX-Backend: 1", ""},
+	for _, tc := range []struct {
+		answer, want string
+		at           time.Time
+	}{
+		{"HTTP/1.0 204 No Content\r\nDate: x\r\nx-backend: 2\r\nX-Served-At: 1700000000000000123\r\n\r\n", "2", time.Unix(0, 1700000000000000123)},
+		{"HTTP/1.0 204 No Content\r\nx-backend: 2\r\n\r\n", "2", time.Time{}},
+		{"HTTP/1.0 204 No Content\r\nx-backend: 2\r\nX-Served-At: soon\r\n\r\n", "2", time.Time{}},
+		{"HTTP/1.0 204 No Content\r\nDate: x\r\n\r\n", "", time.Time{}},
+		{"HTTP/1.0 204 No Content\r\nX-Backend: 1", "", time.Time{}},
 	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -337,9 +343,40 @@ func TestRawBackendOfReadsTheHeader(t *testing.T) {
 			c.Write([]byte(tc.answer))
 			c.Close()
 		}()
-		if got := rawBackendOf(ln.Addr().String())(); got != tc.want {
-			t.Errorf("answer %q: got %q, want %q", tc.answer, got, tc.want)
+		if got, at := rawBackendOf(ln.Addr().String())(); got != tc.want || !at.Equal(tc.at) {
+			t.Errorf("answer %q: got %q at %v, want %q at %v", tc.answer, got, at, tc.want, tc.at)
 		}
 		ln.Close()
+	}
+}
+
+// A flip's effect is when the backend served the first probe that reached
+// it; an answer without that time, or one before the write, is an error,
+// not a figure.
+func TestFlipEffectIsWhenTheBackendServed(t *testing.T) {
+	written := time.Unix(1_700_000_000, 0)
+	if took, err := servedAfter(3, written, written.Add(1500*time.Microsecond)); err != nil || took != 1500*time.Microsecond {
+		t.Errorf("served 1.5 ms after the write: %v, %v", took, err)
+	}
+	if _, err := servedAfter(3, written, time.Time{}); err == nil || !strings.Contains(err.Error(), "update 3") {
+		t.Errorf("no served time: %v", err)
+	}
+	if _, err := servedAfter(3, written, written.Add(-time.Millisecond)); err == nil {
+		t.Error("served before the write: no error")
+	}
+}
+
+// The bench's HTTP backends stamp each answer with when they served it,
+// on the bench's clock.
+func TestHTTPBackendsSayWhenTheyServed(t *testing.T) {
+	b := &Backends{topo: &Topology{Backend: netip.MustParseAddr("127.0.0.1")}}
+	if err := b.http(0); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	before := time.Now()
+	got, at := rawBackendOf(b.HTTP[0].String())()
+	if got != "0" || at.Before(before.Add(-time.Millisecond)) || at.After(time.Now().Add(time.Millisecond)) {
+		t.Errorf("backend %q served at %v, want 0 within [%v, now]", got, at, before)
 	}
 }
