@@ -292,8 +292,9 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		if bed.n >= settleFrom && ctx.Err() == nil {
 			if err := steadyFlips(m, metrics, func() (Metrics, []writtenVersion, []time.Duration, error) {
 				from := len(written)
-				sm, effects, err := flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(lo, bed.probe).String()), netip.AddrPortFrom(lo, bed.load).String())
-				return sm, written[from:], effects, err
+				sm, steady, err := flips(ctx, bed.n, apiFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(lo, bed.probe).String()), netip.AddrPortFrom(lo, bed.load).String())
+				effects = append(effects, steady...) // the proc log's, beside the writes
+				return sm, written[from:], steady, err
 			}, func(n int) map[string]time.Time { return bare.arrivals(n, 10*time.Second) }, len(written)); err != nil {
 				return nil, fmt.Errorf("steady flips: %w", err)
 			}
