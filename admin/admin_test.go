@@ -307,3 +307,50 @@ func TestOwnShareBucketsHoldTheTarget(t *testing.T) {
 		}
 	}
 }
+
+// /metrics?name[]=... writes only the families named, and does not list
+// the service ports at all when none of theirs is named: a check of the
+// sync's health at 10k ports costs neither. A name no family has is a 400
+// that names it.
+func TestMetricsByName(t *testing.T) {
+	m := NewMetrics()
+	listed := 0
+	m.SetPortSeries(func(yield func(lb.ServicePortName, *PortCounters)) {
+		listed++
+		yield(lb.ServicePortName{Namespace: "ns", Name: "a", Port: "p", Protocol: lb.TCP}, m.NewPortCounters())
+	})
+	m.Synced(time.Second, time.Unix(1700000000, 500_000_000), true)
+	get := func(query string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		(&Endpoints{Metrics: m, Health: NewHealth(time.Minute, nil)}).MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics"+query, nil))
+		return rec
+	}
+	rec := get("?name[]=kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+	families := map[string]bool{}
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			families[strings.Fields(rest)[0]] = true
+		}
+	}
+	if rec.Code != 200 || len(families) != 1 || !strings.Contains(rec.Body.String(), `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=""} 1.7000000005e+09`) {
+		t.Errorf("one family asked: %d, families %v:\n%s", rec.Code, families, rec.Body.String())
+	}
+	if listed != 0 {
+		t.Errorf("the ports were listed %d times for a family that is not theirs", listed)
+	}
+	rec = get("?name[]=sluice_connections_total&name[]=kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+	if body := rec.Body.String(); !strings.Contains(body, `sluice_connections_total{protocol="TCP",service="ns/a:p"} 0`) ||
+		strings.Contains(body, "sluice_active_connections") || !strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+		t.Errorf("a port family and a registry one asked:\n%s", body)
+	}
+	if listed != 1 {
+		t.Errorf("the ports were listed %d times, want 1", listed)
+	}
+	rec = get("?name[]=kubeproxy_sync_proxy_rules_last_timestamp")
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), `"kubeproxy_sync_proxy_rules_last_timestamp"`) {
+		t.Errorf("a misspelt name: %d %s", rec.Code, rec.Body.String())
+	}
+	if all := get("").Body.String(); !strings.Contains(all, "sluice_active_connections") || !strings.Contains(all, "go_goroutines") {
+		t.Error("without name[], not every family is written")
+	}
+}

@@ -3,6 +3,7 @@ package admin
 import (
 	"bufio"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -331,17 +332,22 @@ func (m *Metrics) WriteText(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return m.writeText(w, mfs)
+	return m.writeText(w, mfs, nil)
 }
 
-func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily) error {
+// writeText writes mfs and the per-port families, those of them named in
+// only when it is not empty.
+func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily, only map[string]bool) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	for _, mf := range mfs {
+		if len(only) > 0 && !only[mf.GetName()] {
+			continue
+		}
 		if _, err := expfmt.MetricFamilyToText(bw, mf); err != nil {
 			return err
 		}
 	}
-	m.ports.writeText(bw)
+	m.ports.writeText(bw, only)
 	return bw.Flush()
 }
 
@@ -350,11 +356,32 @@ func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily) error {
 // it, as Prometheus does. The text format is one every scraper accepts;
 // promhttp's content negotiation is not needed, since the per-port
 // families are written only as text.
+//
+// With name[] parameters (/metrics?name[]=kubeproxy_sync_proxy_rules_last_timestamp_seconds)
+// only the families so named are written: a check of the sync's health
+// at 10k service ports then neither lists nor formats the ports' series.
+// A name no family has is an error, so that a misspelt one is not read as
+// a metric with no samples.
 func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mfs, err := m.Registry.Gather()
 	if err != nil {
 		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
 		return
+	}
+	var only map[string]bool
+	if names := r.URL.Query()["name[]"]; len(names) > 0 {
+		only = make(map[string]bool, len(names))
+		known := m.ports.familyNames()
+		for _, mf := range mfs {
+			known[mf.GetName()] = true
+		}
+		for _, n := range names {
+			if !known[n] {
+				http.Error(w, fmt.Sprintf("name[]=%q: no such metric family", n), http.StatusBadRequest)
+				return
+			}
+			only[n] = true
+		}
 	}
 	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	var out io.Writer = w
@@ -364,7 +391,7 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer gz.Close()
 		out = gz
 	}
-	m.writeText(out, mfs) // an error here is the scraper gone
+	m.writeText(out, mfs, only) // an error here is the scraper gone
 }
 
 // acceptsGzip reports whether an Accept-Encoding header allows gzip.

@@ -138,11 +138,26 @@ type labelled struct {
 	*PortCounters
 }
 
+// familyNames are the names of the per-port families, in a map the
+// caller may add to.
+func (p *portMetrics) familyNames() map[string]bool {
+	names := make(map[string]bool, len(p.families)+64)
+	for _, f := range p.families {
+		names[f.name] = true
+	}
+	return names
+}
+
 // writeText writes the families in the Prometheus text format (0.0.4),
 // each port's series in the order a registry gathers them (by label
 // values, label names sorted: direction, protocol, service). Values are
-// formatted as expfmt formats them.
-func (p *portMetrics) writeText(w *bufio.Writer) {
+// formatted as expfmt formats them. When only is not empty, just the
+// families it names are written, and the ports are not listed at all
+// when it names none of them.
+func (p *portMetrics) writeText(w *bufio.Writer, only map[string]bool) {
+	if len(only) > 0 && !slices.ContainsFunc(p.families, func(f portFamily) bool { return only[f.name] }) {
+		return
+	}
 	p.mu.Lock()
 	series := p.series
 	// The labels of every port in one buffer, which each port's slice of
@@ -189,6 +204,9 @@ func (p *portMetrics) writeText(w *bufio.Writer) {
 		w.WriteByte('\n')
 	}
 	for _, f := range p.families {
+		if len(only) > 0 && !only[f.name] {
+			continue
+		}
 		w.WriteString("# HELP " + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.kind + "\n")
 		switch f.id {
 		case famBytes:

@@ -974,7 +974,9 @@ func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
 		return applied, err
 	}
 	_, perFamily := a.plane.(interface{ perFamilySyncs() })
-	a.metrics.Synced(took, a.now(), !perFamily)
+	// The last sync's time is when the plane had it, as kube-proxy stamps
+	// it right after its latency, before its health servers' sync.
+	a.metrics.Synced(took, applied, !perFamily)
 	a.log.Info("state applied", "servicePorts", snap.Ports.Len(), "changed", changed, "ports", portNames(shown), "took", took)
 	if changed >= bigApply {
 		a.askRelease()

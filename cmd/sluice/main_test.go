@@ -180,10 +180,14 @@ func TestUpdateTimesObservedOnceApplied(t *testing.T) {
 	}
 }
 
-// stepClock is a clock that moves only when told.
+// stepClock is a clock that moves a millisecond each time it is read,
+// and as much more as it is told.
 type stepClock struct{ at time.Time }
 
-func (c *stepClock) now() time.Time { return c.at }
+func (c *stepClock) now() time.Time {
+	c.at = c.at.Add(time.Millisecond)
+	return c.at
+}
 
 // slowLog is a log handler that takes a minute of c's time per record,
 // as a log write stuck behind a full pipe would.
@@ -200,32 +204,43 @@ func (h slowLog) WithGroup(string) slog.Handler      { return h }
 // An update's latency ends when the data plane has it, as kube-proxy's
 // network programming latency ends once its rules are in the kernel: what
 // the apply does after that (the "state applied" line, the health-check
-// ports) is not in the update's latency.
+// ports) is not in the update's latency. The last sync's timestamp is
+// that same moment, as kube-proxy stamps it right after the latency.
 func TestUpdateLatencyEndsWhenThePlaneHasIt(t *testing.T) {
 	clock := &stepClock{at: time.Unix(1_700_000_000, 0)}
 	metrics := admin.NewMetrics()
 	a := &applier{plane: okPlane{}, local: &localAddrs{}, health: admin.NewHealth(time.Hour, nil),
 		metrics: metrics, log: slog.New(slowLog{clock}), first: make(chan struct{}), clock: clock.now}
+	trigger, arrived := clock.at.Add(-2*time.Second), clock.at.Add(-3*time.Millisecond)
 	a.PublishTimed(lb.NewSnapshot(nil), controlplane.UpdateTimes{
-		Triggers: []controlplane.Trigger{{Family: "IPv4", At: clock.at.Add(-2 * time.Second)}},
-		Arrived:  []time.Time{clock.at.Add(-3 * time.Millisecond)}})
+		Triggers: []controlplane.Trigger{{Family: "IPv4", At: trigger}}, Arrived: []time.Time{arrived}})
 	families, err := metrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	sums := map[string]float64{}
+	var last float64
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
 			if h := m.GetHistogram(); h != nil {
 				sums[f.GetName()] += h.GetSampleSum()
 			}
+			if f.GetName() == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {
+				last = m.GetGauge().GetValue()
+			}
 		}
 	}
-	for name, want := range map[string]float64{"kubeproxy_network_programming_duration_seconds": 2,
-		"sluice_update_apply_seconds": 0.003} {
-		if got := sums[name]; got < want-1e-9 || got > want+1e-9 {
-			t.Errorf("%s observed %v s, want %v", name, got, want)
-		}
+	own := sums["sluice_update_apply_seconds"]
+	if own <= 0 || own >= 1 {
+		t.Fatalf("own share %v s: want the few ticks to the plane's apply, not the log's minute", own)
+	}
+	// Both latencies end at the last sync's timestamp.
+	applied := float64(arrived.UnixNano())/1e9 + own
+	if d := last - applied; d > 1e-6 || d < -1e-6 {
+		t.Errorf("last sync stamped at %.6f, the own share ended at %.6f", last, applied)
+	}
+	if d := sums["kubeproxy_network_programming_duration_seconds"] - (own + 2 - 0.003); d > 1e-6 || d < -1e-6 {
+		t.Errorf("network programming %v s, want the own share's end less the trigger (%v)", sums["kubeproxy_network_programming_duration_seconds"], own+2-0.003)
 	}
 }
 
