@@ -4,9 +4,12 @@ package harness
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,22 +38,79 @@ func TestBeyondWatchComparesFlipByFlip(t *testing.T) {
 	// The slowest effect came with the slowest watch: 21 - 20 = 1 ms
 	// beyond it; the fastest watch had the most beyond it (9 - 5).
 	effects := []time.Duration{10 * ms, 21 * ms, 9 * ms}
+	// The proxy's own stamps: 1, 0.5 and 3 ms after the watch's arrival.
+	applied := []time.Time{t0.Add(8 * ms), t0.Add(time.Second + 20*ms + ms/2), t0.Add(2*time.Second + 8*ms)}
 	m := Metrics{}
-	if err := beyondWatch(m, written, effects, seen); err != nil {
+	if err := beyondWatch(m, written, effects, applied, seen); err != nil {
 		t.Fatal(err)
 	}
 	for k, want := range map[string]float64{"api_watch_p50_ms": 7, "api_watch_max_ms": 20,
-		"beyond_watch_p50_ms": 3, "beyond_watch_max_ms": 4} {
+		"beyond_watch_p50_ms": 3, "beyond_watch_max_ms": 4, "applied_beyond_watch_p50_ms": 1, "applied_beyond_watch_max_ms": 3} {
 		if m[k] != want {
 			t.Errorf("%s = %v, want %v", k, m[k], want)
 		}
 	}
+	m = Metrics{}
+	if err := beyondWatch(m, written, effects, nil, seen); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["applied_beyond_watch_max_ms"]; ok {
+		t.Error("no stamps, yet a figure from them")
+	}
+	if err := beyondWatch(Metrics{}, written, effects, applied[:2], seen); err == nil {
+		t.Error("fewer stamps than writes: no error")
+	}
 	delete(seen, "11")
-	if err := beyondWatch(Metrics{}, written, effects, seen); err == nil || !strings.Contains(err.Error(), "write 2") {
+	if err := beyondWatch(Metrics{}, written, effects, nil, seen); err == nil || !strings.Contains(err.Error(), "write 2") {
 		t.Errorf("a write the watch never saw: err = %v, want one naming write 2", err)
 	}
-	if err := beyondWatch(Metrics{}, written, effects[:2], seen); err == nil {
+	if err := beyondWatch(Metrics{}, written, effects[:2], nil, seen); err == nil {
 		t.Error("fewer effects than writes: no error")
+	}
+}
+
+// The proxy's last-sync stamp is read from its metrics by name, and only
+// once it is after the write (the probe can see a flip before the stamp
+// that follows the apply); a stamp that never comes is an error, and a
+// server that writes every family whatever is asked is not used per flip.
+func TestLastSyncStampIsReadByNameAfterTheWrite(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	last := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: lastSyncName}, []string{"ip_family"})
+	other := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_other"})
+	reg.MustRegister(last, other)
+	t0 := time.Unix(1_700_000_000, 250_000_000)
+	last.WithLabelValues("").Set(float64(t0.UnixNano()) / 1e9)
+	all := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	var reads int
+	byName := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reads++
+		if r.URL.Query().Get("name[]") != lastSyncName {
+			all.ServeHTTP(w, r)
+			return
+		}
+		// The stamp of the write's apply lands before the third read.
+		stamp := t0
+		if reads >= 3 {
+			stamp = t0.Add(time.Second)
+		}
+		fmt.Fprintf(w, "# TYPE %s gauge\n%s{ip_family=\"\"} %s\n", lastSyncName, lastSyncName, strconv.FormatFloat(float64(stamp.UnixNano())/1e9, 'g', -1, 64))
+	}))
+	defer byName.Close()
+	if ok, err := servesByName(byName.URL); !ok || err != nil {
+		t.Errorf("a server that filters by name: %v, %v", ok, err)
+	}
+	whole := httptest.NewServer(all)
+	defer whole.Close()
+	if ok, err := servesByName(whole.URL); ok || err != nil {
+		t.Errorf("a server that writes every family: %v, %v", ok, err)
+	}
+	reads = 1
+	at, err := lastSyncAfter(byName.URL, t0.Add(time.Millisecond), time.Minute)
+	if err != nil || reads != 3 || at.Sub(t0.Add(time.Second)).Abs() > time.Microsecond {
+		t.Errorf("stamp %v (%v) after %d reads, want %v after 3", at, err, reads, t0.Add(time.Second))
+	}
+	if _, err := lastSyncAfter(whole.URL, t0.Add(time.Hour), 0); err == nil || !strings.Contains(err.Error(), lastSyncName) {
+		t.Errorf("a stamp that never comes: %v", err)
 	}
 }
 
@@ -90,7 +150,7 @@ func TestBareWatchSeesEachWrite(t *testing.T) {
 		t.Fatalf("the watch saw %d versions, want exactly the %d written after it opened: %v", len(seen), len(written), seen)
 	}
 	m := Metrics{}
-	if err := beyondWatch(m, written, []time.Duration{time.Minute, time.Minute, time.Minute}, seen); err != nil {
+	if err := beyondWatch(m, written, []time.Duration{time.Minute, time.Minute, time.Minute}, nil, seen); err != nil {
 		t.Fatal(err)
 	}
 	if w := m["api_watch_max_ms"]; !(w > 0 && w < 60e3) {
@@ -113,11 +173,12 @@ func TestSteadyFlipsCountOnlyTheirOwn(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ms := time.Millisecond
 	seen := map[string]time.Time{"1": t0, "2": t0.Add(3 * ms), "3": t0.Add(time.Second + 2*ms)}
-	run := func() (Metrics, []writtenVersion, []time.Duration, error) {
+	run := func() (Metrics, []writtenVersion, []time.Duration, []time.Time, error) {
 		for range 10 {
 			h.Observe(0.0003)
 		}
-		return Metrics{"update_p50_ms": 3, "update_max_ms": 4}, []writtenVersion{{"2", t0}, {"3", t0.Add(time.Second)}}, []time.Duration{4 * ms, 3 * ms}, nil
+		return Metrics{"update_p50_ms": 3, "update_max_ms": 4}, []writtenVersion{{"2", t0}, {"3", t0.Add(time.Second)}}, []time.Duration{4 * ms, 3 * ms},
+			[]time.Time{t0.Add(3*ms + ms/2), t0.Add(time.Second + 3*ms)}, nil
 	}
 	var asked int
 	m := Metrics{}
@@ -127,7 +188,7 @@ func TestSteadyFlipsCountOnlyTheirOwn(t *testing.T) {
 	if asked != 3 {
 		t.Errorf("waited for %d versions, want 3 (1 before, 2 steady)", asked)
 	}
-	for k, want := range map[string]float64{"steady_own_share_p99_le_ms": 0.4, "steady_update_max_ms": 4, "steady_beyond_watch_max_ms": 1} {
+	for k, want := range map[string]float64{"steady_own_share_p99_le_ms": 0.4, "steady_update_max_ms": 4, "steady_beyond_watch_max_ms": 1, "steady_applied_beyond_watch_max_ms": 1} {
 		if got := m[k]; math.Abs(got-want) > 1e-9 {
 			t.Errorf("%s = %v, want %v", k, got, want)
 		}

@@ -222,7 +222,7 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	var effects []time.Duration
 	defer saveProcLog(proc, started, fmt.Sprintf("%s-churn-%d", sl.Name(), n), func() ([]time.Time, []time.Duration) { return written[1:], effects })
 	m, effects, err := flips(ctx, n, manifestFlips, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(topo.LB, probePort).String()),
-		netip.AddrPortFrom(topo.LB, loadPort).String())
+		netip.AddrPortFrom(topo.LB, loadPort).String(), nil)
 	if m != nil {
 		ownShare(m, "http://"+metrics+"/metrics")
 	}
@@ -265,7 +265,7 @@ func kernelChurn(ctx context.Context, in *Instance, mode string, n int, sz Size)
 	if !in.Proc.WaitFor(3*time.Minute, func() bool { return backendOf(client, probe) == "0" }) {
 		return nil, fmt.Errorf("%s with %d more services: the probe never answered:\n%s", in.System.Name(), n, in.Proc.Output())
 	}
-	m, _, err := flips(ctx, n, 0, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(probeIP, 80).String()), in.Addr("echo").String())
+	m, _, err := flips(ctx, n, 0, sz, stage, httpBackends, rawBackendOf(netip.AddrPortFrom(probeIP, 80).String()), in.Addr("echo").String(), nil)
 	return m, err
 }
 
@@ -301,8 +301,9 @@ func pause(d time.Duration) {
 // backendOf sent there (servedAfter), while new connections run against
 // load. It returns the moves' times in the order they were made beside the
 // metrics; probe_lag_* is how much later than that the probe saw it, which
-// the figures before the backends' X-Served-At included.
-func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort) (commit func() error, err error), httpBackends []netip.AddrPort, backendOf func() (string, time.Time), load string) (Metrics, []time.Duration, error) {
+// the figures before the backends' X-Served-At included. seen (nil: none)
+// is called once each move has been seen, before the next.
+func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort) (commit func() error, err error), httpBackends []netip.AddrPort, backendOf func() (string, time.Time), load string, seen func() error) (Metrics, []time.Duration, error) {
 	var loadErrs atomic.Int64
 	var loadMu sync.Mutex
 	var loadLat []time.Duration
@@ -363,7 +364,7 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			}
 			pause(flipPollGap)
 		}
-		seen := time.Since(t)
+		sawAt := time.Since(t)
 		took, err := servedAfter(i, t, served)
 		if err != nil {
 			close(stop)
@@ -371,7 +372,14 @@ func flips(ctx context.Context, n, count int, sz Size, stage func(netip.AddrPort
 			return nil, nil, err
 		}
 		effect = append(effect, took)
-		lag = append(lag, seen-took)
+		lag = append(lag, sawAt-took)
+		if seen != nil {
+			if err := seen(); err != nil {
+				close(stop)
+				wg.Wait()
+				return nil, nil, fmt.Errorf("update %d: %w", i, err)
+			}
+		}
 	}
 	close(stop)
 	wg.Wait()
