@@ -3,7 +3,6 @@ package admin
 import (
 	"bufio"
 	"compress/gzip"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -21,6 +20,10 @@ import (
 // object that owns it; nothing is registered globally.
 type Metrics struct {
 	Registry *prometheus.Registry
+	// runtime holds the Go and process collectors, gathered apart: they
+	// read the runtime's metrics and /proc, most of a gathering's cost, so
+	// a scrape by name that does not ask for theirs skips them.
+	runtime *prometheus.Registry
 
 	syncDuration    *prometheus.HistogramVec
 	lastSync        *prometheus.GaugeVec
@@ -56,6 +59,7 @@ type Metrics struct {
 func NewMetrics() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
+		runtime:  prometheus.NewRegistry(),
 		// Per IP family, as kube-proxy v1.34's, for the kernel modes that
 		// sync each family apart (iptables, nftables); "" for a plane
 		// that applies a state whole (userspace, IPVS).
@@ -128,8 +132,8 @@ func NewMetrics() *Metrics {
 		ports: newPortMetrics(),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
-		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped)
+	m.runtime.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -328,7 +332,7 @@ func codeLabel(code int) string { return strconv.Itoa(code) }
 // the registry's families as promhttp writes them, then the per-port
 // data-path families.
 func (m *Metrics) WriteText(w io.Writer) error {
-	mfs, err := m.Registry.Gather()
+	mfs, err := prometheus.Gatherers{m.Registry, m.runtime}.Gather()
 	if err != nil {
 		return err
 	}
@@ -338,7 +342,11 @@ func (m *Metrics) WriteText(w io.Writer) error {
 // writeText writes mfs and the per-port families, those of them named in
 // only when it is not empty.
 func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily, only map[string]bool) error {
-	bw := bufio.NewWriterSize(w, 64<<10)
+	size := 64 << 10
+	if len(only) > 0 {
+		size = 4 << 10 // a few families: the 64 KiB a whole scrape streams through is most of such a scrape's garbage
+	}
+	bw := bufio.NewWriterSize(w, size)
 	for _, mf := range mfs {
 		if len(only) > 0 && !only[mf.GetName()] {
 			continue
@@ -359,29 +367,25 @@ func (m *Metrics) writeText(w io.Writer, mfs []*dto.MetricFamily, only map[strin
 //
 // With name[] parameters (/metrics?name[]=kubeproxy_sync_proxy_rules_last_timestamp_seconds)
 // only the families so named are written: a check of the sync's health
-// at 10k service ports then neither lists nor formats the ports' series.
-// A name no family has is an error, so that a misspelt one is not read as
-// a metric with no samples.
+// at 10k service ports then neither lists nor formats the ports' series,
+// nor reads the runtime's and /proc's figures unless one of theirs is
+// named. A name no family has writes nothing, as a family with no sample
+// yet does.
 func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	mfs, err := m.Registry.Gather()
+	names := r.URL.Query()["name[]"]
+	var (
+		mfs  []*dto.MetricFamily
+		only map[string]bool
+		err  error
+	)
+	if len(names) == 0 {
+		mfs, err = prometheus.Gatherers{m.Registry, m.runtime}.Gather()
+	} else {
+		mfs, only, err = m.gatherNamed(names)
+	}
 	if err != nil {
 		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
 		return
-	}
-	var only map[string]bool
-	if names := r.URL.Query()["name[]"]; len(names) > 0 {
-		only = make(map[string]bool, len(names))
-		known := m.ports.familyNames()
-		for _, mf := range mfs {
-			known[mf.GetName()] = true
-		}
-		for _, n := range names {
-			if !known[n] {
-				http.Error(w, fmt.Sprintf("name[]=%q: no such metric family", n), http.StatusBadRequest)
-				return
-			}
-			only[n] = true
-		}
 	}
 	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	var out io.Writer = w
@@ -392,6 +396,36 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out = gz
 	}
 	m.writeText(out, mfs, only) // an error here is the scraper gone
+}
+
+// gatherNamed gathers what a scrape by name needs: sluice's own registry,
+// and the Go and process collectors only when a name is not found before
+// them.
+func (m *Metrics) gatherNamed(names []string) ([]*dto.MetricFamily, map[string]bool, error) {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		return nil, nil, err
+	}
+	known := m.ports.familyNames()
+	for _, mf := range mfs {
+		known[mf.GetName()] = true
+	}
+	only := make(map[string]bool, len(names))
+	for _, n := range names {
+		only[n] = true
+	}
+	for n := range only {
+		if !known[n] {
+			rt, err := m.runtime.Gather()
+			if err != nil {
+				return nil, nil, err
+			}
+			mfs = append(mfs, rt...)
+			slices.SortFunc(mfs, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
+			break
+		}
+	}
+	return mfs, only, nil
 }
 
 // acceptsGzip reports whether an Accept-Encoding header allows gzip.
