@@ -389,7 +389,10 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	var out io.Writer = w
-	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+	// A scrape by name of none of the ports' families is a few lines:
+	// not worth a compressor's state, about a megabyte at the fastest
+	// level.
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) && (len(only) == 0 || m.ports.names(only)) {
 		w.Header().Set("Content-Encoding", "gzip")
 		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 		defer gz.Close()

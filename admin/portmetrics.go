@@ -148,6 +148,11 @@ func (p *portMetrics) familyNames() map[string]bool {
 	return names
 }
 
+// names says whether only names one of the per-port families.
+func (p *portMetrics) names(only map[string]bool) bool {
+	return slices.ContainsFunc(p.families, func(f portFamily) bool { return only[f.name] })
+}
+
 // writeText writes the families in the Prometheus text format (0.0.4),
 // each port's series in the order a registry gathers them (by label
 // values, label names sorted: direction, protocol, service). Values are
@@ -155,7 +160,7 @@ func (p *portMetrics) familyNames() map[string]bool {
 // families it names are written, and the ports are not listed at all
 // when it names none of them.
 func (p *portMetrics) writeText(w *bufio.Writer, only map[string]bool) {
-	if len(only) > 0 && !slices.ContainsFunc(p.families, func(f portFamily) bool { return only[f.name] }) {
+	if len(only) > 0 && !p.names(only) {
 		return
 	}
 	p.mu.Lock()
