@@ -459,8 +459,18 @@ func TestEndToEndAdminAnswersWhenTheDataPlaneIsFull(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "svc.yaml"), manifest(np, freePort(t, "udp"), bport, freePort(t, "udp"), "127.0.0.1"))
 	for _, engine := range []string{"eventloop", "goroutine"} {
 		t.Run(engine, func(t *testing.T) {
-			p := startCmd(t, exec.Command("prlimit", "--nofile=256:256", "--", sluiceBin, "--manifests", dir, "--engine", engine,
-				"--bind-address", "127.0.0.1", fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)))
+			// One event loop: each loop accepts from a socket of its own
+			// (SO_REUSEPORT), so with two the kernel may queue the last
+			// client on the loop that is ahead, and it is served while an
+			// earlier one waits (a CI run under -race saw it). With one
+			// socket the queue is in dialling order and the last client is
+			// the one left waiting.
+			args := []string{"--nofile=256:256", "--", sluiceBin, "--manifests", dir, "--engine", engine,
+				"--bind-address", "127.0.0.1", fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}
+			if engine == "eventloop" {
+				args = append(args, "--event-loops=1")
+			}
+			p := startCmd(t, exec.Command("prlimit", args...))
 			p.waitLog("listening", "role=nodePort", fmt.Sprintf("127.0.0.1:%d", np))
 			var held []net.Conn
 			defer func() {
