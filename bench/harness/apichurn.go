@@ -639,24 +639,20 @@ func servesByName(url string) (bool, error) {
 	return len(fams) == 1 && fams[lastSyncName] != nil, nil
 }
 
-// lastSyncAfter reads the proxy's last-sync stamp (its whole-state one,
-// ip_family="") until it is after written, for at most wait: the probe can
+// lastSyncAfter reads the proxy's last-sync stamp (its one series: a
+// whole-state plane's, ip_family="") until it is after written, for at most wait: the probe can
 // see a flip between the plane's apply and the stamp that follows it.
 func lastSyncAfter(url string, written time.Time, wait time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		fams, err := readFamilies(url + "?name[]=" + lastSyncName)
+		gauges, err := readGauges(url+"?name[]="+lastSyncName, lastSyncName)
 		if err != nil {
 			return time.Time{}, err
 		}
 		var at time.Time
-		if f := fams[lastSyncName]; f != nil {
-			for _, s := range f.GetMetric() {
-				if len(s.GetLabel()) == 1 && s.GetLabel()[0].GetValue() == "" {
-					sec, frac := math.Modf(s.GetGauge().GetValue())
-					at = time.Unix(int64(sec), int64(frac*1e9))
-				}
-			}
+		if v, ok := gauges[lastSyncName]; ok {
+			sec, frac := math.Modf(v)
+			at = time.Unix(int64(sec), int64(frac*1e9))
 		}
 		if at.After(written) {
 			return at, nil

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,16 +82,16 @@ func TestLastSyncStampIsReadByNameAfterTheWrite(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 250_000_000)
 	last.WithLabelValues("").Set(float64(t0.UnixNano()) / 1e9)
 	all := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
-	var reads int
+	var reads atomic.Int32
 	byName := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reads++
+		n := reads.Add(1)
 		if r.URL.Query().Get("name[]") != lastSyncName {
 			all.ServeHTTP(w, r)
 			return
 		}
 		// The stamp of the write's apply lands before the third read.
 		stamp := t0
-		if reads >= 3 {
+		if n >= 3 {
 			stamp = t0.Add(time.Second)
 		}
 		fmt.Fprintf(w, "# TYPE %s gauge\n%s{ip_family=\"\"} %s\n", lastSyncName, lastSyncName, strconv.FormatFloat(float64(stamp.UnixNano())/1e9, 'g', -1, 64))
@@ -104,10 +105,10 @@ func TestLastSyncStampIsReadByNameAfterTheWrite(t *testing.T) {
 	if ok, err := servesByName(whole.URL); ok || err != nil {
 		t.Errorf("a server that writes every family: %v, %v", ok, err)
 	}
-	reads = 1
+	reads.Store(1)
 	at, err := lastSyncAfter(byName.URL, t0.Add(time.Millisecond), time.Minute)
-	if err != nil || reads != 3 || at.Sub(t0.Add(time.Second)).Abs() > time.Microsecond {
-		t.Errorf("stamp %v (%v) after %d reads, want %v after 3", at, err, reads, t0.Add(time.Second))
+	if err != nil || reads.Load() != 3 || at.Sub(t0.Add(time.Second)).Abs() > time.Microsecond {
+		t.Errorf("stamp %v (%v) after %d reads, want %v after 3", at, err, reads.Load(), t0.Add(time.Second))
 	}
 	if _, err := lastSyncAfter(whole.URL, t0.Add(time.Hour), 0); err == nil || !strings.Contains(err.Error(), lastSyncName) {
 		t.Errorf("a stamp that never comes: %v", err)
