@@ -35,10 +35,10 @@ image: ## bin/sluice-image.tar, an OCI image archive (Debian + sluice; no regist
 image-test: image ## run the image with podman in the tests' private network namespace: tools, --version, manifests mode with traffic
 	$(GO) test -count=1 -v -run '^TestImage$$' ./cmd/sluice
 
-TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables podman runc mmdebstrap
+TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables podman runc mmdebstrap gcc
 
-test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest), podman, runc and mmdebstrap (the image) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
-	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft podman runc mmdebstrap; do command -v $$t >/dev/null || missing=1; done; \
+test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest), podman, runc and mmdebstrap (the image), gcc (the bench's C floor relay) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
+	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft podman runc mmdebstrap cc; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \
@@ -87,10 +87,10 @@ windows: ## the userspace mode must build, and vet with its tests, for Windows n
 	GOOS=windows $(GO) build ./...
 	GOOS=windows $(GO) vet ./...
 
-BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3 iptables linux-perf
+BENCH_PACKAGES := haproxy nginx-light libnginx-mod-stream wrk iperf3 iptables linux-perf gcc
 
 bench-deps: ## install the peers and load generators the bench harness runs (Debian packages)
-	@missing=""; for t in haproxy nginx wrk iperf3 iptables-nft-restore iptables-legacy-restore perf; do command -v $$t >/dev/null || missing=1; done; \
+	@missing=""; for t in haproxy nginx wrk iperf3 iptables-nft-restore iptables-legacy-restore perf cc; do command -v $$t >/dev/null || missing=1; done; \
 	[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || missing=1; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "bench-deps: need root to apt-get install $(BENCH_PACKAGES)"; exit 1; fi; \
