@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/lb"
+	"golang.org/x/sys/unix"
 )
 
 // Engine micro-benchmarks, peers side by side in one run: no proxy
@@ -197,4 +198,20 @@ func BenchmarkUDPRequestResponse(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSyscallBookkeeping is what Go's entersyscall/exitsyscall add to
+// a call that never blocks (close of no descriptor: the kernel's
+// shortest path), the reason the engine's per-connection calls are raw.
+func BenchmarkSyscallBookkeeping(b *testing.B) {
+	b.Run("Syscall", func(b *testing.B) {
+		for b.Loop() {
+			unix.Syscall(unix.SYS_CLOSE, ^uintptr(0), 0, 0)
+		}
+	})
+	b.Run("RawSyscall", func(b *testing.B) {
+		for b.Loop() {
+			unix.RawSyscall(unix.SYS_CLOSE, ^uintptr(0), 0, 0)
+		}
+	})
 }

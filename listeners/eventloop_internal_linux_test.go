@@ -943,3 +943,48 @@ func TestConnectRawAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// The raw per-connection calls do what x/sys/unix's wrappers did: the
+// option is set and reads back, SO_LINGER is on for 0 s, shutdown and
+// epoll_ctl report the kernel's errors, and a closed descriptor is gone.
+func TestRawSocketCallsDoWhatTheWrappersDid(t *testing.T) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setIntOpt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err != nil || v == 0 {
+		t.Fatalf("TCP_NODELAY reads %d, %v after setIntOpt", v, err)
+	}
+	if err := setIntOpt(fd, unix.IPPROTO_TCP, 1<<20, 1); err != unix.ENOPROTOOPT {
+		t.Fatalf("an unknown option: %v, want ENOPROTOOPT", err)
+	}
+	lingerNone(fd)
+	if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil || l.Onoff == 0 || l.Linger != 0 {
+		t.Fatalf("SO_LINGER reads %+v, %v after lingerNone", l, err)
+	}
+	if err := shutWrite(fd); err != unix.ENOTCONN {
+		t.Fatalf("shutdown of an unconnected socket: %v, want ENOTCONN", err)
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(epfd)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := epollAdd(epfd, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := epollAdd(epfd, fd, &ev); err != unix.EEXIST {
+		t.Fatalf("a second add: %v, want EEXIST", err)
+	}
+	closeNow(fd)
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Fatalf("after closeNow: %v, want EBADF", err)
+	}
+	if err := epollAdd(epfd, fd, &ev); err != unix.EBADF {
+		t.Fatalf("an add of a closed descriptor: %v, want EBADF", err)
+	}
+}

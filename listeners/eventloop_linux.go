@@ -364,7 +364,7 @@ func (l *loop) registerReads(fd int, h handler) error { return l.registerFor(fd,
 
 func (l *loop) registerFor(fd int, h handler, events uint32) error {
 	ev := unix.EpollEvent{Events: events | unix.EPOLLET, Fd: int32(fd)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := epollAdd(l.epfd, fd, &ev); err != nil {
 		return err
 	}
 	l.regs.set(fd, h)
@@ -386,7 +386,7 @@ func (l *loop) drop(fd int) {
 // closeFD unregisters and closes fd.
 func (l *loop) closeFD(fd int) {
 	l.drop(fd)
-	unix.Close(fd) // closing the only reference removes it from epoll
+	closeNow(fd) // closing the only reference removes it from epoll
 }
 
 // closeListening unregisters and closes a listening socket, which a
@@ -439,7 +439,7 @@ func (l *loop) wait(events []unix.EpollEvent, timeout int) (int, error) {
 		}
 	}
 	n, err := unix.EpollWait(l.epfd, events, timeout)
-	if n > 0 {
+	if n > 0 && l.e.opts.BusyPoll > 0 { // a clock read per wake-up only for those who spin
 		l.lastEvent = l.e.opts.Now()
 	}
 	return n, err
@@ -1007,8 +1007,8 @@ func (l *loop) giveWalk(c *tcpConn) {
 // resetClose closes with SO_LINGER 0, which sends RST: the client sees
 // ECONNRESET at once instead of hanging.
 func resetClose(fd int) {
-	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	unix.Close(fd)
+	lingerNone(fd)
+	closeNow(fd)
 }
 
 // tryNext starts a non-blocking connect to the next endpoint of the walk.
@@ -1028,10 +1028,10 @@ func (c *tcpConn) tryNext() {
 			c.abort()
 			return
 		}
-		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		setIntOpt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		err = connectRaw(fd, &sa)
 		if err != nil && err != unix.EINPROGRESS {
-			unix.Close(fd)
+			closeNow(fd)
 			c.failed(ep)
 			continue
 		}
@@ -1173,7 +1173,7 @@ func (c *tcpConn) step(p *pipe) (moved, ok bool) {
 	// turn it into an RST): no shutdown call (one per connection, issue 12).
 	if p.eof && !p.pending() && !p.shut {
 		if other := c.otherWay(p); !other.shut {
-			if err := unix.Shutdown(p.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			if err := shutWrite(p.dst.fd); err != nil && err != unix.ENOTCONN {
 				return moved, false
 			}
 		}
