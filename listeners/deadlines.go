@@ -5,13 +5,21 @@ import (
 	"time"
 )
 
-// deadline is one pending call on an event loop: fn runs on the loop once
-// the loop's clock reaches at, unless it is cancelled first.
+// deadline is one pending call on an event loop: fn (or, without one,
+// owner's expire) runs on the loop once the loop's clock reaches at, unless
+// it is cancelled first.
 type deadline struct {
 	at    time.Time
 	fn    func()
+	owner expirer
 	index int // in the heap; -1 once it has run or been cancelled
 }
+
+// expirer is what a deadline kept inside it times out: a proxied
+// connection's connect and half-close timers are one deadline in the
+// connection, re-armed, so a connection allocates no closure and no
+// deadline (issue 12).
+type expirer interface{ expire() }
 
 // deadlines is an event loop's timers: a min-heap on time, driven by the
 // loop's own poll timeout, so connect timeouts, back-offs and flow expiry
@@ -24,6 +32,17 @@ func (d *deadlines) add(at time.Time, fn func()) *deadline {
 	x := &deadline{at: at, fn: fn}
 	heap.Push(&d.h, x)
 	return x
+}
+
+// arm schedules x, kept and reused by its owner, at at; if x is pending
+// it moves.
+func (d *deadlines) arm(x *deadline, at time.Time) {
+	x.at = at
+	if x.index >= 0 && x.index < len(d.h) && d.h[x.index] == x {
+		heap.Fix(&d.h, x.index)
+		return
+	}
+	heap.Push(&d.h, x)
 }
 
 // cancel removes x if it has not run yet; a nil or spent x is ignored.
@@ -48,7 +67,11 @@ func (d *deadlines) fire(now time.Time) int {
 	n := 0
 	for len(d.h) > 0 && !d.h[0].at.After(now) {
 		x := heap.Pop(&d.h).(*deadline)
-		x.fn()
+		if x.fn != nil {
+			x.fn()
+		} else {
+			x.owner.expire()
+		}
 		n++
 	}
 	return n

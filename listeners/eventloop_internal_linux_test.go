@@ -24,7 +24,7 @@ import (
 func (e *EventLoop) loopState() (conns, buffers, pipes int) {
 	for _, l := range e.loops {
 		l.do(func() {
-			for c := range l.conns {
+			for c := l.conns.head; c != nil; c = c.next {
 				conns++
 				for _, p := range [2]*pipe{&c.up, &c.down} {
 					if p.buf != nil {
@@ -72,7 +72,7 @@ func (e *EventLoop) walkState() (holding int, spare map[*lb.Walk]bool) {
 	spare = map[*lb.Walk]bool{}
 	for _, l := range e.loops {
 		l.do(func() {
-			for c := range l.conns {
+			for c := l.conns.head; c != nil; c = c.next {
 				if c.walk != nil {
 					holding++
 				}
@@ -986,5 +986,59 @@ func TestRawSocketCallsDoWhatTheWrappersDid(t *testing.T) {
 	}
 	if err := epollAdd(epfd, fd, &ev); err != unix.EBADF {
 		t.Fatalf("an add of a closed descriptor: %v, want EBADF", err)
+	}
+}
+
+// A closed connection's state is taken again by a later connection once
+// the turn that closed it is over, so serial connections allocate no
+// connection each; the loop's list of open connections stays exact.
+func TestEventLoopReusesClosedConnections(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	l := e.loops[0]
+	listed := func() (open []*tcpConn, n int) {
+		l.do(func() {
+			for c := l.conns.head; c != nil; c = c.next {
+				open = append(open, c)
+			}
+			n = l.conns.n
+		})
+		return open, n
+	}
+	distinct := map[*tcpConn]bool{}
+	for i := 0; i < 20; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("one exchange"))
+		open, n := listed()
+		if len(open) != 1 || n != 1 {
+			t.Fatalf("connection %d: %d listed, count %d; want 1", i, len(open), n)
+		}
+		distinct[open[0]] = true
+		c.Close()
+		<-f.ctr.closed // released on the loop
+	}
+	if len(distinct) > 2 {
+		t.Fatalf("20 connections one after another used %d connection states; want them reused (at most 2)", len(distinct))
+	}
+	// Several open at once, closed out of order: the list unlinks each.
+	var cs []*net.TCPConn
+	for i := 0; i < 5; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("x"))
+		cs = append(cs, c)
+	}
+	for _, i := range []int{2, 0, 4} {
+		cs[i].Close()
+		<-f.ctr.closed
+	}
+	if open, n := listed(); len(open) != 2 || n != 2 {
+		t.Fatalf("after closing 3 of 5: %d listed, count %d; want 2", len(open), n)
+	}
+	cs[1].Close()
+	cs[3].Close()
+	<-f.ctr.closed
+	<-f.ctr.closed
+	if open, n := listed(); len(open) != 0 || n != 0 {
+		t.Fatalf("all closed: %d listed, count %d", len(open), n)
 	}
 }
