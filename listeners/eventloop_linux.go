@@ -606,10 +606,7 @@ func (l *loop) endTurn() {
 // connList is a loop's open connections, linked through the connections
 // themselves: a map from connection to nothing cost a hash insert and
 // delete per connection (about 4 % of the loop's user time in cost-crr).
-type connList struct {
-	head *tcpConn
-	n    int
-}
+type connList struct{ head *tcpConn }
 
 func (cl *connList) add(c *tcpConn) {
 	c.prev, c.next = nil, cl.head
@@ -617,7 +614,6 @@ func (cl *connList) add(c *tcpConn) {
 		cl.head.prev = c
 	}
 	cl.head = c
-	cl.n++
 }
 
 func (cl *connList) remove(c *tcpConn) {
@@ -630,7 +626,6 @@ func (cl *connList) remove(c *tcpConn) {
 		c.next.prev = c.prev
 	}
 	c.prev, c.next = nil, nil
-	cl.n--
 }
 
 func (l *loop) closeAll() {

@@ -58,8 +58,7 @@ struct conn;
 struct ref {
 	int kind; /* 0 listener, 1 client side, 2 backend side */
 	struct conn *c;
-	int svc;
-	int fd;
+	int svc, fd; /* a listener's */
 };
 
 struct conn {
@@ -213,8 +212,8 @@ static void start(struct loop *l, int fd, int si)
 	c->up.dst = &c->bs;
 	c->down.src = &c->bs;
 	c->down.dst = &c->cs;
-	c->cref = (struct ref){.kind = 1, .c = c, .fd = fd};
-	c->bref = (struct ref){.kind = 2, .c = c, .fd = c->bs.fd};
+	c->cref = (struct ref){.kind = 1, .c = c};
+	c->bref = (struct ref){.kind = 2, .c = c};
 	int one = 1;
 	struct sockaddr_in *to = &s->back[__atomic_fetch_add(&s->rr, 1, __ATOMIC_RELAXED) % s->nback];
 	if (c->bs.fd < 0 || setsockopt(c->bs.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ||
