@@ -6,9 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1039,5 +1042,50 @@ func TestEventLoopReusesClosedConnections(t *testing.T) {
 	<-f.ctr.closed
 	if open := listed(); len(open) != 0 {
 		t.Fatalf("all closed: %d listed", len(open))
+	}
+}
+
+// TestEventLoopReadsTheClockOnlyAtWakeUps checks that a proxied connection
+// reads the clock only through its loop's wake-ups: its walk, its connect
+// and half-close deadlines, its connect latency and the next poll timeout
+// all count from the turn's clock (about 100 ns a read on a VM, issue 12).
+func TestEventLoopReadsTheClockOnlyAtWakeUps(t *testing.T) {
+	var mu sync.Mutex
+	readers := map[string]int{}
+	now := func() time.Time {
+		name := "?" // who asked for the time
+		if pc, _, _, ok := runtime.Caller(1); ok {
+			name = runtime.FuncForPC(pc).Name()
+			name = name[strings.LastIndex(name, ".")+1:]
+		}
+		mu.Lock()
+		readers[name]++
+		mu.Unlock()
+		return time.Now()
+	}
+	e := eventLoopForTest(t, Options{Loops: 1, Now: now})
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	for i := 0; i < 5; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("one exchange"))
+		if err := c.CloseWrite(); err != nil { // a half-close: its deadline is armed
+			t.Fatal(err)
+		}
+		if rest, err := io.ReadAll(c); err != nil || len(rest) != 0 {
+			t.Fatalf("connection %d after the half-close: %q, %v; want EOF", i, rest, err)
+		}
+		c.Close()
+		<-f.ctr.closed
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("clock reads in 5 connections: %v", readers)
+	if readers["run"] == 0 {
+		t.Fatalf("the loop never read the clock at a wake-up (readers %v): the test counts nothing", readers)
+	}
+	for name, n := range readers {
+		if name != "run" {
+			t.Errorf("%s read the clock %d times in 5 connections; want only the loop's wake-ups (all readers: %v)", name, n, readers)
+		}
 	}
 }

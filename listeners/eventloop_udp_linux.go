@@ -248,7 +248,7 @@ func (ln *elUDPListener) scheduleSweep() {
 		if ln.closed {
 			return
 		}
-		now := ln.e.opts.Now()
+		now := ln.l.now // the turn's clock, which lastActive is read from too
 		for _, f := range ln.flows {
 			if now.Sub(f.lastActive) >= timeout {
 				f.close()
