@@ -52,24 +52,45 @@ func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
 }
 
 func TestBestPeerAndTargets(t *testing.T) {
-	systems := []System{direct{}, sluice{engine: "eventloop"}, haproxy{}, haproxy{splice: true}, nginx{}}
-	sum := Summary{
-		"tcp-rr": {"direct": {"p50_us": 10, "p99_us": 20}, "sluice-eventloop": {"p50_us": 25, "p99_us": 60},
-			"haproxy": {"p50_us": 30, "p99_us": 50}, "nginx": {"p50_us": 28, "p99_us": 70}},
-		"conn-per-request": {"sluice-eventloop": {"conn_per_s": 1300}, "haproxy": {"conn_per_s": 1000}},
-		"connect-retry":    {"sluice-eventloop": {"error_pct": 0}},
+	systems := []System{direct{}, sluice{engine: "eventloop"}, haproxy{}, haproxy{splice: true}, nginx{}, floor{}}
+	var runs []Run
+	add := func(round int, system, workload string, m Metrics) {
+		runs = append(runs, Run{Round: round, Warmup: round == 0, System: system, Workload: workload, Metrics: m})
 	}
+	for sys, m := range map[string]Metrics{"direct": {"p50_us": 10, "p99_us": 20}, "sluice-eventloop": {"p50_us": 25, "p99_us": 60},
+		"haproxy": {"p50_us": 30, "p99_us": 50}, "nginx": {"p50_us": 28, "p99_us": 70}} {
+		add(1, sys, "tcp-rr", m)
+	}
+	add(1, "sluice-eventloop", "connect-retry", Metrics{"error_pct": 0})
+	// A warm-up round that would turn every ratio, and three rounds in
+	// which the ratio of the medians (1.30×) and the median of the
+	// rounds' ratios (1.10×) fall either side of the 1.2× target.
+	add(0, "sluice-eventloop", "conn-per-request", Metrics{"conn_per_s": 1e9})
+	add(0, "haproxy", "conn-per-request", Metrics{"conn_per_s": 1})
+	for i, pair := range [][2]float64{{1300, 1000}, {1100, 1000}, {1500, 1400}} {
+		add(i+1, "sluice-eventloop", "conn-per-request", Metrics{"conn_per_s": pair[0]})
+		add(i+1, "haproxy", "conn-per-request", Metrics{"conn_per_s": pair[1]})
+	}
+	for i, cpu := range [][3]float64{{70, 100, 60}, {80, 90, 70}, {60, 80, 55}} { // sluice, haproxy, floor-c
+		add(i+1, "sluice-eventloop", "cost-crr", Metrics{"cpu_us_per_unit": cpu[0], "syscalls_per_unit": 20})
+		add(i+1, "haproxy", "cost-crr", Metrics{"cpu_us_per_unit": cpu[1], "syscalls_per_unit": 32})
+		add(i+1, "floor-c", "cost-crr", Metrics{"cpu_us_per_unit": cpu[2], "syscalls_per_unit": 20})
+	}
+	sum := Summarize(runs)
 	v, who := best(sum["tcp-rr"], systems, "p50_us", true)
 	if v != 28 || who != "nginx" {
 		t.Fatalf("best peer %v %s; direct and sluice are not peers", v, who)
 	}
-	out := Targets(sum, systems)
+	out := Targets(sum, runs, systems)
 	for _, want := range []string{
 		"TCP RR p50 at or below the best peer | 25.0 µs vs 28.0 µs (nginx) | met",
 		"TCP RR p99 at or below the best peer | 60.0 µs vs 50.0 µs (haproxy) | **missed**",
-		"1300 vs 1000 (1.30×) | met",
+		"new connections/s at least 1.2× HAProxy | 1300 vs 1000 (1.30×); per round 1.10× (1.07-1.30, 3 rounds) | **missed**",
+		"LB CPU per connection at most 0.8× HAProxy's (cost-crr, µs) | 70 vs 90 (0.78×); per round 0.75× (0.70-0.89, 3 rounds); floor-c 0.69× (0.60-0.78, 3 rounds) | met",
+		"LB syscalls per connection at or below HAProxy's (cost-crr) | 20 vs 32 (0.62×); per round 0.62× (0.62-0.62, 3 rounds); floor-c 0.62× (0.62-0.62, 3 rounds) | met",
+		"keep-alive requests/s at least 1.2× HAProxy | NaN vs NaN (—); per round — | not measured",
 		"zero client errors with a refusing and a black-holed endpoint | 0.0 % | met",
-		"UDP pps at least 1.5× nginx, no drops | NaN vs NaN pps (—), NaN drops | not measured",
+		"UDP pps at least 1.5× nginx, no drops | NaN vs NaN (—); per round — pps, NaN drops | not measured",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("targets lack %q:\n%s", want, out)
@@ -77,6 +98,30 @@ func TestBestPeerAndTargets(t *testing.T) {
 	}
 	if r := ratio(1, 0); r != "—" || ratio(math.NaN(), 1) != "—" || ratio(3, 2) != "1.50×" {
 		t.Fatal("ratio")
+	}
+}
+
+func TestPairedRatioPairsWithinRoundsOnly(t *testing.T) {
+	runs := []Run{
+		{Round: 1, System: "a", Workload: "w", Metrics: Metrics{"x": 2}},
+		{Round: 1, System: "b", Workload: "w", Metrics: Metrics{"x": 4}},
+		{Round: 2, System: "a", Workload: "w", Metrics: Metrics{"x": 3}},
+		{Round: 2, System: "b", Workload: "w", Metrics: Metrics{"x": 3}},
+		{Round: 3, System: "a", Workload: "w", Metrics: Metrics{"x": 100}}, // b did not run: no pair
+		{Round: 4, System: "a", Workload: "w", Metrics: Metrics{"x": 1}},
+		{Round: 4, System: "b", Workload: "w", Err: "boom"},
+		{Round: 5, System: "a", Workload: "w", Metrics: Metrics{"x": 1}},
+		{Round: 5, System: "b", Workload: "other", Metrics: Metrics{"x": 1}},
+	}
+	p := pairedRatio(runs, "w", "x", "a", "b")
+	if p.Rounds != 2 || p.Median != 0.75 || p.Lo != 0.5 || p.Hi != 1 {
+		t.Fatalf("paired %+v; want rounds 1 and 2 only, ratios 0.5 and 1, median 0.75", p)
+	}
+	if got := p.String(); got != "0.75× (0.50-1.00, 2 rounds)" {
+		t.Fatalf("%q", got)
+	}
+	if p := pairedRatio(runs, "w", "x", "a", "nobody"); p.Rounds != 0 || p.String() != "—" {
+		t.Fatalf("no pair: %+v %q", p, p.String())
 	}
 }
 
@@ -378,5 +423,26 @@ func TestHTTPBackendsSayWhenTheyServed(t *testing.T) {
 	got, at := rawBackendOf(b.HTTP[0].String())()
 	if got != "0" || at.Before(before.Add(-time.Millisecond)) || at.After(time.Now().Add(time.Millisecond)) {
 		t.Errorf("backend %q served at %v, want 0 within [%v, now]", got, at, before)
+	}
+}
+
+func TestWriteGivesEachSystemsPerRoundRatioToTheBestPeer(t *testing.T) {
+	var runs []Run
+	for i, pair := range [][2]float64{{70, 100}, {80, 100}} {
+		runs = append(runs, Run{Round: i + 1, System: "sluice-eventloop", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": pair[0]}},
+			Run{Round: i + 1, System: "haproxy", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": pair[1]}})
+	}
+	md, err := Write(t.TempDir(), Options{Mode: "short", Rounds: 2, Topology: Loopback()}, runs, []System{sluice{engine: "eventloop"}, haproxy{}}, "test machine\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| vs direct | vs best peer | vs best peer, per round |",
+		"| sluice-eventloop | 80 | 70 | 0 | 0 | — | — | 0.80× | 0.75× (0.70-0.80, 2 rounds) |",
+		"| haproxy | 100 | 100 | 0 | 0 | — | — | 1.00× | — |", // the peer itself
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md lacks %q:\n%s", want, md)
+		}
 	}
 }
