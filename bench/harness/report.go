@@ -367,7 +367,8 @@ func Targets(sum Summary, runs []Run, systems []System) string {
 	// vs is sluice's metric against other's: the medians, their ratio, and
 	// the per-round ratios, whose median the ratio targets are judged on
 	// (the steadier figure here; see Paired). floor-c's, when it ran, is
-	// the same relay without a runtime: what the design can reach.
+	// a relay with sluice's syscalls and no runtime: what the design can
+	// reach.
 	vs := func(w, m, other string) (string, Paired) {
 		v, o := get(w, u, m), get(w, other, m)
 		p := pairedRatio(runs, w, m, u, other)
