@@ -35,10 +35,10 @@ image: ## bin/sluice-image.tar, an OCI image archive (Debian + sluice; no regist
 image-test: image ## run the image with podman in the tests' private network namespace: tools, --version, manifests mode with traffic
 	$(GO) test -count=1 -v -run '^TestImage$$' ./cmd/sluice
 
-TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables podman runc mmdebstrap gcc
+TEST_PACKAGES := etcd-server iproute2 iptables ipset nftables podman runc mmdebstrap gcc linux-perf
 
-test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest), podman, runc and mmdebstrap (the image), gcc (the bench's C floor relay) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
-	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft podman runc mmdebstrap cc; do command -v $$t >/dev/null || missing=1; done; \
+test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the VM guest), podman, runc and mmdebstrap (the image), gcc (the bench's C floor relay), linux-perf (the bench's user-time samples) and the VM tools (Debian), build kube-apiserver and fetch the VM kernel once into ~/.cache/sluice
+	@missing=""; for t in etcd ip iptables-legacy iptables-nft ipset nft podman runc mmdebstrap cc perf; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "test-deps: need root to apt-get install $(TEST_PACKAGES)"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; \

@@ -76,6 +76,41 @@ func startPerfRecord(pids []int, out string) (*perfCounter, error) {
 	return startPerfCmd(pids, out, args...)
 }
 
+// userSamplePeriod is the user-mode CPU time one sample of
+// startUserSamples stands for, in nanoseconds of cpu-clock.
+const userSamplePeriod = 100_000
+
+// startUserSamples samples the processes' CPU clock in user mode alone,
+// one sample per userSamplePeriod, into out (SLUICE_BENCH_USER_TIME=1).
+// perf cannot count user time alone here: there are no hardware counters,
+// and `perf stat` ignores :u on software clocks. A count of samples at a
+// fixed period is that count, and the steadiest figure found for a change
+// to sluice's own code (bench/latest-engine-floor/per-connection-trims/).
+func startUserSamples(pids []int, out string) (*perfCounter, error) {
+	return startPerfCmd(pids, out, "record", "-e", "cpu-clock:u", "-c", strconv.Itoa(userSamplePeriod))
+}
+
+// userMicros is the user-mode CPU time, in microseconds, that the samples
+// startUserSamples wrote to data stand for.
+func userMicros(data string) (float64, error) {
+	out, err := exec.Command("perf", "script", "-i", data, "-F", "period").Output()
+	if err != nil {
+		return 0, fmt.Errorf("perf script %s: %w", data, err)
+	}
+	return countSamples(string(out)) * userSamplePeriod / 1e3, nil
+}
+
+// countSamples counts the lines of `perf script -F period` output.
+func countSamples(out string) float64 {
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return float64(n)
+}
+
 func startPerfCmd(pids []int, out string, args ...string) (*perfCounter, error) {
 	if _, err := exec.LookPath("perf"); err != nil {
 		return nil, fmt.Errorf("perf is not installed (Debian: linux-perf): %w", err)
@@ -200,23 +235,40 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 		}
 		defer rec.end()
 	}
+	var user *perfCounter
+	userData := filepath.Join(dir, "user.data")
+	if os.Getenv("SLUICE_BENCH_USER_TIME") == "1" {
+		if user, err = startUserSamples(pids, userData); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	recorders := []*perfCounter{rec, user}
 	if err := p.command("enable"); err != nil {
 		p.stop()
 		return nil, err
 	}
-	if rec != nil {
-		if err := rec.command("enable"); err != nil {
+	for _, r := range recorders {
+		if r == nil {
+			continue
+		}
+		if err := r.command("enable"); err != nil {
 			p.stop()
 			return nil, err
 		}
 	}
 	units, werr := work()
 	derr := p.command("disable")
-	if rec != nil {
-		derr = errors.Join(derr, rec.command("disable"))
+	for _, r := range recorders {
+		if r != nil {
+			derr = errors.Join(derr, r.command("disable"))
+		}
 	}
 	c, serr := p.stop()
 	if err := errors.Join(werr, derr, serr); err != nil {
+		if user != nil {
+			user.end()
+		}
 		return nil, err
 	}
 	if units == 0 {
@@ -229,6 +281,14 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 	}
 	for ev, v := range c.Extra {
 		m[strings.TrimPrefix(ev, "syscalls:sys_enter_")+"_per_unit"] = v / float64(units)
+	}
+	if user != nil {
+		user.end() // perf writes the samples out as it exits
+		us, err := userMicros(userData)
+		if err != nil {
+			return nil, err
+		}
+		m["user_us_per_unit"] = us / float64(units)
 	}
 	return m, nil
 }
