@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -80,6 +81,28 @@ func removeStaleHandoverSockets() {
 	}
 }
 
+// drawnPorts are the ports freePort has handed out in this test process.
+// A port is free when drawn but bound only later, by sluice or a backend,
+// so two draws (in one test, or in tests running in parallel) could name
+// the same port, and the second to bind failed (CI: sluice's metrics
+// listener, "address already in use"). Ports are process-wide, and so is
+// this record of them: test code only.
+var drawnPorts = struct {
+	sync.Mutex
+	m map[int]bool
+}{m: map[int]bool{}}
+
+// drawPort records port as handed out, and reports false if it was.
+func drawPort(port int) bool {
+	drawnPorts.Lock()
+	defer drawnPorts.Unlock()
+	if drawnPorts.m[port] {
+		return false
+	}
+	drawnPorts.m[port] = true
+	return true
+}
+
 func freePort(t *testing.T, network string) int {
 	t.Helper()
 	// Below the ephemeral range (Linux's default is 32768-60999): a port
@@ -88,6 +111,9 @@ func freePort(t *testing.T, network string) int {
 	// it (seen under make test's load: sluice exited at once).
 	for range 200 {
 		port := 20000 + rand.IntN(12000)
+		if !drawPort(port) {
+			continue // handed out already, perhaps not yet bound
+		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if network == "udp" {
 			if pc, err := net.ListenPacket("udp", addr); err == nil {
