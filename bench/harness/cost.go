@@ -242,6 +242,11 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 			p.stop()
 			return nil, err
 		}
+		defer func() {
+			if user != nil { // not ended below: an error came first
+				user.end()
+			}
+		}()
 	}
 	recorders := []*perfCounter{rec, user}
 	if err := p.command("enable"); err != nil {
@@ -266,9 +271,6 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 	}
 	c, serr := p.stop()
 	if err := errors.Join(werr, derr, serr); err != nil {
-		if user != nil {
-			user.end()
-		}
 		return nil, err
 	}
 	if units == 0 {
@@ -284,6 +286,7 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 	}
 	if user != nil {
 		user.end() // perf writes the samples out as it exits
+		user = nil
 		us, err := userMicros(userData)
 		if err != nil {
 			return nil, err
