@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1087,5 +1089,52 @@ func TestEventLoopReadsTheClockOnlyAtWakeUps(t *testing.T) {
 		if name != "run" {
 			t.Errorf("%s read the clock %d times in 5 connections; want only the loop's wake-ups (all readers: %v)", name, n, readers)
 		}
+	}
+}
+
+// A listening socket is level-triggered (listenEvents): the wait reports it
+// while clients are queued, and each report accepts one. Paused at the
+// descriptor budget it must leave the wait's interest, or every wait would
+// report the queue at once and the loop would spin until a connection
+// ended. Paused, the loop wakes about twice per acceptBackoff: once for the
+// retry's deadline, once for the queue the retry finds still there.
+func TestEventLoopPausedListenerLeavesTheLoopAsleep(t *testing.T) {
+	var wakeUps atomic.Int64
+	now := func() time.Time {
+		wakeUps.Add(1) // the loop reads the clock once per wake-up (TestEventLoopReadsTheClockOnlyAtWakeUps)
+		return time.Now()
+	}
+	e := eventLoopForTest(t, Options{Loops: 1, MaxFDs: 2, Now: now}) // one connection's two descriptors
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	first := f.dial()
+	defer first.Close()
+	echoOnce(t, first, []byte("fills the budget"))
+
+	before, start := wakeUps.Load(), time.Now()
+	waiting := f.dial() // queued: the kernel completes the handshake
+	defer waiting.Close()
+	if _, err := waiting.Write([]byte("queued")); err != nil {
+		t.Fatal(err)
+	}
+	waiting.SetReadDeadline(time.Now().Add(300 * time.Millisecond)) // the time it must stay unserved
+	if n, err := waiting.Read(make([]byte, 16)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a connection past the budget: read %d bytes, %v; want it waiting", n, err)
+	}
+	woke, elapsed := wakeUps.Load()-before, time.Since(start)
+	// Twice per back-off, with room for a deadline the timeout's rounding
+	// wakes for early; a spinning loop wakes thousands of times.
+	limit := 3*int64(elapsed/acceptBackoff) + 10
+	t.Logf("paused for %v: %d wake-ups (at most %d)", elapsed, woke, limit)
+	if woke > limit {
+		t.Fatalf("paused for %v, the loop woke %d times; want at most %d: it spins on the queued client", elapsed, woke, limit)
+	}
+
+	// The first connection's descriptors go back, and the retry accepts
+	// the waiting client.
+	first.Close()
+	waiting.SetReadDeadline(time.Now().Add(20 * time.Second)) // a safety net
+	buf := make([]byte, len("queued"))
+	if _, err := io.ReadFull(waiting, buf); err != nil || string(buf) != "queued" {
+		t.Fatalf("once the first connection ended, the waiting one got %q, %v", buf, err)
 	}
 }
