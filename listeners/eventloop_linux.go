@@ -215,7 +215,7 @@ type loop struct {
 	// handler that is gone, or the next one given the same number.
 	pending []unix.EpollEvent
 	later   []*tcpConn // connections that yielded with work left
-	again   []func()   // sockets that yielded with work left (accept, UDP)
+	again   []func()   // UDP sockets that yielded with work left
 	timers  deadlines
 	free    [][]byte // spare copy buffers
 	// walks are spare connect walks, with their orders' room: a
@@ -731,7 +731,7 @@ type elTCPListener struct {
 type elTCPSocket struct {
 	ln      *elTCPListener
 	l       *loop
-	backoff *deadline // pending accept retry after EMFILE and the like
+	backoff *deadline // pending accept retry after EMFILE and the like (paused)
 	fd      int32
 }
 
