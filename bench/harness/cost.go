@@ -58,6 +58,9 @@ type perfCounter struct {
 	ack     *bufio.Reader
 	ackFile *os.File
 	out     string
+	stderr  *strings.Builder // what perf said; read only once it has exited
+	ended   bool
+	endErr  error
 }
 
 func startPerf(pids []int, dir string) (*perfCounter, error) {
@@ -69,6 +72,11 @@ func startPerf(pids []int, dir string) (*perfCounter, error) {
 // startPerfRecord samples call graphs over the same stretch into out, for
 // `perf report` (SLUICE_BENCH_PERF_RECORD names the directory).
 func startPerfRecord(pids []int, out string) (*perfCounter, error) {
+	// perf cannot make the directory: it failed, and said so only on its
+	// stderr, with the first command unanswered.
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return nil, fmt.Errorf("SLUICE_BENCH_PERF_RECORD: %w", err)
+	}
 	args := []string{"record", "-g", "-F", "4999"}
 	if ev := os.Getenv("SLUICE_BENCH_PERF_RECORD_EVENT"); ev != "" { // e.g. syscalls:sys_enter_nanosleep
 		args = []string{"record", "-g", "-e", ev}
@@ -146,28 +154,45 @@ func startPerfCmd(pids []int, out string, args ...string) (*perfCounter, error) 
 	}
 	ctlR.Close()
 	ackW.Close()
-	return &perfCounter{cmd: cmd, ctl: ctlW, ack: bufio.NewReader(ackR), ackFile: ackR, out: out}, nil
+	return &perfCounter{cmd: cmd, ctl: ctlW, ack: bufio.NewReader(ackR), ackFile: ackR, out: out, stderr: &stderr}, nil
 }
 
-// command sends enable or disable and waits for perf's ack.
+// command sends enable or disable and waits for perf's ack. Unanswered,
+// perf has most likely failed: it is ended, and the error gives what it
+// said.
 func (p *perfCounter) command(c string) error {
 	if _, err := io.WriteString(p.ctl, c+"\n"); err != nil {
-		return fmt.Errorf("perf %s: %w", c, err)
+		p.end()
+		return fmt.Errorf("perf %s: %w%s", c, err, p.said())
 	}
 	line, err := p.ack.ReadString('\n')
 	if err != nil || strings.Trim(line, "\x00 \n") != "ack" { // perf sends "ack\n\x00"
-		return fmt.Errorf("perf %s: no ack (%q, %v)", c, line, err)
+		p.end()
+		return fmt.Errorf("perf %s: no ack (%q, %v)%s", c, line, err, p.said())
 	}
 	return nil
 }
 
-// end stops perf and lets go of its descriptors.
+// said is perf's stderr, once ended, for an error.
+func (p *perfCounter) said() string {
+	if s := strings.TrimSpace(p.stderr.String()); s != "" {
+		return ": perf said: " + strings.ReplaceAll(s, "\n", "; ")
+	}
+	return ""
+}
+
+// end stops perf and lets go of its descriptors; a second end returns
+// what the first did.
 func (p *perfCounter) end() error {
+	if p.ended {
+		return p.endErr
+	}
+	p.ended = true
 	p.cmd.Process.Signal(syscall.SIGINT)
-	err := p.cmd.Wait()
+	p.endErr = p.cmd.Wait()
 	p.ctl.Close()
 	p.ackFile.Close()
-	return err
+	return p.endErr
 }
 
 // stop ends perf and parses its counts.

@@ -89,3 +89,47 @@ func userTicks(t *testing.T, pid int) int {
 	}
 	return n
 }
+
+// A perf that fails to start its session answers no command; the error
+// must give perf's own reason, not only the missing answer. Recording into
+// a directory not yet made is not such a failure: startPerfRecord makes it
+// (SLUICE_BENCH_PERF_RECORD named one that did not exist, and every run
+// failed with "perf enable: no ack").
+func TestPerfFailuresSayWhy(t *testing.T) {
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sleeper.Process.Kill()
+		sleeper.Wait()
+	}()
+	pids := []int{sleeper.Process.Pid}
+	dir := t.TempDir()
+
+	bad, err := startUserSamples(pids, filepath.Join(dir, "missing", "user.data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bad.command("enable")
+	bad.end()
+	if err == nil || !strings.Contains(err.Error(), "perf said:") || !strings.Contains(err.Error(), "No such file or directory") {
+		t.Fatalf("perf writing into a missing directory: %v; want perf's own reason", err)
+	}
+
+	out := filepath.Join(dir, "made", "by", "record.data")
+	rec, err := startPerfRecord(pids, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"enable", "disable"} {
+		if err := rec.command(c); err != nil {
+			rec.end()
+			t.Fatal(err)
+		}
+	}
+	rec.end()
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Fatalf("the record in a directory it made: %v, %v", st, err)
+	}
+}
