@@ -1138,3 +1138,89 @@ func TestEventLoopPausedListenerLeavesTheLoopAsleep(t *testing.T) {
 		t.Fatalf("once the first connection ended, the waiting one got %q, %v", buf, err)
 	}
 }
+
+// A listening socket's event accepts one client when its loop is not busy
+// (the next wait, microseconds away, reports the rest), and up to
+// acceptBatch when the turn is busy (busyTurn events or more), where the
+// next wait could be a millisecond away. Clients are queued while the loop
+// is held in a task; the connections open at the end of the next turn say
+// how many one event accepted.
+func TestEventLoopListenerAcceptsOnePerEventUnlessBusy(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	l := e.loops[0]
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	// openAfterNextTurn holds the loop while queue runs, then gives the
+	// number of connections open at the end of the turn after.
+	openAfterNextTurn := func(queue func()) int {
+		held, release, open := make(chan struct{}), make(chan struct{}), make(chan int, 1)
+		l.post(func() {
+			close(held)
+			<-release
+			// Due just after this turn's clock: fired at the end of the
+			// next turn, once its events have been handled.
+			l.after(time.Nanosecond, func() {
+				n := 0
+				for c := l.conns.head; c != nil; c = c.next {
+					n++
+				}
+				open <- n
+			})
+		})
+		<-held
+		queue()
+		close(release)
+		return <-open
+	}
+
+	var quiet, conns []*net.TCPConn
+	t.Cleanup(func() { // before the backend's, which waits for its handlers
+		for _, c := range append(quiet, conns...) {
+			c.Close()
+		}
+	})
+	got := openAfterNextTurn(func() {
+		for i := 0; i < 3; i++ {
+			quiet = append(quiet, f.dial()) // handshaken by the kernel, queued
+		}
+	})
+	if got != 1 {
+		t.Fatalf("3 clients queued on a quiet loop: %d accepted in one turn, want 1 (one per event)", got)
+	}
+	for _, c := range quiet {
+		echoOnce(t, c, []byte("served in later turns"))
+		c.Close()
+	}
+	for range quiet {
+		<-f.ctr.closed
+	}
+
+	const idle, queued = 3 * busyTurn, 10
+	for i := 0; i < idle; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("open"))
+		conns = append(conns, c)
+	}
+	got = openAfterNextTurn(func() {
+		for _, c := range conns[:idle] { // each a readable socket in the next wait
+			if _, err := c.Write([]byte("x")); err != nil {
+				t.Error(err)
+			}
+		}
+		for i := 0; i < queued; i++ {
+			conns = append(conns, f.dial())
+		}
+	})
+	if got != idle+queued {
+		t.Fatalf("%d clients queued in a turn of %d readable connections: %d open after it, want %d (all accepted at once)", queued, idle, got, idle+queued)
+	}
+	buf := make([]byte, 1)
+	for i, c := range conns {
+		if i < idle {
+			if _, err := io.ReadFull(c, buf); err != nil || buf[0] != 'x' {
+				t.Fatalf("connection %d: echo %q, %v", i, buf, err)
+			}
+			continue
+		}
+		echoOnce(t, c, []byte("accepted in a batch"))
+	}
+}

@@ -231,6 +231,9 @@ type loop struct {
 	// timeout is longer by the whole turn: microseconds, against epoll's
 	// millisecond timeouts.
 	now time.Time
+	// events is how many events this turn's wait brought: a busy turn's
+	// listeners accept in batches (elTCPSocket.event).
+	events int
 	// lastEvent is when the last wait returned events (for BusyPoll).
 	lastEvent time.Time
 	// lastYield is when the loop last went through Go's scheduler; see
@@ -517,6 +520,7 @@ func (l *loop) run() {
 			n = 0
 		}
 		l.now = l.e.opts.Now()
+		l.events = n
 		if l.now.Sub(l.lastYield) >= yieldEvery {
 			runtime.Gosched()
 			l.lastYield = l.now
@@ -868,51 +872,70 @@ func (ln *elTCPListener) closeSockets() {
 const acceptBackoff = 10 * time.Millisecond
 
 // listenEvents are what a listening TCP socket is registered for: level-
-// triggered reads. Each event accepts one connection, as nginx does, and
-// the next wait reports the socket again while its queue holds more.
-// Edge-triggered, a socket had to be accepted from until EAGAIN, and that
-// last, empty accept was 0.75 of the 1.75 accept4 calls per connection
-// (bench cost-crr, issue 12); nginx made one.
+// triggered reads. The next wait reports the socket again while its queue
+// holds more, so an event need not accept until EAGAIN. Edge-triggered, it
+// had to, and that last, empty accept was 0.63 of the 1.63 accept4 calls
+// per connection (bench cost-crr, issue 12); nginx made one.
 const listenEvents = unix.EPOLLIN
+
+// busyTurn is the number of events from one wait that makes a turn busy.
+// A loop that is not busy comes back to its listener within microseconds,
+// so each event accepts one client, as nginx does. A busy one may take a
+// millisecond or more to come back, which at one client a turn would cap
+// its accept rate below what its connections can be served at, so there
+// each event accepts up to acceptBatch, ending on the EAGAIN that says the
+// queue is empty (one accept4 in acceptBatch or fewer).
+const (
+	busyTurn    = 16
+	acceptBatch = 64
+)
 
 func (s *elTCPSocket) event(uint32) {
 	if s.backoff != nil {
 		return // paused: the retry comes
 	}
-	// A connection's two descriptors (client and backend) are taken
-	// before the accept: past the budget, clients wait in the accept
-	// queue rather than the process running out.
+	batch := 1
+	if s.l.events >= busyTurn {
+		batch = acceptBatch
+	}
 	fds := s.l.e.fds
-	if !fds.take(2) {
-		s.pause()
-		return
+	for i := 0; i < batch; i++ {
+		// A connection's two descriptors (client and backend) are taken
+		// before the accept: past the budget, clients wait in the accept
+		// queue rather than the process running out.
+		if !fds.take(2) {
+			s.pause()
+			return
+		}
+		nfd, client, err := accept4(int(s.fd))
+		switch {
+		case err == nil:
+		case errAgain(err):
+			// Empty, or taken by another process's copy of the socket (a
+			// hand-over).
+			fds.give(2)
+			return
+		case err == unix.EINTR || err == unix.ECONNABORTED:
+			fds.give(2) // gone before it was accepted: the next wait says if more are queued
+			continue
+		default:
+			// Out of descriptors (EMFILE, ENFILE) or memory: come back
+			// shortly rather than spin or stall.
+			fds.give(2)
+			s.pause()
+			return
+		}
+		t := s.ln.t
+		if t.resolver() != nil { // a capture listener's: its family is asked only then
+			t = t.resolved(nfd, s.ln.v6())
+		}
+		if t == nil {
+			resetClose(nfd)
+			fds.give(2)
+			continue
+		}
+		s.l.startConn(nfd, client, t)
 	}
-	nfd, client, err := accept4(int(s.fd))
-	switch {
-	case err == nil:
-	case errAgain(err), err == unix.EINTR, err == unix.ECONNABORTED:
-		// Taken by another process's copy of the socket (a hand-over),
-		// or gone before it was accepted: the next wait says if more are
-		// queued.
-		fds.give(2)
-		return
-	default:
-		// Out of descriptors (EMFILE, ENFILE) or memory: come back
-		// shortly rather than spin or stall.
-		fds.give(2)
-		s.pause()
-		return
-	}
-	t := s.ln.t
-	if t.resolver() != nil { // a capture listener's: its family is asked only then
-		t = t.resolved(nfd, s.ln.v6())
-	}
-	if t == nil {
-		resetClose(nfd)
-		fds.give(2)
-		return
-	}
-	s.l.startConn(nfd, client, t)
 }
 
 // pause stops accepting on this socket for acceptBackoff. The socket is
