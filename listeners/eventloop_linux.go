@@ -943,25 +943,29 @@ func (s *elTCPSocket) event(uint32) {
 // every wait would report its queue at once and the loop would spin; the
 // retry is a deadline, one per socket.
 func (s *elTCPSocket) pause() {
-	s.interest(0)
+	_ = s.interest(0) // a failure: see interest
 	s.backoff = s.l.after(acceptBackoff, s.resume)
 }
 
 // resume ends a pause: the socket is of interest again, and the next wait
-// reports it if clients are queued. A socket closed meanwhile was dropped
-// with its deadline (closeSockets).
+// reports it if clients are queued. If the kernel refuses (out of memory),
+// the pause goes on, and the next retry tries again: a socket left out of
+// the wait's interest with no retry pending would never accept again. A
+// socket closed meanwhile was dropped with its deadline (closeSockets).
 func (s *elTCPSocket) resume() {
 	s.backoff = nil
-	s.interest(listenEvents)
+	if err := s.interest(listenEvents); err != nil {
+		s.backoff = s.l.after(acceptBackoff, s.resume)
+	}
 }
 
-// interest sets what the loop's wait reports of the socket. It cannot fail
-// on a socket registered on this loop but for want of memory, and then the
-// socket keeps its interest: a pause that spins for want of memory, or a
-// resume that fails and leaves it paused until the next, neither loses a
-// client.
-func (s *elTCPSocket) interest(events uint32) {
-	unix.EpollCtl(s.l.epfd, unix.EPOLL_CTL_MOD, int(s.fd), &unix.EpollEvent{Events: events, Fd: s.fd})
+// interest sets what the loop's wait reports of the socket. It fails on a
+// socket registered on this loop only for want of memory. A pause whose
+// change fails leaves the socket reported, and its events return at once
+// until the retry (event: backoff): a busy loop for acceptBackoff, not a
+// lost client.
+func (s *elTCPSocket) interest(events uint32) error {
+	return unix.EpollCtl(s.l.epfd, unix.EPOLL_CTL_MOD, int(s.fd), &unix.EpollEvent{Events: events, Fd: s.fd})
 }
 
 // accept4 accepts a non-blocking connection and its peer's address with
