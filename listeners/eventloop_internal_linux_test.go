@@ -1167,8 +1167,10 @@ func TestEventLoopListenerAcceptsOnePerEventUnlessBusy(t *testing.T) {
 			})
 		})
 		<-held
-		queue()
-		close(release)
+		func() {
+			defer close(release) // also when queue fails the test: a held loop would hang its clean-up
+			queue()
+		}()
 		return <-open
 	}
 
