@@ -61,6 +61,9 @@ type Config struct {
 	// BusyPoll is how long an event loop keeps polling without sleeping
 	// after its last event (0: off).
 	BusyPoll time.Duration
+	// IOUring lets the event loops batch a turn's recvs and sends on an
+	// io_uring where the kernel allows it (default true).
+	IOUring bool
 	// EventLoops is how many event loops the eventloop engine runs; 0 is
 	// one per CPU (HAProxy's nbthread, nginx's worker_processes).
 	EventLoops      int
@@ -159,6 +162,7 @@ func Defaults() *Config {
 		IPTablesBackend:   "auto",
 		UserspaceCapture:  "auto",
 		ModeFallback:      true,
+		IOUring:           true,
 		IPVSDrainInterval: time.Minute,
 		ConnectTimeouts:   []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
 		ConnectAttempts:   4,

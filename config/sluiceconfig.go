@@ -37,6 +37,7 @@ type SluiceConfiguration struct {
 	Engine           *string          `json:"engine,omitempty"`           // --engine
 	EventLoops       *int             `json:"eventLoops,omitempty"`       // --event-loops
 	BusyPoll         *metav1.Duration `json:"busyPoll,omitempty"`         // --busy-poll
+	IOUring          *bool            `json:"ioUring,omitempty"`          // --io-uring
 	UDPTimeout       *metav1.Duration `json:"udpTimeout,omitempty"`       // --udp-timeout
 	UserspaceCapture *string          `json:"userspaceCapture,omitempty"` // --userspace-capture
 	// UserspaceCapturePort is --userspace-capture-port.
@@ -101,6 +102,9 @@ func (s *SluiceConfiguration) apply(c *Config) {
 	str(&c.Engine, s.Engine)
 	num(&c.EventLoops, s.EventLoops)
 	d(&c.BusyPoll, s.BusyPoll)
+	if s.IOUring != nil {
+		c.IOUring = *s.IOUring
+	}
 	d(&c.UDPTimeout, s.UDPTimeout)
 	str(&c.UserspaceCapture, s.UserspaceCapture)
 	num(&c.UserspaceCapturePort, s.UserspaceCapturePort)
@@ -137,7 +141,7 @@ func sluiceConfigurationOf(c *Config) SluiceConfiguration {
 	for i, t := range c.ConnectTimeouts {
 		timeouts[i] = metav1.Duration{Duration: t}
 	}
-	mb, fb := c.ManifestMaxBytes, c.ModeFallback
+	mb, fb, iu := c.ManifestMaxBytes, c.ModeFallback, c.IOUring
 	return SluiceConfiguration{
 		TypeMeta:             metav1.TypeMeta{APIVersion: SluiceAPIVersion, Kind: SluiceKind},
 		Manifests:            ptr(c.Manifests),
@@ -146,6 +150,7 @@ func sluiceConfigurationOf(c *Config) SluiceConfiguration {
 		Engine:               ptr(c.Engine),
 		EventLoops:           num(c.EventLoops),
 		BusyPoll:             md(c.BusyPoll),
+		IOUring:              &iu,
 		UDPTimeout:           md(c.UDPTimeout),
 		UserspaceCapture:     ptr(c.UserspaceCapture),
 		UserspaceCapturePort: num(c.UserspaceCapturePort),

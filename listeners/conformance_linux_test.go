@@ -46,7 +46,10 @@ func forEachEngineWith(t *testing.T, set func(engine string, o *Options), fn fun
 		variants = append(variants, variant{name, name, Options{Loops: 2}})
 	}
 	// The event loop with --busy-poll must meet the same bar.
-	variants = append(variants, variant{"eventloop-busypoll", EngineEventLoop, Options{Loops: 2, BusyPoll: 200 * time.Microsecond}})
+	variants = append(variants, variant{"eventloop-busypoll", EngineEventLoop, Options{Loops: 2, BusyPoll: 200 * time.Microsecond}},
+		// And with a syscall per recv and send, as on a kernel without
+		// io_uring (the plain "eventloop" batches them on a ring).
+		variant{"eventloop-no-io-uring", EngineEventLoop, Options{Loops: 2, NoIOUring: true}})
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			if set != nil {
@@ -55,6 +58,9 @@ func forEachEngineWith(t *testing.T, set func(engine string, o *Options), fn fun
 			e, err := New(v.engine, v.opts)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if el, ok := e.(*EventLoop); ok && !v.opts.NoIOUring && el.IOUring() != nil {
+				t.Fatalf("the event loop was meant to batch on io_uring: %v", el.IOUring())
 			}
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -199,6 +199,10 @@ type Options struct {
 	// BusyPoll is how long an event loop keeps polling without sleeping
 	// after its last event (eventloop engine; 0: off).
 	BusyPoll time.Duration
+	// NoIOUring makes the event loops recv and send with a syscall each,
+	// rather than batch a turn's on an io_uring (eventloop engine; the
+	// batching is on by default wherever the kernel allows io_uring).
+	NoIOUring bool
 	// HalfCloseTimeout ends a connection whose one direction has closed
 	// (FIN passed on) when the other moves no byte for this long, as
 	// HAProxy's client-fin/server-fin timeouts do: a client that has sent

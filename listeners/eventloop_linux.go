@@ -49,6 +49,11 @@ type EventLoop struct {
 	// registerReqs are spare registerReqs (a channel rather than a
 	// sync.Pool, which under the race detector drops what it is given).
 	registerReqs chan *registerReq
+	// ringErr is why the loops make plain syscalls rather than batch them
+	// on an io_uring (nil: they batch; see eventloop_io_linux.go), and
+	// ringFailures counts rings that failed later and were given up.
+	ringErr      error
+	ringFailures atomic.Int64
 }
 
 // NewEventLoop starts the loops.
@@ -74,15 +79,52 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
-			e.stopLoops()
+			for _, l := range e.loops { // none runs yet
+				unix.Close(l.epfd)
+				unix.Close(l.wakefd)
+			}
 			return nil, err
 		}
 		e.loops = append(e.loops, l)
-		e.stopped.Add(1)
+	}
+	e.ringErr = errIOUringOff
+	if !opts.NoIOUring {
+		e.ringErr = e.openRings()
+	}
+	e.stopped.Add(len(e.loops))
+	for _, l := range e.loops {
 		go l.run()
 	}
 	return e, nil
 }
+
+// openRings gives every loop a ring, or none of them one.
+func (e *EventLoop) openRings() error {
+	for _, l := range e.loops {
+		r, err := newIORing(ioRingEntries)
+		if err != nil {
+			for _, l := range e.loops {
+				if l.ring != nil {
+					l.ring.close()
+					l.ring = nil
+				}
+			}
+			return err
+		}
+		l.ring = r
+	}
+	return nil
+}
+
+// ioRingEntries is the submission slots of a loop's ring: the recvs and
+// sends of one batch (past it, a loop makes plain syscalls).
+const ioRingEntries = 256
+
+var errIOUringOff = errors.New("turned off (--io-uring=false)")
+
+// IOUring reports why the loops make a syscall per recv and send rather
+// than batch them on an io_uring; nil when they batch.
+func (e *EventLoop) IOUring() error { return e.ringErr }
 
 // Name returns "eventloop".
 func (e *EventLoop) Name() string { return EngineEventLoop }
@@ -191,6 +233,9 @@ func (e *EventLoop) stopLoopsOnce() {
 	for _, l := range e.loops {
 		unix.Close(l.epfd)
 		unix.Close(l.wakefd)
+		if l.ring != nil {
+			l.ring.close()
+		}
 	}
 }
 
@@ -218,6 +263,14 @@ type loop struct {
 	again   []func()   // UDP sockets that yielded with work left
 	timers  deadlines
 	free    [][]byte // spare copy buffers
+	// ring batches the turn's stream recvs and sends (nil: plain
+	// syscalls); ioOps are those queued on it, ioSpare the last batch's
+	// room (eventloop_io_linux.go).
+	ring    *ioRing
+	ioOps   []ioOp
+	ioSpare []ioOp
+	// The most recvs and sends one enter carried (counted work, for tests).
+	mostRecvs, mostSends uint32
 	// walks are spare connect walks, with their orders' room: a
 	// connection holds one only while it connects.
 	walks []*lb.Walk
@@ -507,7 +560,7 @@ func (l *loop) run() {
 	for !l.quit {
 		timeout := -1
 		switch {
-		case len(l.later) > 0 || len(l.again) > 0:
+		case len(l.later) > 0 || len(l.again) > 0 || len(l.ioOps) > 0:
 			timeout = 0
 		case l.timers.len() > 0:
 			timeout = l.timers.waitMillis(l.now)
@@ -554,6 +607,7 @@ func (l *loop) run() {
 		if l.timers.len() > 0 {
 			l.timers.fire(l.now)
 		}
+		l.flushIO()
 		l.endTurn()
 	}
 	l.closeAll()
@@ -1011,6 +1065,11 @@ type pipe struct {
 	spliced bool
 	kpipe   [2]int // read end, write end
 	inPipe  int    // bytes waiting in the kernel pipe
+
+	// io says whether a recv or send of this direction is on the loop's
+	// ring, and op is then its place in the loop's queue (ioQueued).
+	io ioState
+	op int32
 }
 
 // pending reports bytes read from src and not yet written to dst.
@@ -1328,26 +1387,22 @@ func (c *tcpConn) otherWay(p *pipe) *pipe {
 	return &c.up
 }
 
-// copyStep moves bytes through a user-space buffer.
+// copyStep moves bytes through a user-space buffer. With the loop's ring
+// (ioRing), the recv or send is queued for the end of the turn, where one
+// io_uring_enter makes all the turn's; its completion (finishIO) applies
+// the result as a direct call would and steps the connection again.
 func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
+	if p.io != ioNone { // queued on the ring: its completion steps p
+		return false, true
+	}
 	// Flush what is waiting.
 	if p.r < p.w && p.dst.writable {
-		want := p.w - p.r
+		if c.l.queueSend(c, p) {
+			return moved, true
+		}
 		n, err := sockSend(p.dst.fd, p.buf[p.r:p.w])
-		switch {
-		case errAgain(err):
-			p.dst.writable = false
-		case err != nil:
+		if moved, ok = c.sent(p, n, err); !ok {
 			return false, false
-		default:
-			p.r += n
-			p.bytes += uint64(n)
-			moved = true
-			// A short write means the socket buffer is full: wait for
-			// EPOLLOUT rather than try again for EAGAIN.
-			if n < want {
-				p.dst.writable = false
-			}
 		}
 	}
 	if p.buf != nil && p.r == p.w {
@@ -1360,29 +1415,61 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 	// Read only when the buffer is empty: a slow dst pauses src.
 	if p.buf == nil && !p.eof && p.src.readable {
 		buf := c.l.getBuf()
+		if c.l.queueRecv(c, p, buf) {
+			return moved, true
+		}
 		n, err := sockRecv(p.src.fd, buf)
-		switch {
-		case errAgain(err):
+		m, ok := c.received(p, buf, n, err)
+		return moved || m, ok
+	}
+	return moved, true
+}
+
+// sent applies a send of p's pending bytes that returned n, err.
+func (c *tcpConn) sent(p *pipe, n int, err error) (moved, ok bool) {
+	switch {
+	case errAgain(err):
+		p.dst.writable = false
+	case err != nil:
+		return false, false
+	default:
+		want := p.w - p.r
+		p.r += n
+		p.bytes += uint64(n)
+		moved = true
+		// A short write means the socket buffer is full: wait for
+		// EPOLLOUT rather than try again for EAGAIN.
+		if n < want {
+			p.dst.writable = false
+		}
+	}
+	return moved, true
+}
+
+// received applies a recv into buf, which p's buffer was empty for, that
+// returned n, err. buf becomes p's buffer, or goes back to the loop.
+func (c *tcpConn) received(p *pipe, buf []byte, n int, err error) (moved, ok bool) {
+	switch {
+	case errAgain(err):
+		p.src.readable = false
+		c.l.putBuf(buf)
+	case err != nil:
+		c.l.putBuf(buf)
+		return false, false
+	case n == 0:
+		p.eof = true
+		c.l.putBuf(buf)
+		moved = true
+	default:
+		p.buf, p.r, p.w = buf, 0, n
+		p.bulk = n == len(buf)
+		moved = true
+		// A short read on a stream socket has drained it (epoll(7)):
+		// the next bytes bring a new edge, so no read is spent on
+		// EAGAIN. Once the peer has shut its side no edge may follow,
+		// so then reads go on until EOF.
+		if !p.bulk && !p.src.hup {
 			p.src.readable = false
-			c.l.putBuf(buf)
-		case err != nil:
-			c.l.putBuf(buf)
-			return moved, false
-		case n == 0:
-			p.eof = true
-			c.l.putBuf(buf)
-			moved = true
-		default:
-			p.buf, p.r, p.w = buf, 0, n
-			p.bulk = n == len(buf)
-			moved = true
-			// A short read on a stream socket has drained it (epoll(7)):
-			// the next bytes bring a new edge, so no read is spent on
-			// EAGAIN. Once the peer has shut its side no edge may follow,
-			// so then reads go on until EOF.
-			if !p.bulk && !p.src.hup {
-				p.src.readable = false
-			}
 		}
 	}
 	return moved, true
@@ -1440,6 +1527,7 @@ func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 
 func (c *tcpConn) release() {
 	for _, p := range [2]*pipe{&c.up, &c.down} {
+		c.l.cancelIO(p)
 		if p.buf != nil {
 			c.l.putBuf(p.buf)
 			p.buf = nil

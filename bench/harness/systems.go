@@ -84,10 +84,12 @@ func Systems(c Config, t *Topology) []System {
 	}
 	all = append(all, naive{self: c.Self}, haproxy{}, haproxy{splice: true}, nginx{})
 	// Busy-polling trades a core for latency, one loop leaves a core to
-	// the load generator and backends on a small box, and the C floor is a
-	// reference rather than a product: run only when named.
+	// the load generator and backends on a small box, the C floor is a
+	// reference rather than a product, and the event loop without io_uring
+	// measures what batching on it brings: run only when named.
 	return append(all, sluice{bin: c.Sluice, engine: "eventloop", suffix: "-busypoll", args: []string{"--busy-poll=50us"}}, haproxy{busyPoll: true},
 		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-1loop", args: []string{"--event-loops=1"}}, haproxy{oneThread: true},
+		sluice{bin: c.Sluice, engine: "eventloop", suffix: "-no-io-uring", args: []string{"--io-uring=false"}},
 		floor{}, floor{oneThread: true})
 }
 
@@ -99,7 +101,7 @@ func Spins(name string) bool { return strings.HasSuffix(name, "-busypoll") }
 
 // OptIn reports whether a system runs only when --systems names it.
 func OptIn(name string) bool {
-	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread") ||
+	return strings.HasSuffix(name, "-busypoll") || strings.HasSuffix(name, "-1loop") || strings.HasSuffix(name, "-1thread") || strings.HasSuffix(name, "-no-io-uring") ||
 		strings.HasPrefix(name, "floor-") || name == "sluice-goroutine-base"
 }
 

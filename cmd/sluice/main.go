@@ -352,13 +352,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, Loops: cfg.EventLoops, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker})
+		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, NoIOUring: !cfg.IOUring, Loops: cfg.EventLoops, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
 		engineOf = engine.Name() + " engine"
 		if l, ok := engine.(interface{ Loops() int }); ok {
-			log.Info("userspace engine", "engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll)
+			ioUring := "on: each turn's reads and writes batched"
+			if r, ok := engine.(interface{ IOUring() error }); ok && r.IOUring() != nil {
+				ioUring = "off: " + r.IOUring().Error()
+			}
+			log.Info("userspace engine", "engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
 		}
 		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already

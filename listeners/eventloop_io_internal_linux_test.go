@@ -1,0 +1,185 @@
+//go:build linux
+
+package listeners
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-proxy/sluice/lb"
+)
+
+// TestIORingCompletesNonBlockingOpsInline checks what the loop's batching
+// rests on: every MSG_DONTWAIT recv and send is complete, with its result,
+// when submit returns, an empty socket's recv with EAGAIN.
+func TestIORingCompletesNonBlockingOpsInline(t *testing.T) {
+	r, err := newIORing(8)
+	if err != nil {
+		t.Fatalf("this kernel refuses io_uring: %v", err)
+	}
+	defer r.close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	msg, in, empty := []byte("one batch"), make([]byte, 64), make([]byte, 64)
+	queue := func(op uint8, fd int, b []byte, ud uint64) {
+		s := r.next()
+		s.opcode, s.fd, s.len, s.userData = op, int32(fd), uint32(len(b)), ud
+		s.addr = uint64(uintptr(unsafe.Pointer(&b[0])))
+		s.opFlags = unix.MSG_DONTWAIT
+	}
+	queue(ioOpRecv, fds[0], empty, 1) // nothing to read yet
+	queue(ioOpSend, fds[0], msg, 2)
+	queue(ioOpRecv, fds[1], in, 3) // after the send: reads it
+	if err := r.submit(); err != nil {
+		t.Fatal(err)
+	}
+	if r.enters != 1 || r.carried != 3 {
+		t.Fatalf("%d enters carrying %d entries, want 1 carrying 3", r.enters, r.carried)
+	}
+	got := map[uint64]int32{}
+	r.reap(func(ud uint64, res int32) { got[ud] = res })
+	want := map[uint64]int32{1: -int32(unix.EAGAIN), 2: int32(len(msg)), 3: int32(len(msg))}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("completions %v, want %v", got, want)
+	}
+	if !bytes.Equal(in[:len(msg)], msg) {
+		t.Fatalf("read %q, want %q", in[:len(msg)], msg)
+	}
+	if r.ready() != 0 {
+		t.Fatalf("%d completions left after reaping", r.ready())
+	}
+}
+
+// TestEventLoopBatchesATurnsRecvsAndSends holds the loop while eight
+// clients each send a request, so that its next turn finds all eight
+// readable: their recvs must go to the kernel in one io_uring_enter, and
+// every reply must come back whole.
+func TestEventLoopBatchesATurnsRecvsAndSends(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	l := e.loops[0]
+	if l.ring == nil {
+		t.Fatalf("no ring: %v", e.IOUring())
+	}
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	const n = 8
+	var conns []*net.TCPConn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := 0; i < n; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("open"))
+		conns = append(conns, c)
+	}
+	var before uint64
+	held, release := make(chan struct{}), make(chan struct{})
+	l.post(func() {
+		before = l.ring.carried
+		l.mostRecvs, l.mostSends = 0, 0
+		close(held)
+		<-release
+	})
+	<-held
+	func() {
+		defer close(release) // a held loop would hang the clean-up
+		for i, c := range conns {
+			if _, err := fmt.Fprintf(c, "request %d", i); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	for i, c := range conns {
+		want := fmt.Sprintf("request %d", i)
+		got := make([]byte, len(want))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			t.Fatalf("connection %d: echo %q, %v; want %q", i, got, err, want)
+		}
+	}
+	var carried uint64
+	var recvs, sends uint32
+	l.do(func() { carried, recvs, sends = l.ring.carried-before, l.mostRecvs, l.mostSends })
+	if recvs < n || sends < n {
+		t.Fatalf("the most one io_uring_enter carried was %d recvs and %d sends, want the %d of each of the turn that found %d clients readable", recvs, sends, n, n)
+	}
+	if carried < 2*n {
+		t.Fatalf("the ring carried %d recvs and sends, want at least %d (a recv and a send per request)", carried, 2*n)
+	}
+}
+
+// TestEventLoopCancelsTheQueuedIOOfAClosedConnection queues a recv for a
+// connection, closes the connection, and hands its descriptor number to a
+// new socket before the batch goes out: the recv must not read from the
+// new socket.
+func TestEventLoopCancelsTheQueuedIOOfAClosedConnection(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	l := e.loops[0]
+	if l.ring == nil {
+		t.Fatalf("no ring: %v", e.IOUring())
+	}
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	client := f.dial()
+	defer client.Close()
+	echoOnce(t, client, []byte("open"))
+	var errs []string
+	l.do(func() {
+		c := l.conns.head
+		if c == nil {
+			errs = append(errs, "no connection on the loop")
+			return
+		}
+		fd := c.cs.fd
+		if !l.queueRecv(c, &c.up, l.getBuf()) {
+			errs = append(errs, "the ring refused a recv")
+			return
+		}
+		c.abort() // closes fd
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			errs = append(errs, err.Error())
+			return
+		}
+		defer unix.Close(pair[0])
+		defer unix.Close(pair[1])
+		// The closed connection's number, now the new socket's: the
+		// kernel hands it out again lowest first, else dup3 puts it there.
+		reused, writer := pair[0], pair[1]
+		switch fd {
+		case pair[1]:
+			reused, writer = pair[1], pair[0]
+		case pair[0]:
+		default:
+			if err := unix.Dup3(pair[0], fd, unix.O_CLOEXEC); err != nil {
+				errs = append(errs, err.Error())
+				return
+			}
+			defer unix.Close(fd)
+			reused = fd
+		}
+		if _, err := unix.Write(writer, []byte("not the closed connection's")); err != nil {
+			errs = append(errs, err.Error())
+			return
+		}
+		l.flushIO()
+		buf := make([]byte, 64)
+		if n, err := unix.Read(reused, buf); err != nil || string(buf[:n]) != "not the closed connection's" {
+			errs = append(errs, fmt.Sprintf("the new socket on descriptor %d holds %q, %v: the closed connection's recv read it", fd, buf[:max(n, 0)], err))
+		}
+	})
+	for _, err := range errs {
+		t.Error(err)
+	}
+}
