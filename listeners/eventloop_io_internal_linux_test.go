@@ -142,6 +142,7 @@ func TestEventLoopCancelsTheQueuedIOOfAClosedConnection(t *testing.T) {
 			return
 		}
 		fd := c.cs.fd
+		l.events = 2 // as in a turn that batches
 		if !l.queueRecv(c, &c.up, l.getBuf()) {
 			errs = append(errs, "the ring refused a recv")
 			return
