@@ -107,6 +107,7 @@ var flagModes = map[string][]string{
 	"udp-timeout":                  {ModeUserspace},
 	"engine":                       {ModeUserspace},
 	"busy-poll":                    {ModeUserspace},
+	"io-uring":                     {ModeUserspace},
 	"event-loops":                  {ModeUserspace},
 	"iptables-backend":             {ModeIPTables, ModeUserspace, ModeIPVS},
 	"userspace-capture":            {ModeUserspace},

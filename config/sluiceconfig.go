@@ -70,7 +70,7 @@ type SluiceEjection struct {
 // for errors that name both.
 var sluiceFields = map[string]string{
 	"manifests": "manifests", "manifest-coalesce": "manifestCoalesce", "manifest-max-bytes": "manifestMaxBytes",
-	"engine": "engine", "event-loops": "eventLoops", "busy-poll": "busyPoll", "udp-timeout": "udpTimeout",
+	"engine": "engine", "event-loops": "eventLoops", "busy-poll": "busyPoll", "io-uring": "ioUring", "udp-timeout": "udpTimeout",
 	"userspace-capture": "userspaceCapture", "userspace-capture-port": "userspaceCapturePort", "iptables-backend": "iptablesBackend", "mode-fallback": "modeFallback",
 	"ipvs-drain-interval": "ipvsDrainInterval", "connect-timeouts": "connect.timeouts", "connect-attempts": "connect.attempts",
 	"connect-budget": "connect.budget", "eject-after": "ejection.after", "eject-backoff": "ejection.backoff",

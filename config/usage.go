@@ -31,7 +31,7 @@ func helpGroups() []helpGroup {
 	return []helpGroup{
 		{"Mode and where Services come from", named("proxy-mode", "mode-fallback", "manifests", "manifest-*", "kubeconfig", "master", "kube-api-*",
 			"config", "write-config-to", "config-sync-period", "hostname-override", "cleanup", "init-only", "version", "feature-gates", "windows-service")},
-		{"Userspace mode (sluice's load balancer)", named("engine", "event-loops", "busy-poll", "connect-*", "eject-*", "drain-timeout", "udp-timeout",
+		{"Userspace mode (sluice's load balancer)", named("engine", "event-loops", "busy-poll", "io-uring", "connect-*", "eject-*", "drain-timeout", "udp-timeout",
 			"proxy-port-range", "userspace-capture", "userspace-capture-port", "handover-socket", "bind-address", "bind-address-hard-fail")},
 		{"Kernel modes (iptables, nftables, IPVS), as kube-proxy's", named("iptables-*", "ipvs-*", "masquerade-all", "cluster-cidr",
 			"detect-local-mode", "pod-*", "nodeport-addresses", "conntrack-*")},
