@@ -203,6 +203,9 @@ type Options struct {
 	// rather than batch a turn's on an io_uring (eventloop engine; the
 	// batching is on by default wherever the kernel allows io_uring).
 	NoIOUring bool
+	// ringEntries is the submission slots of each loop's ring; 0 is
+	// ioRingEntries. Tests set one the kernel refuses.
+	ringEntries uint32
 	// HalfCloseTimeout ends a connection whose one direction has closed
 	// (FIN passed on) when the other moves no byte for this long, as
 	// HAProxy's client-fin/server-fin timeouts do: a client that has sent

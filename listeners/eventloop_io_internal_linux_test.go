@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -182,5 +183,28 @@ func TestEventLoopCancelsTheQueuedIOOfAClosedConnection(t *testing.T) {
 	})
 	for _, err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestEventLoopWithoutIORingSaysWhyAndServes has the kernel refuse the
+// loops' rings (more entries than io_uring_setup takes): the engine says
+// why, keeps no ring, and serves with plain syscalls.
+func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 2, ringEntries: 1 << 20})
+	if err := e.IOUring(); err == nil || !strings.Contains(err.Error(), "io_uring_setup") {
+		t.Fatalf("IOUring() = %v, want io_uring_setup's refusal", err)
+	}
+	for i, l := range e.loops {
+		var ring bool
+		l.do(func() { ring = l.ring != nil })
+		if ring {
+			t.Fatalf("loop %d kept a ring when another could not have one", i)
+		}
+	}
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	for i := 0; i < 4; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("plain syscalls"))
+		c.Close()
 	}
 }

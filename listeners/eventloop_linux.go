@@ -3,6 +3,7 @@
 package listeners
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,7 +90,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	}
 	e.ringErr = errIOUringOff
 	if !opts.NoIOUring {
-		e.ringErr = e.openRings()
+		e.ringErr = e.openRings(cmp.Or(opts.ringEntries, ioRingEntries))
 	}
 	e.stopped.Add(len(e.loops))
 	for _, l := range e.loops {
@@ -99,9 +100,9 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 }
 
 // openRings gives every loop a ring, or none of them one.
-func (e *EventLoop) openRings() error {
+func (e *EventLoop) openRings(entries uint32) error {
 	for _, l := range e.loops {
-		r, err := newIORing(ioRingEntries)
+		r, err := newIORing(entries)
 		if err != nil {
 			for _, l := range e.loops {
 				if l.ring != nil {
