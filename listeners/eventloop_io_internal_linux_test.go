@@ -208,32 +208,3 @@ func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
 		c.Close()
 	}
 }
-
-// TestEventLoopWaitCarriesTheTurnsLastSends echoes requests one at a time
-// through one connection: each turn has one event, a recv and a send, and
-// the send must go to the kernel in the io_uring_enter that waits for the
-// next events rather than in a syscall of its own.
-func TestEventLoopWaitCarriesTheTurnsLastSends(t *testing.T) {
-	e := eventLoopForTest(t, Options{Loops: 1})
-	l := e.loops[0]
-	if l.ring == nil {
-		t.Fatalf("no ring: %v", e.IOUring())
-	}
-	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
-	c := f.dial()
-	defer c.Close()
-	echoOnce(t, c, []byte("open"))
-	var before uint64
-	l.do(func() { before = l.waitSends })
-	const n = 20
-	for i := 0; i < n; i++ {
-		echoOnce(t, c, []byte(fmt.Sprintf("request %d", i)))
-	}
-	var sends uint64
-	l.do(func() { sends = l.waitSends - before })
-	// Two sends an exchange: the request to the backend, its reply to the
-	// client. A few may go out otherwise (a turn that found both), not most.
-	if sends < n {
-		t.Fatalf("waits on the ring carried %d sends in %d exchanges, want at least %d", sends, n, n)
-	}
-}

@@ -48,23 +48,16 @@ type ioOp struct {
 // connection that yields does (maxRounds).
 const maxIOBatches = 8
 
-// batching reports whether the turn's recvs go on the ring: not when its
-// wait brought one event, as on a single busy connection, whose recv and
-// send could only go out one at a time (cost-rr: 4 % more LB CPU per
-// request for queueing each and taking it back).
+// batching reports whether the turn's recvs and sends go on the ring: not
+// when its wait brought one event, as on a single busy connection, whose
+// recv and send could only go out one at a time (cost-rr: 4 % more LB CPU
+// per request for queueing each and taking it back).
 func (l *loop) batching() bool { return l.ring != nil && l.events > 1 && !l.ring.full() }
 
-// ringWaits reports whether the loop waits for its events on the ring
-// (an epoll wait as a ring operation), so that the sends a turn ends with
-// go to the kernel in the enter that waits. Not with busy-polling, whose
-// waits do not sleep.
-func (l *loop) ringWaits() bool { return l.ring != nil && !l.noRingWait && l.e.opts.BusyPoll == 0 }
-
 // queueSend queues the send of p's pending bytes. It reports false when
-// the turn neither batches nor ends in a wait on the ring, or the ring is
-// full: then the caller sends now.
+// the turn does not batch or the ring is full: then the caller sends now.
 func (l *loop) queueSend(c *tcpConn, p *pipe) bool {
-	if l.ring == nil || l.ring.full() || (l.events <= 1 && !l.ringWaits()) {
+	if !l.batching() {
 		return false
 	}
 	b := p.buf[p.r:p.w]
@@ -110,16 +103,9 @@ func (l *loop) cancelIO(p *pipe) {
 }
 
 // flushIO makes the turn's queued operations and applies their results,
-// batch after batch while completions queue more, up to maxIOBatches. A
-// last batch of sends whose completions cannot lead to more work is left
-// for the wait (deferrable).
+// batch after batch while completions queue more, up to maxIOBatches.
 func (l *loop) flushIO() {
-	l.deferred = false
 	for batch := 0; batch < maxIOBatches && len(l.ioOps) > 0; batch++ {
-		if l.ringWaits() && l.deferrable() {
-			l.deferred = true
-			return
-		}
 		ops := l.ioOps
 		l.ioOps = l.ioSpare[:0]
 		if len(ops) == 1 { // one: a plain syscall costs less than an enter
@@ -155,15 +141,16 @@ func (l *loop) flushIO() {
 				// operation not completed fails its connection, and the
 				// loop goes on with plain syscalls.
 				l.e.ringFailures.Add(1)
-				l.reapRing(ops)
+				l.ring.reap(func(ud uint64, res int32) { l.complete(&ops[ud], res) })
 				for i := range ops {
 					if ops[i].p.io == ioSubmitted {
 						l.finishIO(&ops[i], 0, err)
 					}
 				}
-				l.dropRing()
+				l.ring.close()
+				l.ring = nil
 			} else {
-				l.reapRing(ops)
+				l.ring.reap(func(ud uint64, res int32) { l.complete(&ops[ud], res) })
 			}
 		}
 		clear(ops)
@@ -202,135 +189,4 @@ func (l *loop) finishIO(op *ioOp, n int, err error) {
 		return
 	}
 	c.progress()
-}
-
-// deferrable reports whether every queued operation is a send after
-// which the connection has nothing more to do whatever it returns: its
-// source has no unread bytes the send's room would let in, and no EOF to
-// pass on. A short send waits for EPOLLOUT, and a failed one ends the
-// connection, which can wait for the next wake-up (at most
-// maxDeferredWait away).
-func (l *loop) deferrable() bool {
-	for i := range l.ioOps {
-		op := &l.ioOps[i]
-		if op.cancelled {
-			continue
-		}
-		if !op.send || op.p.src.readable || op.p.eof {
-			return false
-		}
-	}
-	return true
-}
-
-// maxDeferredWait bounds, in milliseconds, a wait that carries sends:
-// their results are applied when it ends.
-const maxDeferredWait = 1
-
-// epollUserData marks the ring's epoll wait among its completions.
-const epollUserData = ^uint64(0)
-
-// reapRing applies the completions posted: ops' by their index, the
-// epoll wait's by keeping its result for the turn (epollDone).
-func (l *loop) reapRing(ops []ioOp) {
-	l.ring.reap(func(ud uint64, res int32) {
-		if ud == epollUserData {
-			l.epollArmed, l.epollDone, l.epollRes = false, true, res
-			return
-		}
-		l.complete(&ops[ud], res)
-	})
-}
-
-// ringWait is a turn's wait on the ring: one io_uring_enter submits the
-// sends the last turn left (flushIO) and an epoll wait on the loop's
-// epoll descriptor, then sleeps until the epoll wait completes or the
-// timeout passes. The sends complete inside the enter, and the epoll wait
-// there too when events are ready. Where the kernel has no epoll wait
-// operation (before 6.15), its completion says so and the loop goes back
-// to epoll_wait. The results are applied by reapWait, after the turn's
-// clock is read.
-func (l *loop) ringWait(timeout int) {
-	ops := l.ioOps
-	l.ioOps = l.ioSpare[:0]
-	for i := range ops {
-		if !ops[i].cancelled {
-			ops[i].p.io = ioSubmitted
-		}
-	}
-	l.waiting, l.deferred = ops, false
-	want := uint32(len(ops))
-	l.mostSends = max(l.mostSends, want)
-	l.waitSends += uint64(want)
-	if !l.epollDone { // else its events are in hand: no wait
-		if !l.epollArmed {
-			s := l.ring.next() // full keeps a slot for it
-			s.opcode, s.fd, s.userData = ioOpEpollWait, int32(l.epfd), epollUserData
-			s.addr = uint64(uintptr(unsafe.Pointer(&l.ringEvents[0])))
-			s.len = uint32(len(l.ringEvents))
-			l.epollArmed = true
-		}
-		if timeout != 0 {
-			want++
-		}
-		if len(ops) > 0 && (timeout < 0 || timeout > maxDeferredWait) {
-			timeout = maxDeferredWait
-		}
-	}
-	if want == 0 && l.ring.queued == 0 {
-		return // the events are in hand and nothing is to be sent
-	}
-	if err := l.ring.submitWait(want, timeout); err != nil {
-		l.ringBroken(err)
-	}
-}
-
-// reapWait applies what ringWait's enter brought and returns how many
-// events the epoll wait left in l.ringEvents.
-func (l *loop) reapWait() int {
-	ops := l.waiting
-	l.waiting = nil
-	if l.ring != nil {
-		l.reapRing(ops)
-	}
-	clear(ops)
-	l.ioSpare = ops[:0]
-	if !l.epollDone {
-		return 0
-	}
-	l.epollDone = false
-	switch res := l.epollRes; {
-	case res >= 0:
-		return int(res)
-	case res == -int32(unix.EINVAL) || res == -int32(unix.EOPNOTSUPP):
-		l.noRingWait = true // no epoll wait on this kernel's rings
-	}
-	return 0 // -EINTR, -ECANCELED: armed again next turn
-}
-
-// ringBroken gives the ring up after an enter failed (not one of its
-// operations): every operation not completed fails its connection, and
-// the loop goes on with plain syscalls and epoll_wait.
-func (l *loop) ringBroken(err error) {
-	l.e.ringFailures.Add(1)
-	ops := l.waiting
-	l.reapRing(ops)
-	for i := range ops {
-		if ops[i].p.io == ioSubmitted {
-			l.finishIO(&ops[i], 0, err)
-		}
-	}
-	l.dropRing()
-}
-
-func (l *loop) dropRing() {
-	l.ring.close()
-	l.ring = nil
-	l.epollArmed, l.epollDone, l.deferred = false, false, false
-	// Operations queued since the batch that failed went with the ring.
-	ops := l.ioOps
-	l.ioOps = nil
-	for i := range ops {
-		l.finishIO(&ops[i], 0, unix.ECANCELED)
-	}
 }

@@ -103,7 +103,6 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 func (e *EventLoop) openRings(entries uint32) error {
 	for _, l := range e.loops {
 		r, err := newIORing(entries)
-		l.ringEvents = make([]unix.EpollEvent, 256)
 		if err != nil {
 			for _, l := range e.loops {
 				if l.ring != nil {
@@ -271,21 +270,8 @@ type loop struct {
 	ring    *ioRing
 	ioOps   []ioOp
 	ioSpare []ioOp
-	// The loop's wait on its ring (ringWait): the sends it carried, where
-	// the epoll wait writes its events, whether that is armed, done (with
-	// its result) or refused by the kernel, and whether the turn left its
-	// last sends for the wait.
-	waiting    []ioOp
-	ringEvents []unix.EpollEvent
-	epollRes   int32
-	epollArmed bool
-	epollDone  bool
-	noRingWait bool
-	deferred   bool
-	// The most recvs and sends one enter carried, and the sends carried by
-	// waits on the ring (counted work, for tests).
+	// The most recvs and sends one enter carried (counted work, for tests).
 	mostRecvs, mostSends uint32
-	waitSends            uint64
 	// walks are spare connect walks, with their orders' room: a
 	// connection holds one only while it connects.
 	walks []*lb.Walk
@@ -575,20 +561,12 @@ func (l *loop) run() {
 	for !l.quit {
 		timeout := -1
 		switch {
-		case len(l.later) > 0 || len(l.again) > 0 || (len(l.ioOps) > 0 && !l.deferred):
+		case len(l.later) > 0 || len(l.again) > 0 || len(l.ioOps) > 0:
 			timeout = 0
 		case l.timers.len() > 0:
 			timeout = l.timers.waitMillis(l.now)
 		}
-		var n int
-		var err error
-		evs, onRing := events, l.ringWaits()
-		if onRing {
-			evs = l.ringEvents
-			l.ringWait(timeout)
-		} else {
-			n, err = l.wait(events, timeout)
-		}
+		n, err := l.wait(events, timeout)
 		if err != nil {
 			if err != unix.EINTR {
 				panic(fmt.Sprintf("epoll_wait: %v", err)) // a programming error: the fd is ours
@@ -596,17 +574,14 @@ func (l *loop) run() {
 			n = 0
 		}
 		l.now = l.e.opts.Now()
-		if onRing {
-			n = l.reapWait()
-		}
 		l.events = n
 		if l.now.Sub(l.lastYield) >= yieldEvery {
 			runtime.Gosched()
 			l.lastYield = l.now
 		}
 		for i := 0; i < n; i++ {
-			ev := evs[i]
-			l.pending = evs[i+1 : n]
+			ev := events[i]
+			l.pending = events[i+1 : n]
 			if int(ev.Fd) == l.wakefd {
 				unix.Read(l.wakefd, l.wakeSink[:])
 				continue

@@ -5,7 +5,6 @@ package listeners
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +23,6 @@ import (
 // Only the loop's goroutine touches a ring.
 type ioRing struct {
 	fd      int
-	sqHead  *uint32 // the kernel's: how far it has taken entries
 	sqTail  *uint32
 	sqMask  uint32
 	sqes    []ioSQE
@@ -41,19 +39,6 @@ type ioRing struct {
 	// carried, and the most one carried.
 	enters, carried uint64
 	mostCarried     uint32
-
-	// submitWait's timeout, where the kernel reads it: in the ring's own
-	// (heap) memory, which never moves, as a goroutine's stack may.
-	waitArg ioGetEventsArg
-	waitTS  unix.Timespec
-}
-
-// ioGetEventsArg is struct io_uring_getevents_arg (IORING_ENTER_EXT_ARG).
-type ioGetEventsArg struct {
-	sigmask   uint64
-	sigmaskSz uint32
-	minWait   uint32
-	ts        uint64
 }
 
 // The kernel's ABI (include/uapi/linux/io_uring.h).
@@ -100,15 +85,13 @@ type ioCQE struct {
 }
 
 const (
-	ioOpNop       = 0
-	ioOpSend      = 26
-	ioOpRecv      = 27
-	ioOpEpollWait = 59 // 6.15+
+	ioOpNop  = 0
+	ioOpSend = 26
+	ioOpRecv = 27
 
 	ioFeatSingleMmap = 1 << 0
 	ioOffSQEs        = 0x10000000
 	ioEnterGetEvents = 1 << 0
-	ioEnterExtArg    = 1 << 3 // 5.11+
 	ioSetupCQSize    = 1 << 3
 	ioSetupSubmitAll = 1 << 7 // 5.18+: one SQE's error does not stop the rest
 )
@@ -149,7 +132,6 @@ func newIORing(entries uint32) (*ioRing, error) {
 	}
 	r.ringMem, r.sqeMem = mem, sqeMem
 	base := unsafe.Pointer(&mem[0])
-	r.sqHead = (*uint32)(unsafe.Add(base, p.sqOff.head))
 	r.sqTail = (*uint32)(unsafe.Add(base, p.sqOff.tail))
 	r.sqMask = *(*uint32)(unsafe.Add(base, p.sqOff.ringMask))
 	r.cqHead = (*uint32)(unsafe.Add(base, p.cqOff.head))
@@ -165,9 +147,8 @@ func newIORing(entries uint32) (*ioRing, error) {
 	return r, nil
 }
 
-// full reports whether every submission slot is taken but the one kept
-// for a loop's epoll wait.
-func (r *ioRing) full() bool { return r.queued+1 >= r.entries }
+// full reports whether every submission slot is taken.
+func (r *ioRing) full() bool { return r.queued >= r.entries }
 
 // next is the next free SQE, zeroed. The caller checks full first.
 func (r *ioRing) next() *ioSQE {
@@ -213,57 +194,6 @@ func (r *ioRing) submit() error {
 		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, uintptr(n-r.ready()), ioEnterGetEvents, 0, 0)
 		if errno != 0 && errno != unix.EINTR {
 			return fmt.Errorf("io_uring_enter wait: %w", errno)
-		}
-	}
-	return nil
-}
-
-// submitWait hands the queued SQEs to the kernel, then waits until want
-// completions are ready, or timeout milliseconds have passed (-1: no
-// limit), or a signal came. It returns nil in all three cases: the caller
-// counts what is ready. The queued entries are submitted whatever happens
-// to the wait.
-func (r *ioRing) submitWait(want uint32, timeout int) error {
-	n := r.queued
-	if n > 0 {
-		atomic.StoreUint32(r.sqTail, *r.sqTail+n)
-		r.queued = 0
-		r.enters++
-		r.carried += uint64(n)
-		r.mostCarried = max(r.mostCarried, n)
-	}
-	flags, arg, argSize := uintptr(ioEnterGetEvents), uintptr(0), uintptr(0)
-	if timeout >= 0 {
-		r.waitTS = unix.NsecToTimespec(int64(timeout) * int64(time.Millisecond))
-		r.waitArg = ioGetEventsArg{ts: uint64(uintptr(unsafe.Pointer(&r.waitTS)))}
-		flags |= ioEnterExtArg
-		arg, argSize = uintptr(unsafe.Pointer(&r.waitArg)), unsafe.Sizeof(r.waitArg)
-	}
-	ret, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(n), uintptr(want), flags, arg, argSize)
-	_ = ret
-	if errno != 0 && errno != unix.ETIME && errno != unix.EINTR {
-		return fmt.Errorf("io_uring_enter: %w", errno)
-	}
-	// The wait's end (a timeout, a signal) is reported only when nothing
-	// was submitted; whatever the kernel has not taken yet goes now.
-	return r.submitRest()
-}
-
-// unsubmitted is how many entries past the tail the kernel has not taken.
-func (r *ioRing) unsubmitted() uint32 { return *r.sqTail - atomic.LoadUint32(r.sqHead) }
-
-// submitRest submits, without waiting, what the kernel has not taken.
-func (r *ioRing) submitRest() error {
-	for left := r.unsubmitted(); left > 0; left = r.unsubmitted() {
-		ret, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(left), 0, 0, 0, 0)
-		if errno == unix.EINTR {
-			continue
-		}
-		if errno != 0 {
-			return fmt.Errorf("io_uring_enter: %w", errno)
-		}
-		if ret == 0 {
-			return fmt.Errorf("io_uring_enter took none of %d entries", left)
 		}
 	}
 	return nil
