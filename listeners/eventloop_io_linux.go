@@ -67,12 +67,20 @@ func (l *loop) queueSend(c *tcpConn, p *pipe) bool {
 	return true
 }
 
+// maxQueuedRecvs bounds the recvs a batch holds buffers for: a burst of
+// new connections, each readable at once, would otherwise take a buffer
+// each (256 a batch, 16 MiB) where plain recvs take one at a time. It is
+// below the loop's spare buffers (putBuf keeps 64), so a batch's buffers
+// come back to them rather than to the collector.
+const maxQueuedRecvs = 32
+
 // queueRecv queues a recv into buf, taken for it. It reports false, as
 // queueSend does, when the caller must recv now.
 func (l *loop) queueRecv(c *tcpConn, p *pipe, buf []byte) bool {
-	if !l.batching() {
+	if !l.batching() || l.queuedRecvs >= maxQueuedRecvs {
 		return false
 	}
+	l.queuedRecvs++
 	s := l.queue(c, p, ioOpRecv, p.src.fd, buf)
 	s.opFlags = unix.MSG_DONTWAIT
 	l.ioOps[len(l.ioOps)-1].buf = buf
@@ -108,6 +116,7 @@ func (l *loop) flushIO() {
 	for batch := 0; batch < maxIOBatches && len(l.ioOps) > 0; batch++ {
 		ops := l.ioOps
 		l.ioOps = l.ioSpare[:0]
+		l.queuedRecvs = 0
 		if len(ops) == 1 { // one: a plain syscall costs less than an enter
 			l.ring.unqueueLast()
 			op := &ops[0]

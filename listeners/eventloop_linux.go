@@ -270,6 +270,8 @@ type loop struct {
 	ring    *ioRing
 	ioOps   []ioOp
 	ioSpare []ioOp
+	// queuedRecvs counts the recvs in ioOps (maxQueuedRecvs).
+	queuedRecvs int
 	// The most recvs and sends one enter carried (counted work, for tests).
 	mostRecvs, mostSends uint32
 	// walks are spare connect walks, with their orders' room: a
