@@ -4,9 +4,11 @@ package listeners
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +215,64 @@ func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
 		echoOnce(t, c, []byte("plain syscalls"))
 		c.Close()
 	}
+}
+
+// TestEventLoopGivesUpABrokenRing breaks a loop's ring under it (its
+// descriptor becomes an eventfd, which io_uring_enter refuses) and then
+// has two connections' requests batched on it: the two connections are
+// reset, not left hanging, the loop counts the failure and drops the
+// ring, and it serves new connections with plain syscalls.
+func TestEventLoopGivesUpABrokenRing(t *testing.T) {
+	e := eventLoopForTest(t, Options{Loops: 1})
+	l := e.loops[0]
+	if l.ring == nil {
+		t.Fatalf("no ring: %v", e.IOUring())
+	}
+	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	var conns []*net.TCPConn
+	for i := 0; i < 2; i++ {
+		c := f.dial()
+		defer c.Close()
+		echoOnce(t, c, []byte("open"))
+		conns = append(conns, c)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var breakErr error
+	l.post(func() {
+		efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+		if err == nil {
+			err = unix.Dup3(efd, l.ring.fd, unix.O_CLOEXEC)
+			unix.Close(efd)
+		}
+		breakErr = err
+		close(held)
+		<-release
+	})
+	<-held
+	func() {
+		defer close(release)
+		if breakErr != nil {
+			t.Errorf("breaking the ring: %v", breakErr)
+			return
+		}
+		for _, c := range conns { // both readable in the next turn: batched
+			if _, err := c.Write([]byte("request")); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 16)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("connection %d, whose recv was on the broken ring: read %d bytes, %v; want it reset", i, n, err)
+		}
+	}
+	var ring bool
+	l.do(func() { ring = l.ring != nil })
+	if ring || e.ringFailures.Load() != 1 {
+		t.Fatalf("after the failure: ring kept %v, failures counted %d; want it dropped and 1", ring, e.ringFailures.Load())
+	}
+	c := f.dial()
+	defer c.Close()
+	echoOnce(t, c, []byte("served with plain syscalls"))
 }

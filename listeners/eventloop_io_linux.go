@@ -146,18 +146,7 @@ func (l *loop) flushIO() {
 			}
 			l.mostRecvs, l.mostSends = max(l.mostRecvs, recvs), max(l.mostSends, sends)
 			if err := l.ring.submit(); err != nil {
-				// The ring is broken (not one of its operations): every
-				// operation not completed fails its connection, and the
-				// loop goes on with plain syscalls.
-				l.e.ringFailures.Add(1)
-				l.ring.reap(func(ud uint64, res int32) { l.complete(&ops[ud], res) })
-				for i := range ops {
-					if ops[i].p.io == ioSubmitted {
-						l.finishIO(&ops[i], 0, err)
-					}
-				}
-				l.ring.close()
-				l.ring = nil
+				l.ringBroken(ops, err)
 			} else {
 				l.ring.reap(func(ud uint64, res int32) { l.complete(&ops[ud], res) })
 			}
@@ -198,4 +187,29 @@ func (l *loop) finishIO(op *ioOp, n int, err error) {
 		return
 	}
 	c.progress()
+}
+
+// ringBroken gives the ring up after an enter failed (not one of its
+// operations): the completions posted are applied, every other operation
+// of the batch fails its connection, and the loop goes on with plain
+// syscalls. The ring is gone before any result is applied, so the
+// connections stepped on queue nothing on it.
+func (l *loop) ringBroken(ops []ioOp, err error) {
+	l.e.ringFailures.Add(1)
+	type result struct {
+		op  int
+		res int32
+	}
+	var posted []result
+	l.ring.reap(func(ud uint64, res int32) { posted = append(posted, result{int(ud), res}) })
+	l.ring.close()
+	l.ring = nil
+	for _, r := range posted {
+		l.complete(&ops[r.op], r.res)
+	}
+	for i := range ops {
+		if ops[i].p.io == ioSubmitted {
+			l.finishIO(&ops[i], 0, err)
+		}
+	}
 }
