@@ -76,23 +76,8 @@ func TestEventLoopBatchesATurnsRecvsAndSends(t *testing.T) {
 }
 
 func testTurnBatches(t *testing.T, n, wantRecvs int) {
-	e := eventLoopForTest(t, Options{Loops: 1})
-	l := e.loops[0]
-	if l.ring == nil {
-		t.Fatalf("no ring: %v", e.IOUring())
-	}
-	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
-	var conns []*net.TCPConn
-	t.Cleanup(func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	for i := 0; i < n; i++ {
-		c := f.dial()
-		echoOnce(t, c, []byte("open"))
-		conns = append(conns, c)
-	}
+	_, l, f := ringLoopForTest(t)
+	conns := openEchoed(t, f, n)
 	var before uint64
 	held, release := make(chan struct{}), make(chan struct{})
 	l.post(func() {
@@ -134,12 +119,7 @@ func testTurnBatches(t *testing.T, n, wantRecvs int) {
 // new socket before the batch goes out: the recv must not read from the
 // new socket.
 func TestEventLoopCancelsTheQueuedIOOfAClosedConnection(t *testing.T) {
-	e := eventLoopForTest(t, Options{Loops: 1})
-	l := e.loops[0]
-	if l.ring == nil {
-		t.Fatalf("no ring: %v", e.IOUring())
-	}
-	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+	_, l, f := ringLoopForTest(t)
 	client := f.dial()
 	defer client.Close()
 	echoOnce(t, client, []byte("open"))
@@ -223,19 +203,8 @@ func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
 // reset, not left hanging, the loop counts the failure and drops the
 // ring, and it serves new connections with plain syscalls.
 func TestEventLoopGivesUpABrokenRing(t *testing.T) {
-	e := eventLoopForTest(t, Options{Loops: 1})
-	l := e.loops[0]
-	if l.ring == nil {
-		t.Fatalf("no ring: %v", e.IOUring())
-	}
-	f := newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
-	var conns []*net.TCPConn
-	for i := 0; i < 2; i++ {
-		c := f.dial()
-		defer c.Close()
-		echoOnce(t, c, []byte("open"))
-		conns = append(conns, c)
-	}
+	e, l, f := ringLoopForTest(t)
+	conns := openEchoed(t, f, 2)
 	held, release := make(chan struct{}), make(chan struct{})
 	var breakErr error
 	l.post(func() {
@@ -275,4 +244,34 @@ func TestEventLoopGivesUpABrokenRing(t *testing.T) {
 	c := f.dial()
 	defer c.Close()
 	echoOnce(t, c, []byte("served with plain syscalls"))
+}
+
+// ringLoopForTest is an event loop engine of one loop, which must have
+// its ring, and an echo service through it.
+func ringLoopForTest(t *testing.T) (*EventLoop, *loop, *fixture) {
+	t.Helper()
+	e := eventLoopForTest(t, Options{Loops: 1})
+	l := e.loops[0]
+	if l.ring == nil {
+		t.Fatalf("no ring: %v", e.IOUring())
+	}
+	return e, l, newFixture(t, e, lb.TCP, serveTCP(t, echoHandler))
+}
+
+// openEchoed opens n connections through f, each echoed once, closed
+// when the test ends.
+func openEchoed(t *testing.T, f *fixture, n int) []*net.TCPConn {
+	t.Helper()
+	var conns []*net.TCPConn
+	t.Cleanup(func() { // before the backend's, which waits for its handlers
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := 0; i < n; i++ {
+		c := f.dial()
+		echoOnce(t, c, []byte("open"))
+		conns = append(conns, c)
+	}
+	return conns
 }

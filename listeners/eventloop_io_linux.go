@@ -60,10 +60,7 @@ func (l *loop) queueSend(c *tcpConn, p *pipe) bool {
 	if !l.batching() {
 		return false
 	}
-	b := p.buf[p.r:p.w]
-	s := l.queue(c, p, ioOpSend, p.dst.fd, b)
-	s.opFlags = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL
-	l.ioOps[len(l.ioOps)-1].send = true
+	l.queue(ioOp{c: c, p: p, send: true}, ioOpSend, p.dst.fd, p.buf[p.r:p.w], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	return true
 }
 
@@ -81,22 +78,20 @@ func (l *loop) queueRecv(c *tcpConn, p *pipe, buf []byte) bool {
 		return false
 	}
 	l.queuedRecvs++
-	s := l.queue(c, p, ioOpRecv, p.src.fd, buf)
-	s.opFlags = unix.MSG_DONTWAIT
-	l.ioOps[len(l.ioOps)-1].buf = buf
+	l.queue(ioOp{c: c, p: p, buf: buf}, ioOpRecv, p.src.fd, buf, unix.MSG_DONTWAIT)
 	return true
 }
 
-func (l *loop) queue(c *tcpConn, p *pipe, opcode uint8, fd int, b []byte) *ioSQE {
+// queue writes op's SQE, for b on fd, and records op as queued.
+func (l *loop) queue(op ioOp, opcode uint8, fd int, b []byte, msgFlags uint32) {
 	s := l.ring.next()
-	s.opcode = opcode
-	s.fd = int32(fd)
+	s.opcode, s.fd, s.opFlags = opcode, int32(fd), msgFlags
 	s.addr = uint64(uintptr(unsafe.Pointer(&b[0])))
 	s.len = uint32(len(b))
 	s.userData = uint64(len(l.ioOps))
-	l.ioOps = append(l.ioOps, ioOp{c: c, p: p, sqe: s})
-	p.io, p.op = ioQueued, int32(len(l.ioOps)-1)
-	return s
+	op.sqe = s
+	op.p.io, op.p.op = ioQueued, int32(len(l.ioOps))
+	l.ioOps = append(l.ioOps, op)
 }
 
 // cancelIO makes p's queued operation, if any, a no-op: p's connection is

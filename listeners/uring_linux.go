@@ -31,14 +31,12 @@ type ioRing struct {
 	cqMask  uint32
 	cqes    []ioCQE
 	queued  uint32 // SQEs written past the tail, not yet submitted
-	entries uint32
 	ringMem []byte
 	sqeMem  []byte
 
-	// Counted work, for tests: enters made by submit, entries they
-	// carried, and the most one carried.
+	// Counted work, for tests: enters made by submit, and the entries
+	// they carried.
 	enters, carried uint64
-	mostCarried     uint32
 }
 
 // The kernel's ABI (include/uapi/linux/io_uring.h).
@@ -92,7 +90,6 @@ const (
 	ioFeatSingleMmap = 1 << 0
 	ioOffSQEs        = 0x10000000
 	ioEnterGetEvents = 1 << 0
-	ioSetupCQSize    = 1 << 3
 	ioSetupSubmitAll = 1 << 7 // 5.18+: one SQE's error does not stop the rest
 )
 
@@ -104,16 +101,16 @@ var (
 )
 
 // newIORing sets up a ring of entries submission slots (a power of two),
-// with twice as many completion slots. An error means the kernel refuses
+// with the kernel's default of twice as many completion slots. An error means the kernel refuses
 // io_uring (too old, kernel.io_uring_disabled, a seccomp filter): the loop
 // then makes plain syscalls.
 func newIORing(entries uint32) (*ioRing, error) {
-	p := ioURingParams{flags: ioSetupCQSize | ioSetupSubmitAll, cqEntries: 2 * entries}
+	p := ioURingParams{flags: ioSetupSubmitAll}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ioRing{fd: int(fd), entries: p.sqEntries}
+	r := &ioRing{fd: int(fd)}
 	if p.features&ioFeatSingleMmap == 0 {
 		unix.Close(r.fd)
 		return nil, fmt.Errorf("io_uring: the kernel lacks IORING_FEAT_SINGLE_MMAP (5.4+)")
@@ -148,7 +145,7 @@ func newIORing(entries uint32) (*ioRing, error) {
 }
 
 // full reports whether every submission slot is taken.
-func (r *ioRing) full() bool { return r.queued >= r.entries }
+func (r *ioRing) full() bool { return int(r.queued) >= len(r.sqes) }
 
 // next is the next free SQE, zeroed. The caller checks full first.
 func (r *ioRing) next() *ioSQE {
@@ -176,7 +173,6 @@ func (r *ioRing) submit() error {
 	r.queued = 0
 	r.enters++
 	r.carried += uint64(n)
-	r.mostCarried = max(r.mostCarried, n)
 	for done := uint32(0); done < n; {
 		ret, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(n-done), 0, 0, 0, 0)
 		if errno == unix.EINTR {
