@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/sluice-proxy/sluice/affinity"
@@ -387,5 +388,36 @@ func BenchmarkMetricsByName(b *testing.B) {
 		if rec.Code != 200 {
 			b.Fatal(rec.Code)
 		}
+	}
+}
+
+// The event loop's io_uring figures are read from the engine at each
+// scrape, so a ring given up shows at the next one.
+func TestEventLoopRingsReadAtEachScrape(t *testing.T) {
+	m := NewMetrics()
+	loops, failures := 2, int64(0)
+	m.EventLoopRings(func() int { return loops }, func() int64 { return failures })
+	scrape := func() (float64, float64) {
+		var out bytes.Buffer
+		if err := m.WriteText(&out); err != nil {
+			t.Fatal(err)
+		}
+		var p expfmt.TextParser
+		fams, err := p.TextToMetricFamilies(&out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, f := fams["sluice_eventloop_io_uring_loops"], fams["sluice_eventloop_io_uring_failures_total"]
+		if l == nil || f == nil || l.GetType() != dto.MetricType_GAUGE || f.GetType() != dto.MetricType_COUNTER {
+			t.Fatalf("io_uring families: %v, %v", l, f)
+		}
+		return l.GetMetric()[0].GetGauge().GetValue(), f.GetMetric()[0].GetCounter().GetValue()
+	}
+	if l, f := scrape(); l != 2 || f != 0 {
+		t.Fatalf("before: loops %g, failures %g; want 2, 0", l, f)
+	}
+	loops, failures = 1, 1
+	if l, f := scrape(); l != 1 || f != 1 {
+		t.Fatalf("after a ring given up: loops %g, failures %g; want 1, 1", l, f)
 	}
 }

@@ -323,6 +323,23 @@ func (c readCounter) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// EventLoopRings exports the event loop engine's io_uring state, read at
+// each scrape: sluice_eventloop_io_uring_loops, the loops batching their
+// reads and writes on a ring (0 when the kernel or a seccomp profile
+// refused io_uring, or --io-uring=false), and
+// sluice_eventloop_io_uring_failures_total, the rings given up since
+// start-up after an io_uring_enter failed (each took its batch's
+// connections down, and left its loop on plain syscalls).
+func (m *Metrics) EventLoopRings(loops func() int, failures func() int64) {
+	m.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_eventloop_io_uring_loops",
+			Help: "Event loops batching their socket reads and writes on an io_uring; the others make a syscall per read and write."},
+			func() float64 { return float64(loops()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_eventloop_io_uring_failures_total",
+			Help: "Event loops' io_urings given up after an io_uring_enter failed; the connections of that batch were reset."},
+			func() float64 { return float64(failures()) }))
+}
+
 // SCTPSkipped sets how many SCTP service ports are not served.
 func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"time"
 
@@ -224,6 +225,10 @@ type Options struct {
 	Sockets Sockets
 	// Now is the clock used for connect budgets and UDP idle times; default time.Now.
 	Now func() time.Time
+	// Log is where the engine reports what goes wrong in it, such as a
+	// loop's io_uring given up (never per packet or per connection); nil:
+	// nowhere.
+	Log *slog.Logger
 }
 
 // Sockets is where listening sockets come from and go to across a hitless

@@ -4,9 +4,11 @@ package listeners
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -182,6 +184,9 @@ func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
 	if err := e.IOUring(); err == nil || !strings.Contains(err.Error(), "io_uring_setup") {
 		t.Fatalf("IOUring() = %v, want io_uring_setup's refusal", err)
 	}
+	if n := e.IOUringLoops(); n != 0 {
+		t.Fatalf("IOUringLoops() = %d with no ring; want 0", n)
+	}
 	for i, l := range e.loops {
 		var ring bool
 		l.do(func() { ring = l.ring != nil })
@@ -203,7 +208,11 @@ func TestEventLoopWithoutIORingSaysWhyAndServes(t *testing.T) {
 // reset, not left hanging, the loop counts the failure and drops the
 // ring, and it serves new connections with plain syscalls.
 func TestEventLoopGivesUpABrokenRing(t *testing.T) {
-	e, l, f := ringLoopForTest(t)
+	warned := make(chan slog.Record, 1)
+	e, l, f := ringLoopWith(t, Options{Loops: 1, Log: slog.New(recordTo(warned))})
+	if n := e.IOUringLoops(); n != 1 {
+		t.Fatalf("before the failure: %d loops batching on a ring; want 1", n)
+	}
 	conns := openEchoed(t, f, 2)
 	held, release := make(chan struct{}), make(chan struct{})
 	var breakErr error
@@ -238,8 +247,24 @@ func TestEventLoopGivesUpABrokenRing(t *testing.T) {
 	}
 	var ring bool
 	l.do(func() { ring = l.ring != nil })
-	if ring || e.ringFailures.Load() != 1 {
-		t.Fatalf("after the failure: ring kept %v, failures counted %d; want it dropped and 1", ring, e.ringFailures.Load())
+	if ring || e.IOUringFailures() != 1 || e.IOUringLoops() != 0 {
+		t.Fatalf("after the failure: ring kept %v, failures counted %d, loops batching %d; want it dropped, 1 and 0",
+			ring, e.IOUringFailures(), e.IOUringLoops())
+	}
+	select {
+	case r := <-warned:
+		var why string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "err" {
+				why = a.Value.String()
+			}
+			return true
+		})
+		if r.Level != slog.LevelWarn || !strings.Contains(r.Message, "io_uring") || why == "" {
+			t.Errorf("logged %v %q (err %q); want a warning that the loop gave up its io_uring, and why", r.Level, r.Message, why)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the ring given up was not logged")
 	}
 	c := f.dial()
 	defer c.Close()
@@ -249,8 +274,13 @@ func TestEventLoopGivesUpABrokenRing(t *testing.T) {
 // ringLoopForTest is an event loop engine of one loop, which must have
 // its ring, and an echo service through it.
 func ringLoopForTest(t *testing.T) (*EventLoop, *loop, *fixture) {
+	return ringLoopWith(t, Options{Loops: 1})
+}
+
+// ringLoopWith is ringLoopForTest with o (of one loop).
+func ringLoopWith(t *testing.T, o Options) (*EventLoop, *loop, *fixture) {
 	t.Helper()
-	e := eventLoopForTest(t, Options{Loops: 1})
+	e := eventLoopForTest(t, o)
 	l := e.loops[0]
 	if l.ring == nil {
 		t.Fatalf("no ring: %v", e.IOUring())
@@ -275,3 +305,18 @@ func openEchoed(t *testing.T, f *fixture, n int) []*net.TCPConn {
 	}
 	return conns
 }
+
+// recordTo is a slog handler that passes each record to ch, dropping what
+// ch has no room for.
+type recordTo chan slog.Record
+
+func (h recordTo) Enabled(context.Context, slog.Level) bool { return true }
+func (h recordTo) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case h <- r:
+	default:
+	}
+	return nil
+}
+func (h recordTo) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h recordTo) WithGroup(string) slog.Handler      { return h }

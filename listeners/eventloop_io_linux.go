@@ -191,6 +191,12 @@ func (l *loop) finishIO(op *ioOp, n int, err error) {
 // connections stepped on queue nothing on it.
 func (l *loop) ringBroken(ops []ioOp, err error) {
 	l.e.ringFailures.Add(1)
+	l.e.ringLoops.Add(-1)
+	if log := l.e.opts.Log; log != nil {
+		// Once in a loop's life, and off the loop: a slow log writer must
+		// not hold up its turn.
+		go log.Warn("an event loop gave up its io_uring: io_uring_enter failed; the connections of that batch were reset, and the loop makes a syscall per read and write from now on", "err", err)
+	}
 	type result struct {
 		op  int
 		res int32

@@ -51,10 +51,12 @@ type EventLoop struct {
 	// sync.Pool, which under the race detector drops what it is given).
 	registerReqs chan *registerReq
 	// ringErr is why the loops make plain syscalls rather than batch them
-	// on an io_uring (nil: they batch; see eventloop_io_linux.go), and
-	// ringFailures counts rings that failed later and were given up.
+	// on an io_uring (nil: they batch; see eventloop_io_linux.go),
+	// ringFailures counts rings that failed later and were given up, and
+	// ringLoops is how many loops still batch on theirs.
 	ringErr      error
 	ringFailures atomic.Int64
+	ringLoops    atomic.Int64
 }
 
 // NewEventLoop starts the loops.
@@ -92,6 +94,9 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if !opts.NoIOUring {
 		e.ringErr = e.openRings(cmp.Or(opts.ringEntries, ioRingEntries))
 	}
+	if e.ringErr == nil {
+		e.ringLoops.Store(int64(len(e.loops)))
+	}
 	e.stopped.Add(len(e.loops))
 	for _, l := range e.loops {
 		go l.run()
@@ -126,6 +131,14 @@ var errIOUringOff = errors.New("turned off (--io-uring=false)")
 // IOUring reports why the loops make a syscall per recv and send rather
 // than batch them on an io_uring; nil when they batch.
 func (e *EventLoop) IOUring() error { return e.ringErr }
+
+// IOUringLoops is how many loops batch on an io_uring now: all of them
+// when IOUring is nil, less those whose ring failed since (IOUringFailures).
+func (e *EventLoop) IOUringLoops() int { return int(e.ringLoops.Load()) }
+
+// IOUringFailures counts the rings given up after an io_uring_enter
+// failed; each such loop makes plain syscalls from then on.
+func (e *EventLoop) IOUringFailures() int64 { return e.ringFailures.Load() }
 
 // Name returns "eventloop".
 func (e *EventLoop) Name() string { return EngineEventLoop }

@@ -352,15 +352,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, NoIOUring: !cfg.IOUring, Loops: cfg.EventLoops, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker})
+		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, NoIOUring: !cfg.IOUring, Loops: cfg.EventLoops,
+			HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker, Log: log})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
 		engineOf = engine.Name() + " engine"
 		if l, ok := engine.(interface{ Loops() int }); ok {
 			ioUring := "on: each turn's reads and writes batched"
-			if r, ok := engine.(interface{ IOUring() error }); ok && r.IOUring() != nil {
-				ioUring = "off: " + r.IOUring().Error()
+			if r, ok := engine.(ringEngine); ok {
+				if r.IOUring() != nil {
+					ioUring = "off: " + r.IOUring().Error()
+				}
+				metrics.EventLoopRings(r.IOUringLoops, r.IOUringFailures)
 			}
 			log.Info("userspace engine", "engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
@@ -650,6 +654,13 @@ func newKubeClient(cfg *config.Config) (kubernetes.Interface, string, error) {
 		return nil, "", fmt.Errorf("kubernetes API client: %w", err)
 	}
 	return client, rc.Host, nil
+}
+
+// ringEngine is the event loop engine's io_uring state (on Linux).
+type ringEngine interface {
+	IOUring() error
+	IOUringLoops() int
+	IOUringFailures() int64
 }
 
 // healthCheckPorts tracks the service ports that have a health check

@@ -131,6 +131,16 @@ type instanceStatus struct {
 	// LastSync is the newest sync time per IP family ("" for a mode that
 	// applies a state whole).
 	LastSync map[string]time.Time `json:"lastSync"`
+	// IOUring is the event loop engine's io_uring state (absent with the
+	// goroutine engine and in the kernel modes).
+	IOUring *ioUringStatus `json:"ioUring,omitempty"`
+}
+
+// ioUringStatus is how many event loops batch their reads and writes on
+// an io_uring, and how many rings were given up since start-up.
+type ioUringStatus struct {
+	Loops    float64 `json:"loops"`
+	Failures float64 `json:"failures"`
 }
 
 type portStatus struct {
@@ -204,6 +214,12 @@ func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
 	for _, m := range metricsOf(families, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
 		sec, frac := math.Modf(m.GetGauge().GetValue())
 		st.LastSync[label(m, "ip_family")] = time.Unix(int64(sec), int64(frac*1e9))
+	}
+	if loops := metricsOf(families, "sluice_eventloop_io_uring_loops"); len(loops) == 1 {
+		st.IOUring = &ioUringStatus{Loops: loops[0].GetGauge().GetValue()}
+		if f := metricsOf(families, "sluice_eventloop_io_uring_failures_total"); len(f) == 1 {
+			st.IOUring.Failures = f[0].GetCounter().GetValue()
+		}
 	}
 	dump, err := get("/debug/sluice")
 	if err != nil {
@@ -286,6 +302,16 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 		}
 		fmt.Fprintln(w, "  (the rules themselves: iptables-save, nft list table ip kube-proxy, ipvsadm -Ln)")
 		return
+	}
+	if r := st.IOUring; r != nil {
+		switch {
+		case r.Failures > 0:
+			fmt.Fprintf(w, "io_uring: %g event loops batch on it; %g gave it up after a failed io_uring_enter (see the log)\n", r.Loops, r.Failures)
+		case r.Loops == 0:
+			fmt.Fprintln(w, "io_uring: off, a syscall per read and write (the start-up log says why)")
+		default:
+			fmt.Fprintf(w, "io_uring: %g event loops batch their reads and writes on it\n", r.Loops)
+		}
 	}
 	fmt.Fprintf(w, "%d service ports\n", len(st.Ports))
 	for _, p := range st.Ports {

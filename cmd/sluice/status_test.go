@@ -59,7 +59,17 @@ subsets:
 	metrics := fmt.Sprintf("127.0.0.1:%d", mp)
 	p := start(t, "--manifests", dir, "--bind-address", "127.0.0.1", "--userspace-capture=none", "--eject-after=1", "--eject-backoff=1h",
 		"--healthz-bind-address=", "--metrics-bind-address="+metrics)
+	engine := p.waitLog("userspace engine")
 	p.waitLog("state applied")
+	var loops int
+	if _, after, ok := strings.Cut(engine, " loops="); !ok || func() error { _, err := fmt.Sscan(after, &loops); return err }() != nil {
+		t.Fatalf("the engine's log line has no loop count: %s", engine)
+	}
+	ringLine := fmt.Sprintf("\nio_uring: %d event loops batch their reads and writes on it\n", loops)
+	ringLoops := loops
+	if !strings.Contains(engine, `ioUring="on`) {
+		ringLine, ringLoops = "\nio_uring: off, a syscall per read and write (the start-up log says why)\n", 0
+	}
 	for i := 0; i < 4; i++ {
 		if got := get(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); got != "ok" {
 			t.Fatalf("try %d: %q", i, got)
@@ -73,6 +83,7 @@ subsets:
 	text := string(out)
 	for _, want := range []string{
 		"userspace mode; state applied ",
+		ringLine,
 		"2 service ports\n",
 		"TCP  e2e/web:http  active 0, connections 4 (0.0/s), retried 1, failed connects 1, refused 0, errors 0.0/s\n",
 		fmt.Sprintf("  <- nodePort 127.0.0.1:%d\n", np),
@@ -89,7 +100,8 @@ subsets:
 	out, err = exec.Command(sluiceBin, "status", "-o", "json", "--metrics-bind-address="+metrics).Output()
 	var st instanceStatus
 	if err != nil || json.Unmarshal(out, &st) != nil || st.Mode != "userspace" || len(st.Ports) != 2 || st.Ports[1].Connections != 4 ||
-		len(st.Ports[1].Ejected) != 1 || len(st.Ports[1].States) != 3 || st.Ports[0].States[0].Pinned != 1 || st.Ports[1].ConnRate == nil {
+		len(st.Ports[1].Ejected) != 1 || len(st.Ports[1].States) != 3 || st.Ports[0].States[0].Pinned != 1 || st.Ports[1].ConnRate == nil ||
+		st.IOUring == nil || st.IOUring.Loops != float64(ringLoops) || st.IOUring.Failures != 0 {
 		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
 	}
 	// --watch prints again until interrupted.
@@ -148,5 +160,33 @@ func TestStatusRatesFromTwoSamples(t *testing.T) {
 	if !strings.Contains(buf.String(), "connections 300 (100.0/s), retried 0, failed connects 3, refused 2, errors 2.0/s\n") ||
 		!strings.Contains(buf.String(), "connections 10, retried 0, failed connects 0, refused 0\n") {
 		t.Fatalf("printed:\n%s", buf.String())
+	}
+}
+
+// The io_uring line says when the loops make plain syscalls, and when a
+// ring was given up since start-up (its batch's connections reset); a
+// status without the engine's figures (the goroutine engine, a kernel
+// mode) has no such line.
+func TestStatusSaysWhenIOUringIsOffOrGivenUp(t *testing.T) {
+	for _, c := range []struct {
+		ring *ioUringStatus
+		want string
+	}{
+		{&ioUringStatus{Loops: 4}, "io_uring: 4 event loops batch their reads and writes on it\n"},
+		{&ioUringStatus{Loops: 0}, "io_uring: off, a syscall per read and write (the start-up log says why)\n"},
+		{&ioUringStatus{Loops: 3, Failures: 1}, "io_uring: 3 event loops batch on it; 1 gave it up after a failed io_uring_enter (see the log)\n"},
+		{nil, ""},
+	} {
+		st := &instanceStatus{Address: "http://127.0.0.1:10249", Mode: "userspace", LastSync: map[string]time.Time{}, IOUring: c.ring}
+		var out strings.Builder
+		st.print(&out, time.Now())
+		lines := strings.SplitAfter(out.String(), "\n")
+		got := ""
+		if len(lines) > 1 && strings.HasPrefix(lines[1], "io_uring") {
+			got = lines[1]
+		}
+		if got != c.want {
+			t.Errorf("%+v: io_uring line %q, want %q; all:\n%s", c.ring, got, c.want, out.String())
+		}
 	}
 }
