@@ -46,6 +46,11 @@ func TestSummarizeTakesMediansAndSkipsWarmupErrorsAndNA(t *testing.T) {
 	if m, ok := s["w"]["b"]; !ok || m != nil {
 		t.Fatalf("an erroring system must be present with no metrics: %v %v", m, ok)
 	}
+	// An even number of rounds: the mean of the two middle ones.
+	runs = append(runs, Run{Round: 4, System: "a", Workload: "w", Metrics: Metrics{"x": 10}, CPUSeconds: 4, HostCPUSeconds: 8})
+	if got := Summarize(runs)["w"]["a"]; got["x"] != 2.5 || got["lb_cpu_s"] != 2.5 || got["host_cpu_s"] != 7.5 {
+		t.Fatalf("medians of four rounds %v; want x 2.5, lb_cpu_s 2.5, host_cpu_s 7.5", got)
+	}
 	if m, ok := s["w"]["c"]; !ok || m != nil {
 		t.Fatalf("an n/a system must be present with no metrics: %v %v", m, ok)
 	}
@@ -438,7 +443,7 @@ func TestWriteGivesEachSystemsPerRoundRatioToTheBestPeer(t *testing.T) {
 	}
 	for _, want := range []string{
 		"| vs direct | vs best peer | vs best peer, per round |",
-		"| sluice-eventloop | 80 | 70 | 0 | 0 | — | — | 0.80× | 0.75× (0.70-0.80, 2 rounds) |",
+		"| sluice-eventloop | 75 | 70 | 0 | 0 | — | — | 0.75× | 0.75× (0.70-0.80, 2 rounds) |", // medians of two rounds: their mean
 		"| haproxy | 100 | 100 | 0 | 0 | — | — | 1.00× | — |", // the peer itself
 	} {
 		if !strings.Contains(md, want) {

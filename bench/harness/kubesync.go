@@ -595,7 +595,7 @@ func WriteKubeSyncResults(dir string, res []KubeSyncResult, limit time.Duration,
 		}
 		s := slices.Clone(v)
 		sort.Float64s(s)
-		return s[len(s)/2]
+		return sortedMedian(s)
 	}
 	by := map[key]*vals{}
 	var failed []string

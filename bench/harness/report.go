@@ -59,7 +59,7 @@ func Summarize(runs []Run) Summary {
 			m := Metrics{}
 			for k, vs := range byMetric {
 				sort.Float64s(vs)
-				m[k] = vs[len(vs)/2]
+				m[k] = sortedMedian(vs)
 				if low, primary := lower[w+"/"+k]; primary {
 					// The best round too: this box's noise is bimodal (a
 					// sleeping vCPU costs ~100 us to wake), so the median
@@ -132,11 +132,19 @@ func pairedRatio(runs []Run, workload, metric, sys, other string) Paired {
 		return Paired{Median: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
 	}
 	sort.Float64s(rs)
-	med := rs[len(rs)/2]
-	if len(rs)%2 == 0 {
-		med = (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+	return Paired{Median: sortedMedian(rs), Lo: rs[0], Hi: rs[len(rs)-1], Rounds: len(rs)}
+}
+
+// sortedMedian is the median of sorted, which is not empty: its middle
+// value, or the mean of its two middle values when it has an even number
+// (the upper one alone would favour a higher-is-better metric and count
+// against a lower-is-better one).
+func sortedMedian(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 0 {
+		return (sorted[n/2-1] + sorted[n/2]) / 2
 	}
-	return Paired{Median: med, Lo: rs[0], Hi: rs[len(rs)-1], Rounds: len(rs)}
+	return sorted[n/2]
 }
 
 // String is "0.87× (0.69-0.99, 7 rounds)", or "—" with no round.

@@ -199,7 +199,7 @@ func WriteSyncResults(dir string, res []SyncResult, machine string) (string, err
 			v[i] = f(r)
 		}
 		slices.Sort(v)
-		return v[len(v)/2]
+		return sortedMedian(v)
 	}
 	var b strings.Builder
 	b.WriteString("# iptables sync benchmark\n\n")
