@@ -444,7 +444,7 @@ func TestWriteGivesEachSystemsPerRoundRatioToTheBestPeer(t *testing.T) {
 	for _, want := range []string{
 		"| vs direct | vs best peer | vs best peer, per round |",
 		"| sluice-eventloop | 75 | 70 | 0 | 0 | — | — | 0.75× | 0.75× (0.70-0.80, 2 rounds) |", // medians of two rounds: their mean
-		"| haproxy | 100 | 100 | 0 | 0 | — | — | 1.00× | — |", // the peer itself
+		"| haproxy | 100 | 100 | 0 | 0 | — | — | 1.00× | — |",                                  // the peer itself
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
