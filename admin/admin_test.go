@@ -395,8 +395,8 @@ func BenchmarkMetricsByName(b *testing.B) {
 // scrape, so a ring given up shows at the next one.
 func TestEventLoopRingsReadAtEachScrape(t *testing.T) {
 	m := NewMetrics()
-	loops, failures := 2, int64(0)
-	m.EventLoopRings(func() int { return loops }, func() int64 { return failures })
+	loops, failures, ops := 2, int64(0), uint64(7)
+	m.EventLoopRings(func() int { return loops }, func() int64 { return failures }, func() uint64 { return ops })
 	scrape := func() (float64, float64) {
 		var out bytes.Buffer
 		if err := m.WriteText(&out); err != nil {
@@ -411,12 +411,15 @@ func TestEventLoopRingsReadAtEachScrape(t *testing.T) {
 		if l == nil || f == nil || l.GetType() != dto.MetricType_GAUGE || f.GetType() != dto.MetricType_COUNTER {
 			t.Fatalf("io_uring families: %v, %v", l, f)
 		}
+		if o := fams["sluice_eventloop_io_uring_ops_total"]; o == nil || o.GetMetric()[0].GetCounter().GetValue() != float64(ops) {
+			t.Fatalf("io_uring ops: %v; want %d", o, ops)
+		}
 		return l.GetMetric()[0].GetGauge().GetValue(), f.GetMetric()[0].GetCounter().GetValue()
 	}
 	if l, f := scrape(); l != 2 || f != 0 {
 		t.Fatalf("before: loops %g, failures %g; want 2, 0", l, f)
 	}
-	loops, failures = 1, 1
+	loops, failures, ops = 1, 1, 9
 	if l, f := scrape(); l != 1 || f != 1 {
 		t.Fatalf("after a ring given up: loops %g, failures %g; want 1, 1", l, f)
 	}

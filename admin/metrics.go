@@ -326,12 +326,17 @@ func (c readCounter) Collect(ch chan<- prometheus.Metric) {
 // EventLoopRings exports the event loop engine's io_uring state, read at
 // each scrape: sluice_eventloop_io_uring_loops, the loops batching their
 // reads and writes on a ring (0 when the kernel or a seccomp profile
-// refused io_uring, or --io-uring=false), and
+// refused io_uring, or --io-uring=false),
 // sluice_eventloop_io_uring_failures_total, the rings given up since
 // start-up after an io_uring_enter failed (each took its batch's
-// connections down, and left its loop on plain syscalls).
-func (m *Metrics) EventLoopRings(loops func() int, failures func() int64) {
+// connections down, and left its loop on plain syscalls); and
+// sluice_eventloop_io_uring_ops_total, the reads and writes made in
+// batches on the rings.
+func (m *Metrics) EventLoopRings(loops func() int, failures func() int64, ops func() uint64) {
 	m.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_eventloop_io_uring_ops_total",
+			Help: "Socket reads and writes the event loops made in batches on their io_urings (a turn's lone read or write is a plain syscall)."},
+			func() float64 { return float64(ops()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_eventloop_io_uring_loops",
 			Help: "Event loops batching their socket reads and writes on an io_uring; the others make a syscall per read and write."},
 			func() float64 { return float64(loops()) }),

@@ -78,12 +78,12 @@ func TestEventLoopBatchesATurnsRecvsAndSends(t *testing.T) {
 }
 
 func testTurnBatches(t *testing.T, n, wantRecvs int) {
-	_, l, f := ringLoopForTest(t)
+	e, l, f := ringLoopForTest(t)
 	conns := openEchoed(t, f, n)
-	var before uint64
+	var before, opsBefore uint64
 	held, release := make(chan struct{}), make(chan struct{})
 	l.post(func() {
-		before = l.ring.carried
+		before, opsBefore = l.ring.carried, e.IOUringOps()
 		l.mostRecvs, l.mostSends = 0, 0
 		close(held)
 		<-release
@@ -113,6 +113,9 @@ func testTurnBatches(t *testing.T, n, wantRecvs int) {
 	}
 	if carried < uint64(2*wantRecvs) {
 		t.Fatalf("the ring carried %d recvs and sends, want at least %d (a recv and a send per request)", carried, 2*wantRecvs)
+	}
+	if ops := e.IOUringOps() - opsBefore; ops != carried {
+		t.Fatalf("IOUringOps counted %d reads and writes, the ring carried %d", ops, carried)
 	}
 }
 
@@ -173,6 +176,23 @@ func TestEventLoopCancelsTheQueuedIOOfAClosedConnection(t *testing.T) {
 	})
 	for _, err := range errs {
 		t.Error(err)
+	}
+}
+
+// A kernel that has io_uring but not a setup flag the ring asks for
+// (before 5.18, IORING_SETUP_SUBMIT_ALL) refuses with the EINVAL of any
+// bad argument; the error says which it was. A flag bit no kernel knows
+// stands in for SUBMIT_ALL on an older one; too many entries stay a
+// plain EINVAL.
+func TestIORingSaysWhenTheKernelLacksASetupFlag(t *testing.T) {
+	const unknownFlag = 1 << 30
+	_, err := newIORingFlags(8, ioSetupSubmitAll|unknownFlag)
+	if err == nil || !strings.Contains(err.Error(), "refuses the setup flags") || !strings.Contains(err.Error(), "5.18") {
+		t.Fatalf("a flag the kernel lacks: %v; want an error naming the flags and the kernel needed", err)
+	}
+	_, err = newIORingFlags(1<<20, ioSetupSubmitAll)
+	if err == nil || strings.Contains(err.Error(), "setup flags") || !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("too many entries: %v; want the kernel's EINVAL, not blamed on the flags", err)
 	}
 }
 

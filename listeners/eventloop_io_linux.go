@@ -143,6 +143,7 @@ func (l *loop) flushIO() {
 			if err := l.ring.submit(); err != nil {
 				l.ringBroken(ops, err)
 			} else {
+				l.ringOps.Add(uint64(recvs + sends))
 				l.ring.reap(func(ud uint64, res int32) { l.complete(&ops[ud], res) })
 			}
 		}

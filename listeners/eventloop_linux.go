@@ -140,6 +140,17 @@ func (e *EventLoop) IOUringLoops() int { return int(e.ringLoops.Load()) }
 // failed; each such loop makes plain syscalls from then on.
 func (e *EventLoop) IOUringFailures() int64 { return e.ringFailures.Load() }
 
+// IOUringOps counts the socket reads and writes the loops have made in
+// batches on their rings (a turn's lone read or write is a plain syscall,
+// and not counted).
+func (e *EventLoop) IOUringOps() uint64 {
+	var n uint64
+	for _, l := range e.loops {
+		n += l.ringOps.Load()
+	}
+	return n
+}
+
 // Name returns "eventloop".
 func (e *EventLoop) Name() string { return EngineEventLoop }
 
@@ -287,6 +298,9 @@ type loop struct {
 	queuedRecvs int
 	// The most recvs and sends one enter carried (counted work, for tests).
 	mostRecvs, mostSends uint32
+	// ringOps counts the recvs and sends made in batches on the ring
+	// (IOUringOps; written by the loop alone, once a batch).
+	ringOps atomic.Uint64
 	// walks are spare connect walks, with their orders' room: a
 	// connection holds one only while it connects.
 	walks []*lb.Walk

@@ -104,9 +104,22 @@ var (
 // with the kernel's default of twice as many completion slots. An error means the kernel refuses
 // io_uring (too old, kernel.io_uring_disabled, a seccomp filter): the loop
 // then makes plain syscalls.
-func newIORing(entries uint32) (*ioRing, error) {
-	p := ioURingParams{flags: ioSetupSubmitAll}
+func newIORing(entries uint32) (*ioRing, error) { return newIORingFlags(entries, ioSetupSubmitAll) }
+
+// newIORingFlags is newIORing with the setup flags the ring asks for.
+func newIORingFlags(entries, flags uint32) (*ioRing, error) {
+	p := ioURingParams{flags: flags}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if errno == unix.EINVAL && flags != 0 {
+		// A kernel before 5.18 refuses IORING_SETUP_SUBMIT_ALL with the
+		// EINVAL it gives any bad argument: a ring without the flags says
+		// whether that is why (Ubuntu 22.04's 5.15, say).
+		bare := ioURingParams{}
+		if fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&bare)), 0); errno == 0 {
+			unix.Close(int(fd))
+			return nil, fmt.Errorf("io_uring_setup: the kernel has io_uring but refuses the setup flags %#x (IORING_SETUP_SUBMIT_ALL needs Linux 5.18+)", flags)
+		}
+	}
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}

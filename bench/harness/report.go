@@ -135,18 +135,6 @@ func pairedRatio(runs []Run, workload, metric, sys, other string) Paired {
 	return Paired{Median: sortedMedian(rs), Lo: rs[0], Hi: rs[len(rs)-1], Rounds: len(rs)}
 }
 
-// sortedMedian is the median of sorted, which is not empty: its middle
-// value, or the mean of its two middle values when it has an even number
-// (the upper one alone would favour a higher-is-better metric and count
-// against a lower-is-better one).
-func sortedMedian(sorted []float64) float64 {
-	n := len(sorted)
-	if n%2 == 0 {
-		return (sorted[n/2-1] + sorted[n/2]) / 2
-	}
-	return sorted[n/2]
-}
-
 // String is "0.87× (0.69-0.99, 7 rounds)", or "—" with no round.
 func (p Paired) String() string {
 	switch p.Rounds {

@@ -364,7 +364,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 				if r.IOUring() != nil {
 					ioUring = "off: " + r.IOUring().Error()
 				}
-				metrics.EventLoopRings(r.IOUringLoops, r.IOUringFailures)
+				metrics.EventLoopRings(r.IOUringLoops, r.IOUringFailures, r.IOUringOps)
 			}
 			log.Info("userspace engine", "engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
@@ -661,6 +661,7 @@ type ringEngine interface {
 	IOUring() error
 	IOUringLoops() int
 	IOUringFailures() int64
+	IOUringOps() uint64
 }
 
 // healthCheckPorts tracks the service ports that have a health check
