@@ -451,3 +451,46 @@ func TestWriteGivesEachSystemsPerRoundRatioToTheBestPeer(t *testing.T) {
 		}
 	}
 }
+
+// Past the measured rounds, the extra cost rounds run only the cost
+// workloads, and only of the systems the per-unit targets compare.
+func TestExtraCostRoundsRunOnlyTheTargetsCostWorkloads(t *testing.T) {
+	for _, c := range []struct {
+		round            int
+		system, workload string
+		want             bool
+	}{
+		{3, "sluice-goroutine", "tcp-rr", true}, // within the rounds: everything
+		{4, "sluice-eventloop", "cost-keepalive", true},
+		{4, "sluice-eventloop-base", "cost-crr", true},
+		{4, "haproxy", "cost-crr", true},
+		{4, "nginx", "cost-udp-rr", true},
+		{4, "floor-c", "cost-rr", true},
+		{4, "sluice-eventloop", "http-keepalive", false},
+		{4, "sluice-goroutine", "cost-crr", false},
+		{4, "haproxy-splice", "cost-keepalive", false},
+		{4, "naive-go", "cost-rr", false},
+	} {
+		if got := inRound(c.round, 3, c.system, c.workload); got != c.want {
+			t.Errorf("round %d of 3, %s %s: %v, want %v", c.round, c.system, c.workload, got, c.want)
+		}
+	}
+	dir := t.TempDir()
+	runs := []Run{{Round: 1, System: "haproxy", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": 1}}}
+	for _, cost := range []int{0, 7} {
+		md, err := Write(dir, Options{Mode: "short", Rounds: 3, CostRounds: cost, NoWarmup: true, LBCPU: -1, Topology: Loopback()}, runs, []System{haproxy{}}, "m\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if said := strings.Contains(md, "ran 7 rounds"); said != (cost == 7) {
+			t.Errorf("cost rounds %d: the report says 7 cost rounds: %v", cost, said)
+		}
+		if err := Rerender(dir); err != nil {
+			t.Fatal(err)
+		}
+		again, _ := os.ReadFile(filepath.Join(dir, "results.md"))
+		if string(again) != md {
+			t.Errorf("cost rounds %d: the re-rendered report differs:\n%s\nfrom:\n%s", cost, again, md)
+		}
+	}
+}

@@ -176,6 +176,9 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if !o.NoWarmup {
 		md.WriteString(" after one warm-up round of the data-path workloads")
 	}
+	if o.CostRounds > o.Rounds {
+		fmt.Fprintf(&md, "; the cost workloads of the event loop, HAProxy and nginx (and the C floor when run) ran %d rounds, the later ones of those alone, since the per-unit targets are judged on their per-round ratios", o.CostRounds)
+	}
 	if o.Topology != nil && o.Topology.Netns() {
 		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every userspace load balancer in a node namespace (veth, routed), each kernel mode in a node namespace of its own, the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")
 		md.WriteString("LB CPU-seconds and RSS are of the load balancer's process group; for the kernel modes that is only the control plane (forwarding is softirq time in the kernel), so compare them on host CPU-seconds (the whole machine's busy time during the run: clients, backends and load balancer together). ")
@@ -278,7 +281,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if o.Topology != nil {
 		topo = o.Topology.Name
 	}
-	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "lb_cpu": o.LBCPU, "topology": topo, "note": o.Note, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "cost_rounds": o.CostRounds, "lb_cpu": o.LBCPU, "topology": topo, "note": o.Note, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
 		return "", err
 	}
@@ -478,13 +481,14 @@ func Rerender(dir string) error {
 		return err
 	}
 	var saved struct {
-		Mode     string `json:"mode"`
-		Rounds   int    `json:"rounds"`
-		LBCPU    int    `json:"lb_cpu"`
-		Topology string `json:"topology"`
-		Note     string `json:"note"`
-		Runs     []Run  `json:"runs"`
-		Machine  string `json:"machine"`
+		Mode       string `json:"mode"`
+		Rounds     int    `json:"rounds"`
+		CostRounds int    `json:"cost_rounds"`
+		LBCPU      int    `json:"lb_cpu"`
+		Topology   string `json:"topology"`
+		Note       string `json:"note"`
+		Runs       []Run  `json:"runs"`
+		Machine    string `json:"machine"`
 	}
 	if err := json.Unmarshal(data, &saved); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -501,7 +505,7 @@ func Rerender(dir string) error {
 			systems = append(systems, s)
 		}
 	}
-	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback(), Note: saved.Note}
+	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, CostRounds: saved.CostRounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback(), Note: saved.Note}
 	if saved.Topology == "netns" {
 		o.Topology = InNetns("rerendered") // only its name and addresses are used
 	}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,11 @@ type Options struct {
 	Mode   string
 	Dir    string // results directory for this run
 	Rounds int    // measured rounds; one warm-up round comes first unless NoWarmup
+	// CostRounds, when more than Rounds, runs the cost workloads of the
+	// systems the targets compare (inRound) for that many rounds: their
+	// per-unit figures are cheap to measure, and the targets are judged
+	// on their per-round ratios, which three rounds leave swinging.
+	CostRounds int
 	// NoWarmup skips the warm-up round (smoke mode).
 	NoWarmup bool
 	// LBCPU pins every load balancer to this CPU (-1: no pinning).
@@ -130,11 +136,13 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	if o.NoWarmup {
 		first = 0
 	}
-	for round := 1 - first; round <= o.Rounds; round++ {
+	for round := 1 - first; round <= max(o.Rounds, o.CostRounds); round++ {
 		var pairs []pair
 		for _, in := range instances {
 			for _, w := range workloads {
-				pairs = append(pairs, pair{in, w})
+				if inRound(round, o.Rounds, in.System.Name(), w.Name) {
+					pairs = append(pairs, pair{in, w})
+				}
 			}
 		}
 		rand.Shuffle(len(pairs), func(i, j int) { pairs[i], pairs[j] = pairs[j], pairs[i] })
@@ -184,6 +192,24 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		}
 	}
 	return runs, systems, nil
+}
+
+// inRound reports whether a round runs workload on system: every round
+// up to rounds does; a round past it (Options.CostRounds) runs only the
+// cost workloads of the event loop engine (and its before/after
+// variants), HAProxy, nginx and the C floor, the systems the per-unit
+// targets compare.
+func inRound(round, rounds int, system, workload string) bool {
+	if round <= rounds {
+		return true
+	}
+	return strings.HasPrefix(workload, "cost-") && costRoundSystem(system)
+}
+
+// costRoundSystem is a system the extra cost rounds run.
+func costRoundSystem(system string) bool {
+	return strings.HasPrefix(system, "sluice-eventloop") || strings.HasPrefix(system, "floor-c") ||
+		system == "haproxy" || system == "nginx"
 }
 
 // runLimit is how long one run of a workload may take: the first API
