@@ -192,7 +192,6 @@ func (l *loop) finishIO(op *ioOp, n int, err error) {
 // connections stepped on queue nothing on it.
 func (l *loop) ringBroken(ops []ioOp, err error) {
 	l.e.ringFailures.Add(1)
-	l.e.ringLoops.Add(-1)
 	if log := l.e.opts.Log; log != nil {
 		// Once in a loop's life, and off the loop: a slow log writer must
 		// not hold up its turn.

@@ -51,12 +51,10 @@ type EventLoop struct {
 	// sync.Pool, which under the race detector drops what it is given).
 	registerReqs chan *registerReq
 	// ringErr is why the loops make plain syscalls rather than batch them
-	// on an io_uring (nil: they batch; see eventloop_io_linux.go),
-	// ringFailures counts rings that failed later and were given up, and
-	// ringLoops is how many loops still batch on theirs.
+	// on an io_uring (nil: they batch; see eventloop_io_linux.go), and
+	// ringFailures counts rings that failed later and were given up.
 	ringErr      error
 	ringFailures atomic.Int64
-	ringLoops    atomic.Int64
 }
 
 // NewEventLoop starts the loops.
@@ -93,9 +91,6 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	e.ringErr = errIOUringOff
 	if !opts.NoIOUring {
 		e.ringErr = e.openRings(cmp.Or(opts.ringEntries, ioRingEntries))
-	}
-	if e.ringErr == nil {
-		e.ringLoops.Store(int64(len(e.loops)))
 	}
 	e.stopped.Add(len(e.loops))
 	for _, l := range e.loops {
@@ -134,7 +129,12 @@ func (e *EventLoop) IOUring() error { return e.ringErr }
 
 // IOUringLoops is how many loops batch on an io_uring now: all of them
 // when IOUring is nil, less those whose ring failed since (IOUringFailures).
-func (e *EventLoop) IOUringLoops() int { return int(e.ringLoops.Load()) }
+func (e *EventLoop) IOUringLoops() int {
+	if e.ringErr != nil {
+		return 0
+	}
+	return len(e.loops) - int(e.ringFailures.Load()) // a loop gives its ring up once
+}
 
 // IOUringFailures counts the rings given up after an io_uring_enter
 // failed; each such loop makes plain syscalls from then on.
