@@ -65,7 +65,8 @@ type Config struct {
 	// io_uring where the kernel allows it (default true).
 	IOUring bool
 	// EventLoops is how many event loops the eventloop engine runs; 0 is
-	// one per CPU (HAProxy's nbthread, nginx's worker_processes).
+	// one per CPU, at most the cgroup CPU limit rounded up (HAProxy's
+	// nbthread, nginx's worker_processes).
 	EventLoops      int
 	ConnectTimeouts []time.Duration
 	ConnectAttempts int

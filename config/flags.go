@@ -250,7 +250,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.BoolVar(&c.ModeFallback, "mode-fallback", c.ModeFallback, "When the kernel lacks what --proxy-mode needs, fall back (ipvs to iptables to userspace) with one log line saying why; false makes it a start-up error.")
 	fs.DurationVar(&c.IPVSDrainInterval, "ipvs-drain-interval", c.IPVSDrainInterval, "IPVS mode: how often a removed TCP real server (weight 0) is checked for remaining connections before it is deleted.")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "Userspace engine: eventloop (epoll, Linux) or goroutine (standard library, every OS).")
-	fs.IntVar(&c.EventLoops, "event-loops", c.EventLoops, "eventloop engine: how many event loops (threads) serve connections; 0, the default, is one per CPU. Fewer than the CPUs leaves cores to the backends on a small shared box.")
+	fs.IntVar(&c.EventLoops, "event-loops", c.EventLoops, "eventloop engine: how many event loops (threads) serve connections; 0, the default, is one per CPU, and no more than the cgroup CPU limit (a container's limits.cpu) rounded up. Fewer than the CPUs leaves cores to the backends on a small shared box.")
 	fs.BoolVar(&c.IOUring, "io-uring", c.IOUring, "eventloop engine: batch each turn's socket reads and writes into one io_uring_enter, where the kernel allows io_uring (the choice is logged); false makes a syscall per read and write.")
 	fs.DurationVar(&c.BusyPoll, "busy-poll", c.BusyPoll, "eventloop engine: after its last event, a loop keeps polling without sleeping for this long (e.g. 50us), trading CPU for latency on hosts where waking a parked CPU is slow (VMs); 0, the default, is off.")
 	fs.Var(durationList{&c.ConnectTimeouts}, "connect-timeouts", "Per-try connect timeouts, comma-separated; the last repeats.")

@@ -192,8 +192,15 @@ func New(name string, opts Options) (Engine, error) {
 // Options are the engine-wide settings.
 type Options struct {
 	// Loops is the number of event loops (eventloop engine); 0 means one per
-	// P, at most one per CPU. The engine raises GOMAXPROCS to Loops+1.
+	// P, at most one per CPU and at most CPULimit rounded up. The engine
+	// raises GOMAXPROCS to Loops+1.
 	Loops int
+	// CPULimit is the CPU time the process may use, in CPUs (its cgroup's
+	// quota, CgroupCPULimit; a container's CPU limit); 0: no limit. Loops
+	// beyond it would share the quota and sleep more for it: held to half a
+	// CPU, two loops served 0.61x the keep-alive requests of one
+	// (bench/latest-engine-budget/).
+	CPULimit float64
 	// BufferSize is the per-direction copy buffer of a connection. It bounds
 	// the memory a slow reader can pin. Default 64 KiB.
 	BufferSize int

@@ -1226,3 +1226,31 @@ func TestEventLoopListenerAcceptsOnePerEventUnlessBusy(t *testing.T) {
 		echoOnce(t, c, []byte("accepted in a batch"))
 	}
 }
+
+// The default number of loops stops at the CPU limit, rounded up; an
+// explicit count is kept.
+func TestEventLoopsStopAtTheCPULimit(t *testing.T) {
+	cpus := min(runtime.GOMAXPROCS(0), runtime.NumCPU())
+	if cpus < 2 {
+		t.Skip("needs 2 CPUs to tell a limit of half a CPU from none")
+	}
+	for _, tc := range []struct {
+		opts Options
+		want int
+	}{
+		{Options{CPULimit: 0.5}, 1},
+		{Options{CPULimit: 1.5}, 2},
+		{Options{}, cpus},
+		{Options{CPULimit: 0.5, Loops: 2}, 2},
+	} {
+		e, err := NewEventLoop(tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := e.Loops()
+		e.Shutdown(context.Background())
+		if got != tc.want {
+			t.Errorf("limit %v, loops %d: %d loops, want %d", tc.opts.CPULimit, tc.opts.Loops, got, tc.want)
+		}
+	}
+}

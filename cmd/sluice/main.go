@@ -352,8 +352,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
+		// A container's CPU limit bounds the default number of event loops.
+		cpuLimit, err := listeners.CgroupCPULimit(os.DirFS("/"))
+		if err != nil {
+			log.Warn("cannot read the cgroup CPU limit; event loops are sized by the CPUs alone", "err", err)
+		}
 		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, NoIOUring: !cfg.IOUring, Loops: cfg.EventLoops,
-			HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker, Log: log})
+			CPULimit: cpuLimit, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker, Log: log})
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
 		}
@@ -366,7 +371,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 				}
 				metrics.EventLoopRings(r.IOUringLoops, r.IOUringFailures, r.IOUringOps)
 			}
-			log.Info("userspace engine", "engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring)
+			attrs := []any{"engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring}
+			if cpuLimit > 0 {
+				attrs = append(attrs, "cpuLimit", cpuLimit)
+			}
+			log.Info("userspace engine", attrs...)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
 		}
 		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
