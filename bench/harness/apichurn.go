@@ -196,7 +196,7 @@ func apiChurn(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 		args = append(args, "--profiling")
 	}
 	started := time.Now()
-	proc, err := StartProc("sluice-api-churn", -1, append([]string{sl.bin}, args...)...)
+	proc, err := StartProc("sluice-api-churn", Anywhere(), append([]string{sl.bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}

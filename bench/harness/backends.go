@@ -229,7 +229,7 @@ func (b *Backends) iperf() error {
 	if err != nil {
 		return err
 	}
-	p, err := StartProc("iperf3", -1, b.topo.InBackend("iperf3", "-s", "-B", b.topo.Backend.String(), "-p", fmt.Sprint(port))...)
+	p, err := StartProc("iperf3", Anywhere(), b.topo.InBackend("iperf3", "-s", "-B", b.topo.Backend.String(), "-p", fmt.Sprint(port))...)
 	if err != nil {
 		return err
 	}

@@ -202,7 +202,7 @@ func userspaceChurn(ctx context.Context, in *Instance, sl sluice, n int, sz Size
 	}
 	metrics := netip.AddrPortFrom(topo.LB, metricsPort).String()
 	started := time.Now()
-	proc, err := StartProc("sluice-churn", -1, topo.InNode(sl.bin, "--manifests", dir, "--bind-address", topo.LB.String(), "--userspace-capture=none",
+	proc, err := StartProc("sluice-churn", Anywhere(), topo.InNode(sl.bin, "--manifests", dir, "--bind-address", topo.LB.String(), "--userspace-capture=none",
 		"--healthz-bind-address=", "--metrics-bind-address="+metrics, "--manifest-coalesce", "1ms")...)
 	if err != nil {
 		return nil, err

@@ -36,7 +36,7 @@ func (f floor) Name() string {
 }
 func (floor) Peer() bool              { return false }
 func (floor) Supports(s Service) bool { return !s.UDP && !s.Affinity && s.Backends[0].Addr().Is4() }
-func (f floor) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+func (f floor) Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error) {
 	bin, err := BuildFloorRelay(dir)
 	if err != nil {
 		return nil, err
@@ -45,7 +45,7 @@ func (f floor) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, e
 	if f.oneThread {
 		threads = 1
 	}
-	return StartProc(f.Name(), cpu, t.InNode(floorArgs(bin, threads, t.LB, svcs)...)...)
+	return StartProc(f.Name(), at, t.InNode(floorArgs(bin, threads, t.LB, svcs)...)...)
 }
 
 // floorArgs is floor-relay's command line for svcs on lb.

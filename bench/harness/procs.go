@@ -25,16 +25,31 @@ type Proc struct {
 	out  *bytes.Buffer
 	done chan error
 	argv []string // as given, for again
-	cpu  int
+	at   Place
 }
 
-// StartProc starts argv, pinned to cpu when cpu >= 0 (via taskset).
-func StartProc(name string, cpu int, argv ...string) (*Proc, error) {
+// Place is where a process runs: pinned to CPU (-1: any), and in the
+// cgroup whose cgroup.procs file Cgroup names ("": the harness's).
+type Place struct {
+	CPU    int
+	Cgroup string
+}
+
+// Anywhere is no pinning, in the harness's own cgroup.
+func Anywhere() Place { return Place{CPU: -1} }
+
+// StartProc starts argv at its place: pinned via taskset, and moved into
+// its cgroup by a shell that then becomes argv, so that no thread of the
+// program runs outside it (it reads its CPU limit as it starts).
+func StartProc(name string, at Place, argv ...string) (*Proc, error) {
 	given := argv
-	if cpu >= 0 {
+	if at.CPU >= 0 {
 		if _, err := exec.LookPath("taskset"); err == nil {
-			argv = append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
+			argv = append([]string{"taskset", "-c", strconv.Itoa(at.CPU)}, argv...)
 		}
+	}
+	if at.Cgroup != "" {
+		argv = append([]string{"sh", "-c", `echo $$ > "$0" && exec "$@"`, at.Cgroup}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	out := &bytes.Buffer{}
@@ -43,16 +58,17 @@ func StartProc(name string, cpu int, argv ...string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &Proc{Name: name, cmd: cmd, out: out, done: make(chan error, 1), argv: given, cpu: cpu}
+	p := &Proc{Name: name, cmd: cmd, out: out, done: make(chan error, 1), argv: given, at: at}
 	go func() { p.done <- cmd.Wait() }()
 	return p, nil
 }
 
 // again starts the same command line once more (a restart beside the
 // running process).
-func (p *Proc) again() (*Proc, error) { return StartProc(p.Name, p.cpu, p.argv...) }
+func (p *Proc) again() (*Proc, error) { return StartProc(p.Name, p.at, p.argv...) }
 
-// PID is the process's PID (taskset execs the real program in place).
+// PID is the process's PID (the shell and taskset exec the real program
+// in place).
 func (p *Proc) PID() int { return p.cmd.Process.Pid }
 
 // Output is what the process printed so far.

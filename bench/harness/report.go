@@ -384,6 +384,8 @@ func Targets(sum Summary, runs []Run, systems []System) string {
 	}{
 		{"http-keepalive", "req_per_s", "haproxy", "keep-alive requests/s at least 1.2× HAProxy", 1.2, false},
 		{"conn-per-request", "conn_per_s", "haproxy", "new connections/s at least 1.2× HAProxy", 1.2, false},
+		{"capped-keepalive", "req_per_s", "haproxy", "keep-alive requests/s at least 1.2× HAProxy, each held to half a CPU (a 500m CPU limit; capped-keepalive)", 1.2, false},
+		{"capped-crr", "conn_per_s", "haproxy", "new connections/s at least 1.2× HAProxy, each held to half a CPU (capped-crr)", 1.2, false},
 		{"cost-keepalive", "cpu_us_per_unit", "haproxy", "LB CPU per kept request at most 0.8× HAProxy's (cost-keepalive, µs)", 0.8, true},
 		{"cost-crr", "cpu_us_per_unit", "haproxy", "LB CPU per connection at most 0.8× HAProxy's (cost-crr, µs)", 0.8, true},
 		{"cost-rr", "syscalls_per_unit", "haproxy", "LB syscalls per request/response at or below HAProxy's (cost-rr)", 1, true},

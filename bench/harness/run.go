@@ -113,7 +113,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 		if len(o.Only) > 0 && !o.Only[sys.Name()] || len(o.Only) == 0 && OptIn(sys.Name()) {
 			continue
 		}
-		in, err := Launch(sys, topo, filepath.Join(o.Dir, "systems", sys.Name()), services, o.LBCPU)
+		in, err := Launch(sys, topo, filepath.Join(o.Dir, "systems", sys.Name()), services, Place{CPU: o.LBCPU})
 		if err != nil {
 			return nil, nil, fmt.Errorf("start %s: %w", sys.Name(), err)
 		}
@@ -174,6 +174,10 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 			cancel()
 			u1, h1 := p.in.Usage(), HostBusySeconds()
 			r.Metrics, r.CPUSeconds, r.PeakRSS, r.HostCPUSeconds = m, u1.CPUSeconds-u0.CPUSeconds, u1.PeakRSS, h1-h0
+			if own, ok := m[ownCPUKey]; ok {
+				r.CPUSeconds = own
+				delete(m, ownCPUKey)
+			}
 			switch {
 			case errors.Is(err, errNotApplicable):
 				r.NA, r.Metrics = true, nil

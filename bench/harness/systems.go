@@ -35,7 +35,7 @@ type System interface {
 	Supports(s Service) bool
 	// Start serves svcs in t; dir is its private scratch directory. A nil
 	// Proc means nothing runs (direct).
-	Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error)
+	Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error)
 }
 
 // kernelMode is a system whose data path is the kernel's: its process is
@@ -107,10 +107,10 @@ func OptIn(name string) bool {
 
 type direct struct{}
 
-func (direct) Name() string                                           { return "direct" }
-func (direct) Peer() bool                                             { return false }
-func (direct) Supports(s Service) bool                                { return !s.Affinity }
-func (direct) Start(*Topology, string, []Service, int) (*Proc, error) { return nil, nil }
+func (direct) Name() string                                             { return "direct" }
+func (direct) Peer() bool                                               { return false }
+func (direct) Supports(s Service) bool                                  { return !s.Affinity }
+func (direct) Start(*Topology, string, []Service, Place) (*Proc, error) { return nil, nil }
 
 // manifests renders svcs as Kubernetes Services and EndpointSlices for
 // sluice's --manifests: NodePort Services on each Port for the userspace
@@ -164,7 +164,7 @@ func (s sluice) restart(in *Instance) (*Proc, error) {
 	return next, nil
 }
 
-func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+func (s sluice) Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error) {
 	file := filepath.Join(dir, "services.yaml")
 	if err := os.WriteFile(file, []byte(manifests(svcs, true)), 0o644); err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func (s sluice) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, 
 	argv := append([]string{s.bin, "--manifests", file, "--engine", s.engine, "--userspace-capture=none",
 		"--bind-address", t.LB.String(), "--healthz-bind-address=", "--metrics-bind-address=",
 		"--connect-timeouts", "250ms", "--connect-attempts", "3", "--udp-timeout", "1s"}, s.args...)
-	return StartProc(s.Name(), cpu, t.InNode(argv...)...)
+	return StartProc(s.Name(), at, t.InNode(argv...)...)
 }
 
 // sluiceKernel is sluice in a kernel mode: it programs its own node
@@ -184,7 +184,7 @@ func (s sluiceKernel) Name() string        { return "sluice-" + s.mode }
 func (sluiceKernel) Peer() bool            { return false }
 func (sluiceKernel) Supports(Service) bool { return true }
 func (sluiceKernel) kernel()               {}
-func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error) {
 	if _, ok := t.kernelNode(s.mode); !ok {
 		return nil, fmt.Errorf("%s needs --topology netns (a node namespace of its own)", s.Name())
 	}
@@ -203,7 +203,7 @@ func (s sluiceKernel) Start(t *Topology, dir string, svcs []Service, cpu int) (*
 	if s.backend != "" {
 		args = append(args, "--iptables-backend", s.backend)
 	}
-	return StartProc(s.Name(), cpu, t.InKernelNode(s.mode, args...)...)
+	return StartProc(s.Name(), at, t.InKernelNode(s.mode, args...)...)
 }
 
 // naive is the baseline: a goroutine pair and io.Copy per connection, as
@@ -213,7 +213,7 @@ type naive struct{ self string }
 func (naive) Name() string            { return "naive-go" }
 func (naive) Peer() bool              { return true }
 func (naive) Supports(s Service) bool { return !s.UDP && !s.Affinity }
-func (n naive) Start(t *Topology, _ string, svcs []Service, cpu int) (*Proc, error) {
+func (n naive) Start(t *Topology, _ string, svcs []Service, at Place) (*Proc, error) {
 	args := []string{n.self, "naive-proxy"}
 	for _, s := range svcs {
 		if !n.Supports(s) {
@@ -225,7 +225,7 @@ func (n naive) Start(t *Topology, _ string, svcs []Service, cpu int) (*Proc, err
 		}
 		args = append(args, fmt.Sprintf("%s=%s", netip.AddrPortFrom(t.LB, s.Port), strings.Join(bs, ",")))
 	}
-	return StartProc(n.Name(), cpu, t.InNode(args...)...)
+	return StartProc(n.Name(), at, t.InNode(args...)...)
 }
 
 type haproxy struct {
@@ -248,7 +248,7 @@ func (h haproxy) Name() string {
 }
 func (haproxy) Peer() bool              { return true }
 func (haproxy) Supports(s Service) bool { return !s.UDP } // no UDP in HAProxy OSS
-func (h haproxy) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+func (h haproxy) Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error) {
 	if _, err := exec.LookPath("haproxy"); err != nil {
 		return nil, fmt.Errorf("haproxy not installed (apt-get install haproxy)")
 	}
@@ -259,7 +259,7 @@ func (h haproxy) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc,
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(h.Name(), cpu, t.InNode("haproxy", "-f", cfg, "-db")...)
+	return StartProc(h.Name(), at, t.InNode("haproxy", "-f", cfg, "-db")...)
 }
 
 // restart is HAProxy's seamless reload as its users do it without the
@@ -268,7 +268,7 @@ func (h haproxy) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc,
 func (h haproxy) restart(in *Instance) (*Proc, error) {
 	cfg, sock := filepath.Join(in.Dir, "haproxy.cfg"), filepath.Join(in.Dir, "haproxy.sock")
 	old := in.Proc
-	next, err := StartProc(h.Name(), old.cpu, in.Topo.InNode("haproxy", "-f", cfg, "-db", "-x", sock, "-sf", strconv.Itoa(old.PID()))...)
+	next, err := StartProc(h.Name(), old.at, in.Topo.InNode("haproxy", "-f", cfg, "-db", "-x", sock, "-sf", strconv.Itoa(old.PID()))...)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +321,7 @@ func (nginx) Supports(Service) bool { return true }
 // NginxStreamModule is where Debian's libnginx-mod-stream puts the module.
 const NginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
-func (n nginx) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, error) {
+func (n nginx) Start(t *Topology, dir string, svcs []Service, at Place) (*Proc, error) {
 	if _, err := exec.LookPath("nginx"); err != nil {
 		return nil, fmt.Errorf("nginx not installed (apt-get install nginx-light libnginx-mod-stream)")
 	}
@@ -332,7 +332,7 @@ func (n nginx) Start(t *Topology, dir string, svcs []Service, cpu int) (*Proc, e
 	if err := os.WriteFile(conf, []byte(n.config(t.LB, dir, svcs)), 0o644); err != nil {
 		return nil, err
 	}
-	return StartProc(n.Name(), cpu, t.InNode("nginx", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")...)
+	return StartProc(n.Name(), at, t.InNode("nginx", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")...)
 }
 
 // config is the nginx stream configuration: 2 workers (sluice's 2 loops),
@@ -371,16 +371,24 @@ type Instance struct {
 	Topo     *Topology
 	Dir      string // the system's scratch directory
 
-	shared *sharedBeds
+	shared   *sharedBeds
+	launched []Service // as given to Launch, for another instance (capped)
+	at       Place
 }
 
 // sharedBeds are test beds that a run starts once, lazily, for all its
 // rounds, and stops at its end.
 type sharedBeds struct {
-	api apiBed
+	api     apiBed
+	cgroups cgroupMount
 }
 
-func (b *sharedBeds) close() { b.api.close() }
+// close stops the beds; the instances (whose cgroups live in the mount)
+// are stopped first.
+func (b *sharedBeds) close() {
+	b.api.close()
+	b.cgroups.close()
+}
 
 // Addr is where a client reaches service name through this system.
 func (in *Instance) Addr(name string) netip.AddrPort {
@@ -412,8 +420,8 @@ func (in *Instance) Sockets() int {
 
 // Launch starts sys in t on fresh ports for svcs and waits until every
 // TCP frontend accepts connections.
-func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Instance, error) {
-	in := &Instance{System: sys, Services: map[string]Service{}, Topo: t, Dir: dir}
+func Launch(sys System, t *Topology, dir string, svcs []Service, at Place) (*Instance, error) {
+	in := &Instance{System: sys, Services: map[string]Service{}, Topo: t, Dir: dir, launched: svcs, at: at}
 	var served []Service
 	for _, s := range svcs {
 		if !sys.Supports(s) {
@@ -433,7 +441,7 @@ func Launch(sys System, t *Topology, dir string, svcs []Service, cpu int) (*Inst
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	proc, err := sys.Start(t, dir, served, cpu)
+	proc, err := sys.Start(t, dir, served, at)
 	if err != nil {
 		return nil, err
 	}

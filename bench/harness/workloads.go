@@ -78,6 +78,8 @@ func Workloads() []Workload {
 		{"tcp-rr", "TCP request/response, 1 connection, 64 B", "p50_us", true, "echo", tcpRR},
 		{"http-keepalive", "HTTP keep-alive, wrk -t2 -c64, 204 backend", "req_per_s", false, "http", wrkRun},
 		{"conn-per-request", "a new TCP connection per 64 B request, 4 clients", "conn_per_s", false, "echo", crr},
+		{"capped-keepalive", "http-keepalive with the load balancer held to half a CPU (a cgroup CPU quota): requests/s at an equal CPU budget", "req_per_s", false, "http", capped(wrkRun)},
+		{"capped-crr", "conn-per-request with the load balancer held to half a CPU: new connections/s at an equal CPU budget", "conn_per_s", false, "echo", capped(crr)},
 		{"iperf3-up", "iperf3 -P1, client to server", "Gbit_per_s", false, "iperf", iperf(false)},
 		{"iperf3-down", "iperf3 -P1 -R, server to client", "Gbit_per_s", false, "iperf", iperf(true)},
 		{"udp-rr", "UDP request/response, 64 B, sequential", "pps", false, "udp", udpRR},
