@@ -198,7 +198,7 @@ type Options struct {
 	// CPULimit is the CPU time the process may use, in CPUs (its cgroup's
 	// quota, CgroupCPULimit; a container's CPU limit); 0: no limit. Loops
 	// beyond it would share the quota and sleep more for it: held to half a
-	// CPU, two loops served 0.61x the keep-alive requests of one
+	// CPU, two loops served 0.65x the keep-alive requests of one
 	// (bench/latest-engine-budget/).
 	CPULimit float64
 	// BufferSize is the per-direction copy buffer of a connection. It bounds
