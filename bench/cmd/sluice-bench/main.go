@@ -215,7 +215,7 @@ func oneOf(flagName, list string, allowed ...string) ([]string, bool) {
 }
 
 func run() int {
-	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (about 18 min with every system and the cost rounds)")
+	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (about 20 min with every system and the cost rounds)")
 	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
 	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
 	sluiceBase := flag.String("sluice-base", "", "an earlier sluice binary, run beside --sluice as sluice-eventloop-base, and as sluice-goroutine-base when --systems names it (before and after a change, in one run)")
