@@ -178,39 +178,34 @@ func hasWord(list, w string) bool {
 // there). A directory the mount does not show (the files are missing) has
 // none.
 func readCPULimit(fsys fs.FS, dir string, v2 bool) (float64, error) {
+	quotaFile := "cpu.cfs_quota_us"
 	if v2 {
-		b, err := fs.ReadFile(fsys, path.Join(dir, "cpu.max"))
-		if errors.Is(err, fs.ErrNotExist) {
-			return 0, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			return 0, fmt.Errorf("%s/cpu.max: want \"QUOTA PERIOD\", have %q", dir, strings.TrimSpace(string(b)))
-		}
-		if f[0] == "max" {
-			return 0, nil
-		}
-		return quotaOver(dir+"/cpu.max", f[0], f[1])
+		quotaFile = "cpu.max"
 	}
-	q, err := fs.ReadFile(fsys, path.Join(dir, "cpu.cfs_quota_us"))
+	b, err := fs.ReadFile(fsys, path.Join(dir, quotaFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
 	}
-	quota := strings.TrimSpace(string(q))
-	if quota == "-1" {
+	// v2: "QUOTA PERIOD" or "max PERIOD"; v1: the quota or -1, and the
+	// period in a file of its own.
+	f := strings.Fields(string(b))
+	if !v2 && len(f) == 1 && f[0] != "-1" {
+		p, err := fs.ReadFile(fsys, path.Join(dir, "cpu.cfs_period_us"))
+		if err != nil {
+			return 0, err
+		}
+		f = append(f, strings.TrimSpace(string(p)))
+	}
+	switch {
+	case len(f) == 2 && f[0] != "max":
+		return quotaOver(path.Join(dir, quotaFile), f[0], f[1])
+	case v2 && len(f) == 2, !v2 && len(f) == 1: // max, -1: no quota here
 		return 0, nil
 	}
-	p, err := fs.ReadFile(fsys, path.Join(dir, "cpu.cfs_period_us"))
-	if err != nil {
-		return 0, err
-	}
-	return quotaOver(dir+"/cpu.cfs_quota_us", quota, strings.TrimSpace(string(p)))
+	return 0, fmt.Errorf("%s: want a quota and a period, have %q", path.Join(dir, quotaFile), strings.TrimSpace(string(b)))
 }
 
 func quotaOver(file, quota, period string) (float64, error) {

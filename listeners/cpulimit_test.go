@@ -93,6 +93,15 @@ func TestCgroupCPULimitNamesAFileItCannotRead(t *testing.T) {
 			t.Fatalf("cpu.max %q: error %v, want one naming %s", tc.data, err, tc.want)
 		}
 	}
+	_, err := CgroupCPULimit(fstest.MapFS{
+		"proc/self/cgroup":                      {Data: []byte("1:cpu:/a\n")},
+		"proc/self/mountinfo":                   {Data: []byte(mountLine(4, "/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu") + "\n")},
+		"sys/fs/cgroup/cpu/a/cpu.cfs_quota_us":  {Data: []byte("lots\n")},
+		"sys/fs/cgroup/cpu/a/cpu.cfs_period_us": {Data: []byte("100000\n")},
+	})
+	if err == nil || !strings.Contains(err.Error(), "sys/fs/cgroup/cpu/a/cpu.cfs_quota_us") {
+		t.Fatalf("v1 quota \"lots\": error %v, want one naming the file", err)
+	}
 }
 
 func TestLoopsWithinACPULimit(t *testing.T) {
