@@ -28,8 +28,8 @@ const budgetCPUs = 0.5
 // what a Kubernetes container's CPU limit of 500m is.
 const budgetPeriod = 100 * time.Millisecond
 
-// cpuCgroup is a cgroup holding one load balancer's processes, whose CPU
-// quota the capped workloads set for their run and lift afterwards.
+// cpuCgroup is a cgroup, held to a CPU quota, that one capped run's load
+// balancer is started in and that goes with it.
 type cpuCgroup struct {
 	dir string
 	v2  bool // cpu.max; else cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us
@@ -46,54 +46,45 @@ type cgroupRoots struct{ v2, v1 string }
 // other process sees and which close removes.
 type cgroupMount struct {
 	mounted string // the directory mounted on, if any
-	roots   *cgroupRoots
+	done    bool   // roots and err are known
+	roots   cgroupRoots
 	err     error
 }
 
-// get finds (or mounts) the hierarchy once per run.
+// get finds (or mounts) the hierarchy, once per run.
 func (m *cgroupMount) get() (cgroupRoots, error) {
-	if m.roots != nil || m.err != nil {
-		return derefRoots(m.roots), m.err
+	if !m.done {
+		m.roots, m.err = m.find()
+		m.done = true
 	}
+	return m.roots, m.err
+}
+
+func (m *cgroupMount) find() (cgroupRoots, error) {
 	sys := cgroupRoots{v2: "/sys/fs/cgroup", v1: "/sys/fs/cgroup/cpu"}
-	if _, err := os.Stat(filepath.Join(sys.v2, "cgroup.controllers")); err == nil {
-		m.roots = &sys
-		return sys, nil
-	}
-	if _, err := os.Stat(filepath.Join(sys.v1, "cpu.cfs_quota_us")); err == nil {
-		m.roots = &sys
-		return sys, nil
+	for _, f := range []string{filepath.Join(sys.v2, "cgroup.controllers"), filepath.Join(sys.v1, "cpu.cfs_quota_us")} {
+		if _, err := os.Stat(f); err == nil {
+			return sys, nil
+		}
 	}
 	own, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		m.err = err
 		return cgroupRoots{}, err
 	}
 	fstype, opts, err := cpuHierarchy(string(own))
 	if err != nil {
-		m.err = err
 		return cgroupRoots{}, err
 	}
 	dir, err := os.MkdirTemp("", "sluice-bench-cgroup-")
 	if err != nil {
-		m.err = err
 		return cgroupRoots{}, err
 	}
 	if err := unix.Mount("cgroup", dir, fstype, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
 		os.Remove(dir)
-		m.err = fmt.Errorf("mount the %s hierarchy (%s %q) on %s: %w", fstype, fstype, opts, dir, err)
-		return cgroupRoots{}, m.err
+		return cgroupRoots{}, fmt.Errorf("mount the %s hierarchy (%q) on %s: %w", fstype, opts, dir, err)
 	}
 	m.mounted = dir
-	m.roots = &cgroupRoots{v2: dir, v1: dir}
-	return *m.roots, nil
-}
-
-func derefRoots(r *cgroupRoots) cgroupRoots {
-	if r == nil {
-		return cgroupRoots{}
-	}
-	return *r
+	return cgroupRoots{v2: dir, v1: dir}, nil
 }
 
 // close unmounts what get mounted.
