@@ -1,12 +1,12 @@
 package listeners
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
 	"math"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -34,13 +34,13 @@ func CgroupCPULimit(fsys fs.FS) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	dir, v2, ok, err := cpuCgroupDir(string(own), string(mounts))
-	if err != nil || !ok {
-		return 0, err
+	dir, ok := cpuCgroupDir(string(own), string(mounts))
+	if !ok {
+		return 0, nil
 	}
 	limit := 0.0
 	for {
-		l, err := readCPULimit(fsys, dir.at, v2)
+		l, err := readCPULimit(fsys, dir.at, dir.v2)
 		if err != nil {
 			return 0, err
 		}
@@ -55,14 +55,18 @@ func CgroupCPULimit(fsys fs.FS) (float64, error) {
 }
 
 // cgroupDir is the process's cgroup directory, at, under the mount point
-// of its hierarchy, mount (both relative to the root of fsys).
-type cgroupDir struct{ at, mount string }
+// of its hierarchy, mount (both relative to the root of fsys), and whether
+// that hierarchy is cgroup v2.
+type cgroupDir struct {
+	at, mount string
+	v2        bool
+}
 
 // cpuCgroupDir finds the directory of the process's cgroup in the
 // hierarchy that has the CPU controller: a v1 hierarchy mounted with the
 // cpu option first (on a hybrid system the v2 one has no CPU controller),
-// else the v2 one.
-func cpuCgroupDir(procSelfCgroup, mountinfo string) (cgroupDir, bool, bool, error) {
+// else the v2 one. False: none is mounted where the process can see it.
+func cpuCgroupDir(procSelfCgroup, mountinfo string) (cgroupDir, bool) {
 	var v1Path, v2Path string
 	var v1Found, v2Found bool
 	for _, line := range strings.Split(strings.TrimSpace(procSelfCgroup), "\n") {
@@ -73,34 +77,27 @@ func cpuCgroupDir(procSelfCgroup, mountinfo string) (cgroupDir, bool, bool, erro
 		switch {
 		case f[0] == "0" && f[1] == "":
 			v2Path, v2Found = f[2], true
-		case hasWord(f[1], "cpu"):
+		case slices.Contains(strings.Split(f[1], ","), "cpu"):
 			v1Path, v1Found = f[2], true
 		}
 	}
-	s := bufio.NewScanner(strings.NewReader(mountinfo))
-	s.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	var v2Mount *mountEntry
-	for s.Scan() {
-		m, ok := parseMountinfo(s.Text())
+	for _, line := range strings.Split(mountinfo, "\n") {
+		m, ok := parseMountinfo(line)
 		if !ok {
 			continue
 		}
 		switch {
-		case v1Found && m.fstype == "cgroup" && hasWord(m.superOpts, "cpu"):
-			d, ok := m.dirOf(v1Path)
-			return d, false, ok, nil
+		case v1Found && m.fstype == "cgroup" && slices.Contains(strings.Split(m.superOpts, ","), "cpu"):
+			return m.dirOf(v1Path, false)
 		case v2Found && m.fstype == "cgroup2" && v2Mount == nil:
 			v2Mount = &m
 		}
 	}
-	if err := s.Err(); err != nil {
-		return cgroupDir{}, false, false, fmt.Errorf("/proc/self/mountinfo: %w", err)
-	}
 	if v2Mount == nil {
-		return cgroupDir{}, false, false, nil
+		return cgroupDir{}, false
 	}
-	d, ok := v2Mount.dirOf(v2Path)
-	return d, true, ok, nil
+	return v2Mount.dirOf(v2Path, true)
 }
 
 // mountEntry is what a mountinfo line says of a mount: the path inside the
@@ -134,7 +131,7 @@ func parseMountinfo(line string) (mountEntry, bool) {
 
 // dirOf is where cgroup path p (as /proc/self/cgroup gives it) is under
 // this mount, if the mount shows it at all.
-func (m mountEntry) dirOf(p string) (cgroupDir, bool) {
+func (m mountEntry) dirOf(p string, v2 bool) (cgroupDir, bool) {
 	rel, ok := strings.CutPrefix(p, m.root)
 	if !ok || m.root != "/" && rel != "" && !strings.HasPrefix(rel, "/") {
 		return cgroupDir{}, false
@@ -143,7 +140,7 @@ func (m mountEntry) dirOf(p string) (cgroupDir, bool) {
 	if mount == "" {
 		mount = "."
 	}
-	return cgroupDir{at: path.Join(mount, rel), mount: mount}, true
+	return cgroupDir{at: path.Join(mount, rel), mount: mount, v2: v2}, true
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).
@@ -163,15 +160,6 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-func hasWord(list, w string) bool {
-	for _, x := range strings.Split(list, ",") {
-		if x == w {
-			return true
-		}
-	}
-	return false
 }
 
 // readCPULimit reads one cgroup directory's quota in CPUs (0: none set

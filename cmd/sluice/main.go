@@ -352,10 +352,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 	}
 	if mode == config.ModeUserspace {
-		// A container's CPU limit bounds the default number of event loops.
-		cpuLimit, err := listeners.CgroupCPULimit(os.DirFS("/"))
-		if err != nil {
-			log.Warn("cannot read the cgroup CPU limit; event loops are sized by the CPUs alone", "err", err)
+		// A container's CPU limit bounds the default number of event loops
+		// (an explicit --event-loops is kept as given).
+		var cpuLimit float64
+		if cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0 {
+			var err error
+			if cpuLimit, err = listeners.CgroupCPULimit(os.DirFS("/")); err != nil {
+				log.Warn("cannot read the cgroup CPU limit; event loops are sized by the CPUs alone", "err", err)
+			}
 		}
 		engine, err := listeners.New(cfg.Engine, listeners.Options{BusyPoll: cfg.BusyPoll, NoIOUring: !cfg.IOUring, Loops: cfg.EventLoops,
 			CPULimit: cpuLimit, HalfCloseTimeout: halfCloseTimeout(cfg), Sockets: broker, Log: log})
