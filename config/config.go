@@ -7,15 +7,18 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
@@ -592,6 +595,7 @@ func (c *Config) Validate() error {
 	default:
 		p.add("logging-format", "", c.LogFormat, "want text or json")
 	}
+	c.validateLogging(&p)
 	if c.Version != "" && c.Version != "true" && c.Version != "raw" && c.Version != "false" {
 		p.add("version", "", c.Version, "want true, raw or false")
 	}
@@ -617,4 +621,45 @@ func withPort(addr string, port int32) string {
 		return addr
 	}
 	return net.JoinHostPort(host, fmt.Sprint(port))
+}
+
+// LoggingAlphaOptions is the feature gate kube-proxy requires for its
+// alpha logging options (split streams, info buffers); sluice requires it
+// too, so that a command line one refuses the other refuses as well.
+const LoggingAlphaOptions = "LoggingAlphaOptions"
+
+// validateLogging checks the logging section (its flags, or a config
+// file's logging:) as kube-proxy's logsapi.Validate does.
+func (c *Config) validateLogging(p *problems) {
+	l := &c.KubeProxy.Logging
+	alpha := c.KubeProxy.FeatureGates[LoggingAlphaOptions]
+	gated := []struct {
+		flag, field string
+		set         bool
+		value       any
+	}{
+		{"log-text-split-stream", "logging.options.text.splitStream", l.Options.Text.SplitStream, l.Options.Text.SplitStream},
+		{"log-text-info-buffer-size", "logging.options.text.infoBufferSize", l.Options.Text.InfoBufferSize.Value() != 0, quantity{&l.Options.Text.InfoBufferSize}},
+		{"log-json-split-stream", "logging.options.json.splitStream", l.Options.JSON.SplitStream, l.Options.JSON.SplitStream},
+		{"log-json-info-buffer-size", "logging.options.json.infoBufferSize", l.Options.JSON.InfoBufferSize.Value() != 0, quantity{&l.Options.JSON.InfoBufferSize}},
+	}
+	for _, g := range gated {
+		if g.set && !alpha {
+			p.add(g.flag, g.field, g.value, "feature %s is disabled: set --feature-gates=%s=true, as kube-proxy requires", LoggingAlphaOptions, LoggingAlphaOptions)
+		}
+	}
+	if len(l.VModule) > 0 && c.LogFormat != "text" {
+		p.add("vmodule", "logging.vmodule", logsapi.VModuleConfigurationPflag(&l.VModule).String(), "only supported for the text log format (--logging-format=%s)", c.LogFormat)
+	}
+	for i, item := range l.VModule {
+		if item.FilePattern == "" || strings.ContainsAny(item.FilePattern, "=,") {
+			p.add("vmodule", fmt.Sprintf("logging.vmodule[%d]", i), item.FilePattern, "a file pattern must be non-empty and have no = or ,")
+		} else if _, err := filepath.Match(item.FilePattern, ""); err != nil {
+			// kube-proxy (klog) takes it, and it matches nothing.
+			c.ConfigWarnings = append(c.ConfigWarnings, fmt.Sprintf("--vmodule (config field logging.vmodule[%d]): %q is not a glob pattern (%v): it matches no file", i, item.FilePattern, err))
+		}
+		if item.Verbosity > math.MaxInt32 {
+			p.add("vmodule", fmt.Sprintf("logging.vmodule[%d]", i), item.Verbosity, "must be at most %d", math.MaxInt32)
+		}
+	}
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -93,6 +95,18 @@ func (v proxyMode) Set(s string) error {
 }
 func (proxyMode) Type() string { return "ProxyMode" }
 
+// quantity is kube-proxy's quantity flag type (512, 1K, 2Ki, 3M), whose
+// String does not change the value: a Quantity's own String caches its
+// text in it, which made a configuration differ from an equal one.
+type quantity struct{ q *resource.QuantityValue }
+
+func (v quantity) String() string {
+	q := v.q.Quantity
+	return q.String()
+}
+func (v quantity) Set(s string) error { return v.q.Set(s) }
+func (quantity) Type() string         { return "quantity" }
+
 type localMode struct{ m *kpv1alpha1.LocalMode }
 
 func (v localMode) String() string     { return string(*v.m) }
@@ -149,6 +163,10 @@ var flagModes = map[string][]string{
 	"ipvs-udp-timeout":                  {ModeIPVS},
 	"show-hidden-metrics-for-version":   {},
 	"log-flush-frequency":               {},
+	"log-text-info-buffer-size":         {},
+	"log-json-info-buffer-size":         {},
+	"boot-id-file":                      {},
+	"machine-id-file":                   {},
 	"windows-service":                   {},
 }
 
@@ -188,6 +206,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	// kube-proxy's flags: same names, types and defaults.
 	fs.StringVar(&kp.BindAddress, "bind-address", kp.BindAddress, "The IP address NodePorts and proxy ports listen on (0.0.0.0 for all IPv4 interfaces, :: for all IPv6 interfaces).")
 	fs.BoolVar(&kp.BindAddressHardFail, "bind-address-hard-fail", kp.BindAddressHardFail, "If true, a port that cannot be opened is fatal.")
+	fs.String("boot-id-file", "/proc/sys/kernel/random/boot_id", "Accepted for kube-proxy's command lines, and unused: kube-proxy takes it from a library it links (cAdvisor) and does not use it either.")
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "If true, remove everything any sluice mode installed in the kernel and exit.")
 	fs.StringVar(&kp.ClusterCIDR, "cluster-cidr", kp.ClusterCIDR, "The CIDR range of the pods in the cluster (a comma-separated dual-stack pair allowed).")
 	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file, optionally followed by a SluiceConfiguration (config.sluice-proxy.io/v1alpha1) document with sluice's own settings. Flags given on the command line override it.")
@@ -222,7 +241,12 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.Float32Var(&kp.ClientConnection.QPS, "kube-api-qps", kp.ClientConnection.QPS, "QPS to use while talking with kubernetes apiserver.")
 	fs.StringVar(&kp.ClientConnection.Kubeconfig, "kubeconfig", kp.ClientConnection.Kubeconfig, "Path to kubeconfig file with authorization information.")
 	fs.Duration("log-flush-frequency", 5*time.Second, "Maximum number of seconds between log flushes (accepted; logs are unbuffered).")
+	fs.BoolVar(&kp.Logging.Options.JSON.SplitStream, "log-json-split-stream", kp.Logging.Options.JSON.SplitStream, "[Alpha] In JSON format, write error messages to stderr and the others to stdout. The default is one stream, on stderr. Enable the LoggingAlphaOptions feature gate to use this.")
+	fs.Var(quantity{&kp.Logging.Options.JSON.InfoBufferSize}, "log-json-info-buffer-size", "[Alpha] Accepted for kube-proxy's command lines (a quantity such as 64Ki); sluice does not buffer its log. Enable the LoggingAlphaOptions feature gate to use this.")
+	fs.BoolVar(&kp.Logging.Options.Text.SplitStream, "log-text-split-stream", kp.Logging.Options.Text.SplitStream, "[Alpha] In text format, write error messages to stderr and the others to stdout. The default is one stream, on stderr. Enable the LoggingAlphaOptions feature gate to use this.")
+	fs.Var(quantity{&kp.Logging.Options.Text.InfoBufferSize}, "log-text-info-buffer-size", "[Alpha] Accepted for kube-proxy's command lines (a quantity such as 64Ki); sluice does not buffer its log. Enable the LoggingAlphaOptions feature gate to use this.")
 	fs.StringVar(&c.LogFormat, "logging-format", c.LogFormat, "Log format: text or json.")
+	fs.String("machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Accepted for kube-proxy's command lines, and unused: kube-proxy takes it from a library it links (cAdvisor) and does not use it either.")
 	fs.BoolVar(&kp.IPTables.MasqueradeAll, "masquerade-all", kp.IPTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs (kernel modes).")
 	fs.StringVar(&c.Master, "master", c.Master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&kp.MetricsBindAddress, "metrics-bind-address", kp.MetricsBindAddress, "The IP address with port for the metrics server (empty to disable).")
@@ -237,6 +261,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&kp.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", kp.ShowHiddenMetricsForVersion, "The previous version for which to show hidden metrics.")
 	fs.DurationVar(&c.UDPTimeout, "udp-timeout", c.UDPTimeout, "How long an idle UDP flow is kept (userspace mode). Must be greater than 0.")
 	fs.IntVarP(&c.Verbosity, "v", "v", c.Verbosity, "Log verbosity: 0 info, 1 and more debug.")
+	fs.Var(logsapi.VModuleConfigurationPflag(&kp.Logging.VModule), "vmodule", "Comma-separated list of pattern=N settings for file-filtered logging (text format only): log lines from sluice's own source files whose names without .go match the glob pattern are logged at verbosity N where that is above --v, as klog's. sluice's files are not kube-proxy's, so a pattern written for kube-proxy's (proxier=4) matches none of them.")
 	fs.StringVar(&c.Version, "version", c.Version, "Print version information and exit (--version or --version=raw).")
 	fs.Lookup("version").NoOptDefVal = "true"
 	fs.BoolVar(&kp.WindowsRunAsService, "windows-service", kp.WindowsRunAsService, "On Windows, run as a service of the Service Control Manager (sc create ... --windows-service): a stop or shutdown drains as SIGTERM does. Ignored elsewhere, as by kube-proxy.")

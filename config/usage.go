@@ -35,8 +35,8 @@ func helpGroups() []helpGroup {
 			"proxy-port-range", "userspace-capture", "userspace-capture-port", "handover-socket", "bind-address", "bind-address-hard-fail")},
 		{"Kernel modes (iptables, nftables, IPVS), as kube-proxy's", named("iptables-*", "ipvs-*", "masquerade-all", "cluster-cidr",
 			"detect-local-mode", "pod-*", "nodeport-addresses", "conntrack-*")},
-		{"Health, metrics, logging and the process", named("healthz-*", "metrics-*", "logging-format", "v", "log-flush-frequency",
-			"profiling", "show-hidden-metrics-for-version", "oom-score-adj")},
+		{"Health, metrics, logging and the process", named("healthz-*", "metrics-*", "logging-format", "v", "vmodule", "log-*",
+			"profiling", "show-hidden-metrics-for-version", "oom-score-adj", "boot-id-file", "machine-id-file")},
 	}
 }
 

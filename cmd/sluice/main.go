@@ -167,7 +167,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runConfigured runs sluice with a parsed configuration until ctx ends; it
 // returns the exit code.
 func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdout, stderr io.Writer) int {
-	log := newLogger(cfg, stderr)
+	log := newLogger(cfg, stdout, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
 	routeLogrus(log)        // and moby/ipvs through logrus
 	for _, w := range cfg.ConfigWarnings {
@@ -206,17 +206,6 @@ func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdou
 		return 1
 	}
 	return 0
-}
-
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if cfg.Verbosity > 0 {
-		opts.Level = slog.LevelDebug
-	}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 func apiConfigured(cfg *config.Config) bool {

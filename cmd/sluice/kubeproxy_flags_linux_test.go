@@ -1,0 +1,95 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
+)
+
+// helpFlag is one line of a pflag --help: "  -v, --v Level   usage" or
+// "      --cleanup   usage" (a bool has no type).
+var helpFlag = regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9-]+)(?: ([^ ]+))?\s{2,}`)
+
+// Every flag upstream kube-proxy v1.34.2 lists in its help is one sluice
+// takes: a kube-proxy command line keeps working when the binary is
+// swapped. Each flag is given a value of its type (its own default where
+// that is all it can take) that kube-proxy itself takes, checked by
+// running kube-proxy with it (--write-config-to, so it only parses and
+// writes the file; in a network namespace of its own, so nothing it
+// might touch is the machine's); then sluice must parse it without error.
+// A type the test has no value for fails it, so a new upstream release's
+// flags are looked at, not passed over.
+func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
+	kubeProxy, err := kubetest.KubeProxyBinary()
+	kubetest.Require(t, err)
+	help, err := exec.Command(kubeProxy, "--help").Output()
+	if err != nil {
+		t.Fatalf("kube-proxy --help: %v", err)
+	}
+	dir := t.TempDir()
+	kpConfig := filepath.Join(dir, "kp.yaml")
+	os.WriteFile(kpConfig, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n"), 0o644)
+	byType := map[string]string{
+		"ip": "127.0.0.1", "ipport": "127.0.0.1:10256", "duration": "10s", "int32": "1", "float32": "5",
+		"strings": "10.0.0.0/8", "LocalMode": "ClusterCIDR", "mapStringBool": "LoggingAlphaOptions=true",
+		"ProxyMode": "iptables", "Level": "2", "quantity": "64Ki", "pattern=N,...": "proxier=2", "version[=true]": "true",
+	}
+	byName := map[string]string{
+		"config": kpConfig, "write-config-to": filepath.Join(dir, "out.yaml"), "cluster-cidr": "10.244.0.0/16",
+		"logging-format": "text", "ipvs-scheduler": "rr", "kube-api-content-type": "application/vnd.kubernetes.protobuf",
+		"master": "https://127.0.0.1:6443", "show-hidden-metrics-for-version": "", // a release from the module proxy knows no version to name
+	}
+	// Flags that act rather than configure: only sluice parses them.
+	acts := map[string]bool{"cleanup": true, "init-only": true, "version": true, "help": true}
+	seen := 0
+	for _, line := range strings.Split(string(help), "\n") {
+		m := helpFlag.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		name, typ := m[1], m[2]
+		seen++
+		arg := "--" + name
+		if typ != "" {
+			v, ok := byName[name]
+			if !ok {
+				v, ok = byType[typ]
+			}
+			if !ok && typ == "string" {
+				v, ok = "x", true
+			}
+			if !ok {
+				t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, typ)
+				continue
+			}
+			arg += "=" + v
+		}
+		args := []string{arg, "--feature-gates=LoggingAlphaOptions=true"}
+		if !acts[name] {
+			out, err := exec.Command("unshare", append([]string{"--net", kubeProxy}, append(args, "--write-config-to", filepath.Join(dir, "kp-out.yaml"))...)...).CombinedOutput()
+			if err != nil {
+				t.Errorf("kube-proxy refuses the test's own %s: %v\n%s", arg, err, out)
+				continue
+			}
+		}
+		_, _, err := config.Parse(args)
+		if name == "help" {
+			if !config.IsHelp(err) {
+				t.Errorf("--help: %v", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("kube-proxy takes %s, sluice does not: %v", arg, err)
+		}
+	}
+	if seen < 50 {
+		t.Fatalf("found %d flags in kube-proxy's help; the format must have changed:\n%s", seen, help)
+	}
+}
