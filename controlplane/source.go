@@ -119,21 +119,33 @@ type ManifestSource struct {
 	// when a manifest file is a symbolic link, which may lead through
 	// them; see readPlan.
 	others bool
+	// linked: a manifest file of the last read was a symbolic link (the
+	// DocCache's count, which only grows), so that events for other names
+	// may change what is read.
+	linked bool
 }
 
 // touch records a watch event for name (a path in the watched directory).
-func (s *ManifestSource) touch(name string) { s.record(name, false) }
+// It says whether the event calls for a reload (see record).
+func (s *ManifestSource) touch(name string) bool { return s.record(name, false) }
 
 // touchListing records a watch event that may have changed the
 // directory's listing (a file made, removed or renamed) for name.
-func (s *ManifestSource) touchListing(name string) { s.record(name, true) }
+func (s *ManifestSource) touchListing(name string) bool { return s.record(name, true) }
 
-func (s *ManifestSource) record(name string, listing bool) {
+// record records a watch event for name, and says whether it calls for a
+// reload: an event for a manifest file does; one for any other name (an
+// editor's or a tool's temporary file, written and then renamed over a
+// manifest) does only while a manifest file is a symbolic link, which may
+// lead through it (see readPlan). Otherwise the reload it caused changed
+// nothing, and at 10k Services in one file it was a whole replay of the
+// file (some 5 ms), often still running when the rename's event came.
+func (s *ManifestSource) record(name string, listing bool) bool {
 	s.touchMu.Lock()
 	defer s.touchMu.Unlock()
 	if !manifestName(filepath.Base(name)) {
 		s.others = true
-		return
+		return s.linked
 	}
 	if s.touched == nil {
 		s.touched = map[string]bool{}
@@ -145,6 +157,7 @@ func (s *ManifestSource) record(name string, listing bool) {
 		}
 		s.renamed[name] = true
 	}
+	return true
 }
 
 // touchAll makes the next read list the directory and look at every file.
@@ -237,6 +250,9 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	s.cache.now = s.Now
 	s.cache.Touched, s.cache.SameListing, s.cache.Renamed = s.readPlan()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)
+	s.touchMu.Lock()
+	s.linked = s.cache.symlinks > 0
+	s.touchMu.Unlock()
 	if n >= bigLoad {
 		// Decoding took some ten times the size at its peak; hand it back
 		// now rather than over the minutes the scavenger would take. Only
@@ -351,13 +367,13 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 	}
 	// Watch the directory: editors and kubectl-style tools replace files by
 	// rename, which a watch on the file itself would lose.
-	dir, only := filepath.Clean(s.Path), ""
+	dir, only, anyName := filepath.Clean(s.Path), "", false
 	if fi, err := os.Stat(s.Path); err == nil && !fi.IsDir() {
 		dir, only = filepath.Dir(dir), dir
 		if li, err := os.Lstat(s.Path); err == nil && li.Mode()&os.ModeSymlink != 0 {
 			// A ConfigMap's file is a link through ..data, which kubelet
 			// swaps: the file's own name sees no event, so any will do.
-			only = ""
+			only, anyName = "", true
 		}
 	}
 	if err := w.Add(dir); err != nil {
@@ -413,9 +429,13 @@ func (s *ManifestSource) Run(ctx context.Context) error {
 				case name == dir:
 					s.touchAll()
 				case ev.Op.Has(fsnotify.Create) || ev.Op.Has(fsnotify.Remove) || ev.Op.Has(fsnotify.Rename):
-					s.touchListing(name)
+					if !s.touchListing(name) && !anyName {
+						continue
+					}
 				default: // a write or an attribute change: same names
-					s.touch(name)
+					if !s.touch(name) && !anyName {
+						continue
+					}
 				}
 				// Chmod counts: a permission fix makes a file readable.
 				select {

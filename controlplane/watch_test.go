@@ -171,3 +171,38 @@ func TestManifestEditIsTimed(t *testing.T) {
 		t.Fatalf("times %+v, want one arrival at %v", ts, at)
 	}
 }
+
+// An event for a name that is no manifest file (an editor's swap file, the
+// temporary file a tool writes and renames over a manifest) calls for no
+// reload while no manifest file is a symbolic link: nothing read can have
+// changed, and at 10k Services that reload was a replay of every document,
+// often still under way when the rename's event came. Once a manifest file
+// is a link (a ConfigMap's, through ..data), such events call for one.
+func TestATemporaryFileCallsForNoReload(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(withNodePort("30080")), 0o644)
+	sink := newUnchangedSink()
+	src := &ManifestSource{Path: dir, Sink: sink}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	src.setWatching(true)
+	for _, name := range []string{"svc.yaml.tmp", ".svc.yaml.swp", "..data", "README"} {
+		if src.touch(filepath.Join(dir, name)) || src.touchListing(filepath.Join(dir, name)) {
+			t.Fatalf("an event for %s calls for a reload with no linked manifest", name)
+		}
+	}
+	if !src.touch(filepath.Join(dir, "svc.yaml")) || !src.touchListing(filepath.Join(dir, "new.yml")) {
+		t.Fatal("an event for a manifest file calls for no reload")
+	}
+
+	os.MkdirAll(filepath.Join(dir, "..2026_01"), 0o755)
+	os.WriteFile(filepath.Join(dir, "..2026_01", "linked.yaml"), []byte(strings.ReplaceAll(withNodePort("30081"), "name: web", "name: web2")), 0o644)
+	os.Symlink("..2026_01", filepath.Join(dir, "..data"))
+	os.Symlink("..data/linked.yaml", filepath.Join(dir, "linked.yaml"))
+	src.touchListing(filepath.Join(dir, "linked.yaml"))
+	src.reload(UpdateTimes{})
+	if !src.touch(filepath.Join(dir, "..data")) {
+		t.Fatal("with a linked manifest, an event for ..data calls for no reload")
+	}
+}
