@@ -424,3 +424,29 @@ func TestEventLoopRingsReadAtEachScrape(t *testing.T) {
 		t.Fatalf("after a ring given up: loops %g, failures %g; want 1, 1", l, f)
 	}
 }
+
+// The metrics server answers /configz with the configuration it is given,
+// as JSON, and /metrics/slis with its /healthz check's SLIs, as
+// kube-proxy's: the check's last result and a count of its results.
+func TestConfigzAndHealthcheckSLIs(t *testing.T) {
+	e := &Endpoints{Health: NewHealth(time.Minute, time.Now), Metrics: NewMetrics(), ProxyMode: "userspace",
+		Configz: map[string]any{"kubeproxy.config.k8s.io": map[string]string{"Mode": "userspace"}}}
+	h := e.MetricsHandler()
+	code, body, hdr := get(t, h, "/configz")
+	var got map[string]map[string]string
+	if code != 200 || hdr.Get("Content-Type") != "application/json" || json.Unmarshal([]byte(body), &got) != nil || got["kubeproxy.config.k8s.io"]["Mode"] != "userspace" {
+		t.Fatalf("/configz: %d %q %q", code, hdr.Get("Content-Type"), body)
+	}
+	for i := 0; i < 3; i++ {
+		get(t, h, "/healthz")
+	}
+	_, slis, _ := get(t, h, "/metrics/slis")
+	for _, want := range []string{`kubernetes_healthcheck{name="ping",type="healthz"} 1`, `kubernetes_healthchecks_total{name="ping",status="success",type="healthz"} 3`, "process_start_time_seconds "} {
+		if !strings.Contains(slis, want) {
+			t.Fatalf("/metrics/slis lacks %q:\n%s", want, slis)
+		}
+	}
+	if code, _, _ := get(t, (&Endpoints{Health: e.Health, Metrics: NewMetrics()}).MetricsHandler(), "/configz"); code != 404 {
+		t.Fatalf("/configz with no configuration: %d", code)
+	}
+}

@@ -53,6 +53,12 @@ type Metrics struct {
 	sctpSkipped     prometheus.Gauge
 
 	ports *portMetrics // every service port's data-path metrics
+
+	// slis is what /metrics/slis serves, as kube-proxy's (component-base's
+	// health-check SLIs): each check's last result and a count of results.
+	slis         *prometheus.Registry
+	healthcheck  *prometheus.GaugeVec
+	healthchecks *prometheus.CounterVec
 }
 
 // NewMetrics registers every metric on a fresh registry.
@@ -134,6 +140,12 @@ func NewMetrics() *Metrics {
 	m.Registry.MustRegister(m.syncDuration, m.lastSync, m.lastQueued, m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending, m.healthz, m.livez,
 		m.rejected, m.listenerErrors, m.restoreFails, m.partialFails, m.iptablesRules, m.iptablesLast, m.nftFails, m.nftCleanupFails, m.ctDuration, m.ctDeleted, m.programming, m.updateApply, m.fullSyncs, m.partialSyncs, m.noLocal, m.sctpSkipped)
 	m.runtime.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.slis = prometheus.NewRegistry()
+	m.healthcheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kubernetes", Name: "healthcheck",
+		Help: "[STABLE] This metric records the result of a single healthcheck."}, []string{"name", "type"})
+	m.healthchecks = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubernetes", Name: "healthchecks_total",
+		Help: "[STABLE] This metric records the results of all healthcheck."}, []string{"name", "status", "type"})
+	m.slis.MustRegister(m.healthcheck, m.healthchecks)
 	return m
 }
 
@@ -463,4 +475,40 @@ func acceptsGzip(header string) bool {
 		}
 	}
 	return false
+}
+
+// observeHealthcheck records one run of the health check name of the
+// endpoint typ ("healthz") for /metrics/slis.
+func (m *Metrics) observeHealthcheck(name, typ string, ok bool) {
+	status, v := "success", 1.0
+	if !ok {
+		status, v = "error", 0
+	}
+	m.healthcheck.WithLabelValues(name, typ).Set(v)
+	m.healthchecks.WithLabelValues(name, status, typ).Inc()
+}
+
+// serveSLIs is /metrics/slis: the health checks' SLIs and the process's
+// start time, as kube-proxy's.
+func (m *Metrics) serveSLIs(w http.ResponseWriter, _ *http.Request) {
+	mfs, err := m.slis.Gather()
+	if err != nil {
+		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if runtime, err := m.runtime.Gather(); err == nil {
+		for _, mf := range runtime {
+			if mf.GetName() == "process_start_time_seconds" {
+				mfs = append(mfs, mf)
+			}
+		}
+	}
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
+	w.Header().Set("Content-Type", string(format))
+	enc := expfmt.NewEncoder(w, format)
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return // the scraper is gone
+		}
+	}
 }

@@ -19,6 +19,9 @@ type Endpoints struct {
 	Profiling bool
 	// Dump returns the debug view of what is being served (JSON-encodable).
 	Dump func() any
+	// Configz is the configuration in effect, served as JSON at /configz
+	// as kube-proxy serves its own (nil: not served).
+	Configz any
 }
 
 // HealthzHandler serves /healthz and /livez.
@@ -29,8 +32,8 @@ func (e *Endpoints) HealthzHandler() http.Handler {
 	return mux
 }
 
-// MetricsHandler serves /metrics, /proxyMode, /healthz and, when enabled,
-// /debug/pprof and /debug/sluice.
+// MetricsHandler serves /metrics, /proxyMode, /healthz, /metrics/slis,
+// /configz and, when enabled, /debug/pprof and /debug/sluice.
 func (e *Endpoints) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", e.Metrics)
@@ -38,7 +41,19 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, e.ProxyMode)
 	})
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		// kube-proxy's metrics server checks "ping" alone, and records it
+		// for /metrics/slis.
+		e.Metrics.observeHealthcheck("ping", "healthz", true)
+		fmt.Fprint(w, "ok")
+	})
+	mux.HandleFunc("/metrics/slis", e.Metrics.serveSLIs)
+	if e.Configz != nil {
+		mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(e.Configz)
+		})
+	}
 	if e.Dump != nil {
 		mux.HandleFunc("/debug/sluice", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")

@@ -445,7 +445,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		release: make(chan struct{}, 1)}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
-		Dump: plane.Dump}
+		Dump: plane.Dump, Configz: cfg.Configz()}
 	hz, err := admin.ServeWith(cfg.HealthzAddress(), ep.HealthzHandler(), brokerListen(broker))
 	if err != nil {
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -16,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
 	"github.com/sluice-proxy/sluice/kernel/nftables"
 )
@@ -43,6 +47,97 @@ type parityBed struct {
 	// (metricShapes), for checkMetrics.
 	upstreamMetrics, ourMetrics []string
 	upstreamPage, ourPage       string // the /metrics pages themselves
+	healthz                     string // host:port of the health server
+	// What each answered on its two servers' paths (surfacePaths), and
+	// on /configz (configzOf) and /metrics/slis (seriesWithoutValues),
+	// kube-proxy's first.
+	upstreamSurface, ourSurface map[string]int
+	configz, slis               []string
+}
+
+// surfacePaths are the paths a kube-proxy's metrics and health servers may
+// answer, which monitoring, probes and people use: the test checks that
+// sluice answers each as kube-proxy does (status code).
+var surfacePaths = []struct{ server, path string }{
+	{"metrics", "/metrics"}, {"metrics", "/proxyMode"}, {"metrics", "/healthz"}, {"metrics", "/livez"},
+	{"metrics", "/configz"}, {"metrics", "/metrics/slis"}, {"metrics", "/flagz"}, {"metrics", "/statusz"},
+	{"metrics", "/debug/pprof/"}, {"metrics", "/nonexistent"},
+	{"healthz", "/healthz"}, {"healthz", "/livez"}, {"healthz", "/readyz"}, {"healthz", "/metrics"}, {"healthz", "/nonexistent"},
+}
+
+// surface returns what the running proxy's servers answer on surfacePaths.
+func (b *parityBed) surface(t *testing.T) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, p := range surfacePaths {
+		addr := b.metrics
+		if p.server == "healthz" {
+			addr = b.healthz
+		}
+		resp, err := http.Get("http://" + addr + p.path)
+		if err != nil {
+			t.Fatalf("%s %s: %v", p.server, p.path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out[p.server+" "+p.path] = resp.StatusCode
+		switch {
+		case p.path == "/configz" && resp.StatusCode == http.StatusOK:
+			b.configz = append(b.configz, configzOf(t, body))
+		case p.path == "/metrics/slis" && resp.StatusCode == http.StatusOK:
+			b.slis = append(b.slis, seriesWithoutValues(string(body)))
+		}
+	}
+	return out
+}
+
+// configzOf is kube-proxy's part of a /configz answer, as JSON, without
+// the log verbosity (kube-proxy is run with --v=2 for its log).
+func configzOf(t *testing.T, body []byte) string {
+	t.Helper()
+	var all map[string]map[string]any
+	if err := json.Unmarshal(body, &all); err != nil {
+		t.Fatalf("/configz: %v: %s", err, body)
+	}
+	kp := all[config.ConfigzGroup]
+	if logging, ok := kp["Logging"].(map[string]any); ok {
+		delete(logging, "verbosity")
+	}
+	out, _ := json.MarshalIndent(kp, "", "  ")
+	return string(out)
+}
+
+// seriesWithoutValues is a metrics page's series, values left out.
+func seriesWithoutValues(page string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			series, _, _ := strings.Cut(l, " ")
+			out = append(out, series)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
+}
+
+// checkSurface fails for each path kube-proxy answers otherwise than
+// sluice does, and when kube-proxy's /configz (its configuration in
+// effect, from the same flags) or the series of its /metrics/slis differ
+// from sluice's.
+func (b *parityBed) checkSurface(t *testing.T) {
+	t.Helper()
+	if len(b.configz) != 2 || b.configz[0] != b.configz[1] {
+		t.Errorf("/configz differs:\nkube-proxy: %s\nsluice: %s", b.configz[0], b.configz[len(b.configz)-1])
+	}
+	if len(b.slis) != 2 || b.slis[0] != b.slis[1] {
+		t.Errorf("/metrics/slis series differ:\nkube-proxy:\n%s\nsluice:\n%s", b.slis[0], b.slis[len(b.slis)-1])
+	}
+	for _, p := range surfacePaths {
+		k := p.server + " " + p.path
+		if b.upstreamSurface[k] != b.ourSurface[k] {
+			t.Errorf("%s server, %s: kube-proxy answers %d, sluice %d", p.server, p.path, b.upstreamSurface[k], b.ourSurface[k])
+		}
+	}
 }
 
 // series returns a /metrics page's lines of the named metric, sorted.
@@ -166,7 +261,7 @@ func newParityBed(t *testing.T) *parityBed {
 	e.setSlice("guarded", "guarded-1", "http", local, remote)
 
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
-	return &parityBed{e: e, kubeProxy: kubeProxy, metrics: fmt.Sprintf("127.0.0.1:%d", mp), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
+	return &parityBed{e: e, kubeProxy: kubeProxy, metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
 		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
 		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
@@ -182,6 +277,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	upstream = waitForDump(t, b.e, want, kp, dump)
 	b.upstreamPage = get(t, "http://"+b.metrics+"/metrics")
 	b.upstreamMetrics = metricShapes(b.upstreamPage)
+	b.upstreamSurface = b.surface(t)
 	kp.cmd.Process.Signal(os.Interrupt)
 	kp.exitCode()
 	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
@@ -192,6 +288,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	ours = waitForDump(t, b.e, want, sl, dump)
 	b.ourPage = get(t, "http://"+b.metrics+"/metrics")
 	b.ourMetrics = metricShapes(b.ourPage)
+	b.ourSurface = b.surface(t)
 	keepLog(t, sl)
 	return upstream, ours
 }
@@ -252,6 +349,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	})
 	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
 	b.checkMetrics(t)
+	b.checkSurface(t)
 
 	// A ServiceCIDR added later widens the drop of unallocated ClusterIPs.
 	extra := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.100.0.0/16"}}}
@@ -340,6 +438,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	})
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
 	b.checkMetrics(t)
+	b.checkSurface(t)
 	// The same rules, so the same counts of them in the kernel.
 	if up, us := series(b.upstreamPage, "kubeproxy_sync_proxy_rules_iptables_total"), series(b.ourPage, "kubeproxy_sync_proxy_rules_iptables_total"); len(up) == 0 || !slices.Equal(up, us) {
 		t.Errorf("rule counts: kube-proxy\n%s\nsluice\n%s", strings.Join(up, "\n"), strings.Join(us, "\n"))
