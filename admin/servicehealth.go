@@ -20,6 +20,26 @@ type HealthCheckService struct {
 	Namespace, Name string
 	Port            uint16
 	LocalEndpoints  int
+	// IPv4 and IPv6 are the Service's IP families (its cluster IPs'). A
+	// listed address of another family is not listened on for it, as
+	// kube-proxy's health check server, one per family's proxier, opens a
+	// Service's port only in the families that proxier serves. Neither
+	// set: both.
+	IPv4, IPv6 bool
+}
+
+// addrsFor are the addresses of addrs in s's families (nil: addrs is).
+func (s HealthCheckService) addrsFor(addrs []netip.Addr) []netip.Addr {
+	if addrs == nil || s.IPv4 == s.IPv6 {
+		return addrs
+	}
+	out := []netip.Addr{}
+	for _, a := range addrs {
+		if a.Unmap().Is4() == s.IPv4 {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // ServiceHealth serves kube-proxy's per-service health checks: an HTTP
@@ -79,6 +99,20 @@ func (s *hcServer) ServeHTTP(w http.ResponseWriter, _ *http.Request, healthy boo
 	})
 }
 
+// HealthCheckError is a Service's health check node port that could not
+// be opened.
+type HealthCheckError struct {
+	Namespace, Name string
+	Port            uint16
+	Err             error
+}
+
+func (e *HealthCheckError) Error() string {
+	return fmt.Sprintf("health check for %s/%s on port %d: %v", e.Namespace, e.Name, e.Port, e.Err)
+}
+
+func (e *HealthCheckError) Unwrap() error { return e.Err }
+
 // Sync makes the listeners match svcs. A port that cannot be opened is
 // reported (naming Service and port) and the rest go ahead.
 func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
@@ -101,7 +135,7 @@ func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
 		want[s.Port] = s
 	}
 	for port, srv := range h.servers {
-		if _, ok := want[port]; !ok || !slices.Equal(srv.addrs, addrs) {
+		if s, ok := want[port]; !ok || !slices.Equal(srv.addrs, s.addrsFor(addrs)) {
 			srv.close()
 			delete(h.servers, port)
 		}
@@ -112,7 +146,8 @@ func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
 			srv.state.Store(st)
 			continue
 		}
-		srv := &hcServer{addrs: addrs}
+		mine := s.addrsFor(addrs)
+		srv := &hcServer{addrs: mine}
 		srv.state.Store(st)
 		wildcard := h.Wildcard
 		if wildcard == "" {
@@ -120,8 +155,8 @@ func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
 		}
 		hosts := []string{wildcard}
 		if len(addrs) > 0 {
-			hosts = nil
-			for _, a := range addrs {
+			hosts = []string{}
+			for _, a := range mine {
 				hosts = append(hosts, a.String())
 			}
 		}
@@ -129,7 +164,7 @@ func (h *ServiceHealth) Sync(svcs []HealthCheckService) error {
 		for _, host := range hosts {
 			ln, err := h.listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
 			if err != nil {
-				failed = fmt.Errorf("health check for %s/%s on port %d: %w", s.Namespace, s.Name, port, err)
+				failed = &HealthCheckError{Namespace: s.Namespace, Name: s.Name, Port: port, Err: err}
 				break
 			}
 			hs := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,5 +90,37 @@ func TestServiceHealthPerServicePorts(t *testing.T) {
 	}
 	if len(h.Ports()) != 0 {
 		t.Fatalf("ports %v", h.Ports())
+	}
+}
+
+// A Service's health check port opens on the listed node addresses of its
+// own IP families only, as kube-proxy's per-family health check servers
+// open it: an IPv4 Service's port is not opened on the node's IPv6
+// addresses (a link-local one cannot even be bound without its zone).
+func TestServiceHealthListensInTheServicesFamilies(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("192.168.10.1"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("fe80::1")}
+	for _, c := range []struct {
+		v4, v6 bool
+		want   string
+	}{
+		{true, false, "192.168.10.1:30001"},
+		{false, true, "[2001:db8::1]:30001 [fe80::1]:30001"},
+		{true, true, "192.168.10.1:30001 [2001:db8::1]:30001 [fe80::1]:30001"},
+		{false, false, "192.168.10.1:30001 [2001:db8::1]:30001 [fe80::1]:30001"},
+	} {
+		l := &listenLoopback{addr: map[string]string{}}
+		h := &ServiceHealth{Listen: l.listen, Addrs: func() []netip.Addr { return addrs }}
+		if err := h.Sync([]HealthCheckService{{Namespace: "ns", Name: "lb", Port: 30001, IPv4: c.v4, IPv6: c.v6}}); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for a := range l.addr {
+			got = append(got, a)
+		}
+		slices.Sort(got)
+		h.Close()
+		if strings.Join(got, " ") != c.want {
+			t.Fatalf("IPv4 %v IPv6 %v: listened on %q, want %q", c.v4, c.v6, got, c.want)
+		}
 	}
 }

@@ -489,6 +489,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		}
 		run, source = src.Run, "the Kubernetes API at "+host
 		log.Info("watching the Kubernetes API", "server", host, "node", src.NodeName)
+		sink.events = newKubeEvents(client, src.NodeName)
+		defer sink.events.stop()
+		sink.events.starting()
 	}
 
 	var wg sync.WaitGroup
@@ -708,6 +711,8 @@ func healthCheckServices(ports iter.Seq[*lb.ServicePort]) []admin.HealthCheckSer
 		port     uint16
 	}
 	local := map[key]map[netip.Addr]bool{}
+	type families struct{ v4, v6 bool }
+	fams := map[key]families{}
 	for sp := range ports {
 		if sp.HealthCheckNodePort == 0 {
 			continue
@@ -716,6 +721,11 @@ func healthCheckServices(ports iter.Seq[*lb.ServicePort]) []admin.HealthCheckSer
 		if local[k] == nil {
 			local[k] = map[netip.Addr]bool{}
 		}
+		f := fams[k]
+		for _, ip := range sp.ClusterIPs {
+			f.v4, f.v6 = f.v4 || ip.Unmap().Is4(), f.v6 || !ip.Unmap().Is4()
+		}
+		fams[k] = f
 		for _, ep := range sp.Endpoints {
 			if ep.Local && ep.Ready {
 				local[k][ep.Addr.Addr()] = true
@@ -724,7 +734,8 @@ func healthCheckServices(ports iter.Seq[*lb.ServicePort]) []admin.HealthCheckSer
 	}
 	out := make([]admin.HealthCheckService, 0, len(local))
 	for k, eps := range local {
-		out = append(out, admin.HealthCheckService{Namespace: k.ns, Name: k.name, Port: k.port, LocalEndpoints: len(eps)})
+		out = append(out, admin.HealthCheckService{Namespace: k.ns, Name: k.name, Port: k.port, LocalEndpoints: len(eps),
+			IPv4: fams[k].v4, IPv6: fams[k].v6})
 	}
 	slices.SortFunc(out, func(a, b admin.HealthCheckService) int { return int(a.Port) - int(b.Port) })
 	return out
@@ -853,6 +864,8 @@ type applier struct {
 	release chan struct{}
 	// clock is the time source (nil: time.Now).
 	clock func() time.Time
+	// events records kube-proxy's Kubernetes Events (nil: no API).
+	events *kubeEvents
 
 	mu        sync.Mutex
 	err       error
@@ -969,6 +982,7 @@ func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
 		if herr := a.svcHealth.Sync(svcs); herr != nil {
 			for _, e := range unjoin(herr) {
 				a.log.Warn("FailedToStartServiceHealthcheck", "err", e)
+				a.events.healthCheckFailed(e)
 			}
 		}
 	}

@@ -53,6 +53,41 @@ type parityBed struct {
 	// kube-proxy's first.
 	upstreamSurface, ourSurface map[string]int
 	configz, slis               []string
+	// The Kubernetes Events each recorded (events), kube-proxy's first.
+	upstreamEvents, ourEvents []string
+}
+
+// events returns the Events the proxy that ran recorded (its "Starting"
+// on the Node, waited for: Events are sent in the background), each as
+// "type reason action regarding by controller/instance", sorted, and
+// deletes them for the next one.
+func (b *parityBed) events(t *testing.T) []string {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		list, err := b.e.client.EventsV1().Events("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		started := false
+		for _, ev := range list.Items {
+			r := ev.Regarding
+			out = append(out, fmt.Sprintf("%s %s %s %s %s/%s by %s/%s", ev.Type, ev.Reason, ev.Action, r.Kind, r.Namespace, r.Name, ev.ReportingController, ev.ReportingInstance))
+			started = started || ev.Reason == "Starting"
+		}
+		if started || time.Now().After(deadline) {
+			for _, ns := range []string{"default", "kube-system"} {
+				if err := b.e.client.EventsV1().Events(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			slices.Sort(out)
+			return out
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // surfacePaths are the paths a kube-proxy's metrics and health servers may
@@ -128,6 +163,9 @@ func (b *parityBed) checkSurface(t *testing.T) {
 	t.Helper()
 	if len(b.configz) != 2 || b.configz[0] != b.configz[1] {
 		t.Errorf("/configz differs:\nkube-proxy: %s\nsluice: %s", b.configz[0], b.configz[len(b.configz)-1])
+	}
+	if !slices.Equal(b.upstreamEvents, b.ourEvents) || len(b.upstreamEvents) == 0 {
+		t.Errorf("Events differ:\nkube-proxy: %q\nsluice: %q", b.upstreamEvents, b.ourEvents)
 	}
 	if len(b.slis) != 2 || b.slis[0] != b.slis[1] {
 		t.Errorf("/metrics/slis series differ:\nkube-proxy:\n%s\nsluice:\n%s", b.slis[0], b.slis[len(b.slis)-1])
@@ -278,6 +316,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	b.upstreamPage = get(t, "http://"+b.metrics+"/metrics")
 	b.upstreamMetrics = metricShapes(b.upstreamPage)
 	b.upstreamSurface = b.surface(t)
+	b.upstreamEvents = b.events(t)
 	kp.cmd.Process.Signal(os.Interrupt)
 	kp.exitCode()
 	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
@@ -289,6 +328,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	b.ourPage = get(t, "http://"+b.metrics+"/metrics")
 	b.ourMetrics = metricShapes(b.ourPage)
 	b.ourSurface = b.surface(t)
+	b.ourEvents = b.events(t)
 	keepLog(t, sl)
 	return upstream, ours
 }
