@@ -44,6 +44,14 @@ func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &parsed); err != nil || parsed["nodeEligible"] != true || parsed["lastUpdated"] == nil {
 		t.Fatalf("body %q", body)
 	}
+	// kube-proxy v1.34's shape: RFC 3339 times, healthy, and a status per
+	// IP family served (a whole-state plane serves both).
+	if _, err := time.Parse(time.RFC3339Nano, parsed["currentTime"].(string)); err != nil || parsed["healthy"] != true {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	if st, _ := parsed["status"].(map[string]any); len(st) != 2 || st["IPv4"].(map[string]any)["healthy"] != true || st["IPv6"] == nil {
+		t.Fatalf("status per family: %q", body)
+	}
 	if _, body, _ := get(t, hz, "/livez"); strings.Contains(body, "nodeEligible") {
 		t.Fatalf("livez has nodeEligible: %s", body)
 	}

@@ -83,17 +83,32 @@ func (h *Health) Healthy() (ok bool, lastUpdated, now time.Time) {
 	return true, now, now
 }
 
+// healthBody is kube-proxy v1.34's /healthz and /livez body: the times
+// as JSON times (RFC 3339), whether the proxy is healthy, and the same per
+// IP family it serves.
 type healthBody struct {
-	LastUpdated  string `json:"lastUpdated"`
-	CurrentTime  string `json:"currentTime"`
-	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
+	Healthy      bool                    `json:"healthy"`
+	Status       map[string]familyHealth `json:"status"`
 }
 
-// handler serves /healthz (with nodeEligible) or /livez (without).
-func (h *Health) handler(withNode bool, count func(code int)) http.Handler {
+type familyHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// handler serves /healthz (with nodeEligible) or /livez (without), with
+// a status for each of families. (sluice's planes apply each state
+// whole, every family at once, so the families share one status.)
+func (h *Health) handler(withNode bool, families []string, count func(code int)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		ok, last, now := h.Healthy()
-		body := healthBody{LastUpdated: last.String(), CurrentTime: now.String()}
+		body := healthBody{LastUpdated: last, CurrentTime: now, Healthy: ok, Status: map[string]familyHealth{}}
+		for _, f := range families {
+			body.Status[f] = familyHealth{LastUpdated: last, Healthy: ok}
+		}
 		if withNode {
 			h.mu.Lock()
 			eligible := !h.nodeIneligible

@@ -61,6 +61,12 @@ type Metrics struct {
 	healthchecks *prometheus.CounterVec
 }
 
+// textContentType is the Prometheus text format's content type as
+// kube-proxy's metrics server (client_golang's handler) sends it when the
+// scraper asks for text: with the escaping of metric names, underscores
+// (every name sluice writes is a legacy name already).
+const textContentType = "text/plain; version=" + expfmt.TextVersion + "; charset=utf-8; escaping=underscores"
+
 // NewMetrics registers every metric on a fresh registry.
 func NewMetrics() *Metrics {
 	m := &Metrics{
@@ -157,6 +163,22 @@ func (m *Metrics) Synced(took time.Duration, at time.Time, wholeSync bool) {
 		m.syncDuration.WithLabelValues("").Observe(took.Seconds())
 		m.lastSync.WithLabelValues("").Set(float64(at.UnixNano()) / 1e9)
 	}
+}
+
+// servedFamilies are the IP families the proxy serves, for /healthz's
+// status: those SetFamilies named, or both for a plane that applies a
+// state whole (userspace mode serves both).
+func (m *Metrics) servedFamilies() []string {
+	var out []string
+	for _, f := range m.families {
+		if f != "" {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return []string{"IPv4", "IPv6"}
+	}
+	return out
 }
 
 // SetFamilies names the IP families a kernel mode syncs apart ("IPv4",
@@ -421,7 +443,7 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	w.Header().Set("Content-Type", textContentType)
 	var out io.Writer = w
 	// A scrape by name of none of the ports' families is a few lines:
 	// not worth a compressor's state, about a megabyte at the fastest
@@ -503,9 +525,8 @@ func (m *Metrics) serveSLIs(w http.ResponseWriter, _ *http.Request) {
 			}
 		}
 	}
-	format := expfmt.NewFormat(expfmt.TypeTextPlain)
-	w.Header().Set("Content-Type", string(format))
-	enc := expfmt.NewEncoder(w, format)
+	w.Header().Set("Content-Type", textContentType)
+	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {
 		if err := enc.Encode(mf); err != nil {
 			return // the scraper is gone

@@ -27,8 +27,9 @@ type Endpoints struct {
 // HealthzHandler serves /healthz and /livez.
 func (e *Endpoints) HealthzHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/healthz", e.Health.handler(true, func(code int) { e.Metrics.healthz.WithLabelValues(codeLabel(code)).Inc() }))
-	mux.Handle("/livez", e.Health.handler(false, func(code int) { e.Metrics.livez.WithLabelValues(codeLabel(code)).Inc() }))
+	families := e.Metrics.servedFamilies()
+	mux.Handle("/healthz", e.Health.handler(true, families, func(code int) { e.Metrics.healthz.WithLabelValues(codeLabel(code)).Inc() }))
+	mux.Handle("/livez", e.Health.handler(false, families, func(code int) { e.Metrics.livez.WithLabelValues(codeLabel(code)).Inc() }))
 	return mux
 }
 

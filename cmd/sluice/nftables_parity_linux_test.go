@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -51,7 +52,7 @@ type parityBed struct {
 	// What each answered on its two servers' paths (surfacePaths), and
 	// on /configz (configzOf) and /metrics/slis (seriesWithoutValues),
 	// kube-proxy's first.
-	upstreamSurface, ourSurface map[string]int
+	upstreamSurface, ourSurface map[string]string
 	configz, slis               []string
 	// The Kubernetes Events each recorded (events), kube-proxy's first.
 	upstreamEvents, ourEvents []string
@@ -101,9 +102,9 @@ var surfacePaths = []struct{ server, path string }{
 }
 
 // surface returns what the running proxy's servers answer on surfacePaths.
-func (b *parityBed) surface(t *testing.T) map[string]int {
+func (b *parityBed) surface(t *testing.T) map[string]string {
 	t.Helper()
-	out := map[string]int{}
+	out := map[string]string{}
 	for _, p := range surfacePaths {
 		addr := b.metrics
 		if p.server == "healthz" {
@@ -115,7 +116,19 @@ func (b *parityBed) surface(t *testing.T) map[string]int {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		out[p.server+" "+p.path] = resp.StatusCode
+		// The status, the content type, and the body's shape where it has
+		// one that does not change from run to run: /proxyMode's and the
+		// metrics server's /healthz text, the health server's JSON keys.
+		shape := ""
+		switch {
+		case p.path == "/proxyMode" || p.server == "metrics" && p.path == "/healthz":
+			shape = " " + string(body)
+		case p.server == "healthz" && resp.StatusCode == http.StatusOK:
+			var keys map[string]any
+			json.Unmarshal(body, &keys)
+			shape = " " + strings.Join(slices.Sorted(maps.Keys(keys)), ",")
+		}
+		out[p.server+" "+p.path] = fmt.Sprintf("%d %s%s", resp.StatusCode, resp.Header.Get("Content-Type"), shape)
 		switch {
 		case p.path == "/configz" && resp.StatusCode == http.StatusOK:
 			b.configz = append(b.configz, configzOf(t, body))
@@ -173,7 +186,7 @@ func (b *parityBed) checkSurface(t *testing.T) {
 	for _, p := range surfacePaths {
 		k := p.server + " " + p.path
 		if b.upstreamSurface[k] != b.ourSurface[k] {
-			t.Errorf("%s server, %s: kube-proxy answers %d, sluice %d", p.server, p.path, b.upstreamSurface[k], b.ourSurface[k])
+			t.Errorf("%s server, %s: kube-proxy answers %q, sluice %q", p.server, p.path, b.upstreamSurface[k], b.ourSurface[k])
 		}
 	}
 }
