@@ -46,10 +46,10 @@ var version = "v0.1.0-dev"
 const kubeProxyCompat = "v1.34"
 
 // main runs until SIGTERM, SIGINT or SIGHUP, each of which drains up to
-// --drain-timeout and exits 0. SIGHUP drains rather than reloads: sluice
-// has no configuration to re-read that it does not already watch (the
-// manifests, the API, --config with --config-sync-period), and Go's default
-// for it, an exit at once, cut streaming clients with what looked to them
+// --drain-timeout and exits 0. SIGHUP drains rather than reloads: the
+// manifests and the API are watched, and a rewritten --config file ends
+// the process as it ends kube-proxy (configWatch); Go's default for
+// SIGHUP, an exit at once, cut streaming clients with what looked to them
 // like a clean end of their data.
 func main() {
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -90,6 +90,9 @@ func signalName(ctx context.Context) string {
 		return s.String()
 	case serviceStopped:
 		return s.Error()
+	}
+	if errors.Is(context.Cause(ctx), errConfigChanged) {
+		return "none: the --config file changed"
 	}
 	return ""
 }
@@ -189,6 +192,23 @@ func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdou
 	if err := prepareProcess(cfg, log); err != nil {
 		log.Warn("process setup", "err", err)
 	}
+	if cfg.ConfigFile != "" {
+		// The configuration as parsed, before this process adjusts it, is
+		// what a rewritten file is compared with.
+		running, _, _ := config.Parse(args)
+		watched, stopWatch := context.WithCancelCause(ctx)
+		defer stopWatch(nil)
+		watch := configWatch{path: cfg.ConfigFile, log: log, after: time.After, parse: func() (*config.Config, error) {
+			c, _, err := config.Parse(args)
+			return c, err
+		}}
+		go func() {
+			if err := watch.run(watched, running, func() { stopWatch(errConfigChanged) }); err != nil {
+				log.Warn("cannot watch the --config file; a change will be read at the next restart", "path", cfg.ConfigFile, "err", err)
+			}
+		}()
+		ctx = watched
+	}
 	cfg.HandoverSocket = handoverPath(cfg.HandoverSocket, args)
 	if err := serve(ctx, cfg, log, stdout); err != nil {
 		var rej manifestsRejected
@@ -204,6 +224,10 @@ func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdou
 		}
 		log.Error(err.Error())
 		return 1
+	}
+	if errors.Is(context.Cause(ctx), errConfigChanged) {
+		log.Error(errConfigChanged.Error(), "path", cfg.ConfigFile)
+		return 1 // as kube-proxy: its supervisor starts it again
 	}
 	return 0
 }
