@@ -197,16 +197,18 @@ func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdou
 		// what a rewritten file is compared with.
 		running, _, _ := config.Parse(args)
 		watched, stopWatch := context.WithCancelCause(ctx)
-		defer stopWatch(nil)
 		watch := configWatch{path: cfg.ConfigFile, log: log, after: time.After, parse: func() (*config.Config, error) {
 			c, _, err := config.Parse(args)
 			return c, err
 		}}
+		watching := make(chan struct{})
 		go func() {
+			defer close(watching)
 			if err := watch.run(watched, running, func() { stopWatch(errConfigChanged) }); err != nil {
 				log.Warn("cannot watch the --config file; a change will be read at the next restart", "path", cfg.ConfigFile, "err", err)
 			}
 		}()
+		defer func() { stopWatch(nil); <-watching }()
 		ctx = watched
 	}
 	cfg.HandoverSocket = handoverPath(cfg.HandoverSocket, args)
