@@ -379,6 +379,22 @@ func (m *Metrics) EventLoopRings(loops func() int, failures func() int64, ops fu
 			func() float64 { return float64(failures()) }))
 }
 
+// EventLoops exports how many event loops the engine runs
+// (sluice_eventloop_loops) and, when the cgroup's CPU limit sized them,
+// that limit (sluice_cpu_limit_cores), for `sluice status` and dashboards.
+func (m *Metrics) EventLoops(loops int, cpuLimit float64) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_eventloop_loops",
+		Help: "Event loops (threads) serving connections: one per CPU unless --event-loops says otherwise, and no more than the cgroup CPU limit rounded up."})
+	g.Set(float64(loops))
+	m.Registry.MustRegister(g)
+	if cpuLimit > 0 {
+		l := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_cpu_limit_cores",
+			Help: "The cgroup CPU limit (quota over period) read at start-up, which bounds the default number of event loops."})
+		l.Set(cpuLimit)
+		m.Registry.MustRegister(l)
+	}
+}
+
 // SCTPSkipped sets how many SCTP service ports are not served.
 func (m *Metrics) SCTPSkipped(n int) { m.sctpSkipped.Set(float64(n)) }
 

@@ -24,12 +24,19 @@ func TestEventLoopsFollowTheCgroupCPULimit(t *testing.T) {
 	procs := quotaCgroup(t, 50000, 100000)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), "apiVersion: v1\nkind: List\nitems: []\n")
-	args := []string{"--manifests", dir, "--userspace-capture=none", "--healthz-bind-address=", "--metrics-bind-address=",
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
+	args := []string{"--manifests", dir, "--userspace-capture=none", "--healthz-bind-address=", "--metrics-bind-address=" + metrics,
 		"--handover-socket", filepath.Join(t.TempDir(), "handover.sock")}
 	// The shell joins the cgroup, then becomes sluice: no thread of
 	// sluice ever runs outside it.
 	p := startCmd(t, exec.Command("sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, procs, sluiceBin}, args...)...))
 	p.waitLog("userspace engine", "loops=1 ", "cpuLimit=0.5")
+	p.waitLog("state applied")
+	// `sluice status` says so too.
+	out, err := exec.Command(sluiceBin, "status", "--rate-interval=0", "--metrics-bind-address="+metrics).CombinedOutput()
+	if want := "\nevent loops: 1 (the cgroup CPU limit, 0.5 CPUs, rounded up, bounds them)\n"; err != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("sluice status (%v) lacks %q:\n%s", err, want, out)
+	}
 }
 
 // quotaCgroup makes a cgroup held to quota/period of a CPU (cgroup v2's

@@ -390,6 +390,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 				}
 				metrics.EventLoopRings(r.IOUringLoops, r.IOUringFailures, r.IOUringOps)
 			}
+			metrics.EventLoops(l.Loops(), cpuLimit)
 			attrs := []any{"engine", engine.Name(), "loops", l.Loops(), "busyPoll", cfg.BusyPoll, "ioUring", ioUring}
 			if cpuLimit > 0 {
 				attrs = append(attrs, "cpuLimit", cpuLimit)

@@ -131,9 +131,20 @@ type instanceStatus struct {
 	// LastSync is the newest sync time per IP family ("" for a mode that
 	// applies a state whole).
 	LastSync map[string]time.Time `json:"lastSync"`
+	// EventLoops is the event loop engine's loop count and the CPU limit
+	// that sized it (absent with the goroutine engine and in the kernel
+	// modes).
+	EventLoops *eventLoopStatus `json:"eventLoops,omitempty"`
 	// IOUring is the event loop engine's io_uring state (absent with the
 	// goroutine engine and in the kernel modes).
 	IOUring *ioUringStatus `json:"ioUring,omitempty"`
+}
+
+// eventLoopStatus is how many event loops serve, and the cgroup CPU limit
+// read at start-up when there is one.
+type eventLoopStatus struct {
+	Loops    float64 `json:"loops"`
+	CPULimit float64 `json:"cpuLimit,omitempty"`
 }
 
 // ioUringStatus is how many event loops batch their reads and writes on
@@ -214,6 +225,12 @@ func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
 	for _, m := range metricsOf(families, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
 		sec, frac := math.Modf(m.GetGauge().GetValue())
 		st.LastSync[label(m, "ip_family")] = time.Unix(int64(sec), int64(frac*1e9))
+	}
+	if loops := metricsOf(families, "sluice_eventloop_loops"); len(loops) == 1 {
+		st.EventLoops = &eventLoopStatus{Loops: loops[0].GetGauge().GetValue()}
+		if l := metricsOf(families, "sluice_cpu_limit_cores"); len(l) == 1 {
+			st.EventLoops.CPULimit = l[0].GetGauge().GetValue()
+		}
 	}
 	if loops := metricsOf(families, "sluice_eventloop_io_uring_loops"); len(loops) == 1 {
 		st.IOUring = &ioUringStatus{Loops: loops[0].GetGauge().GetValue()}
@@ -302,6 +319,13 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 		}
 		fmt.Fprintln(w, "  (the rules themselves: iptables-save, nft list table ip kube-proxy, ipvsadm -Ln)")
 		return
+	}
+	if l := st.EventLoops; l != nil {
+		fmt.Fprintf(w, "event loops: %g", l.Loops)
+		if l.CPULimit > 0 {
+			fmt.Fprintf(w, " (the cgroup CPU limit, %g CPUs, rounded up, bounds them)", l.CPULimit)
+		}
+		fmt.Fprintln(w)
 	}
 	if r := st.IOUring; r != nil {
 		switch {

@@ -84,6 +84,7 @@ subsets:
 	text := string(out)
 	for _, want := range []string{
 		"userspace mode; state applied ",
+		fmt.Sprintf("\nevent loops: %d\n", loops),
 		ringLine,
 		"2 service ports\n",
 		"TCP  e2e/web:http  active 0, connections 4 (0.0/s), retried 1, failed connects 1, refused 0, errors 0.0/s\n",
@@ -102,7 +103,8 @@ subsets:
 	var st instanceStatus
 	if err != nil || json.Unmarshal(out, &st) != nil || st.Mode != "userspace" || len(st.Ports) != 2 || st.Ports[1].Connections != 4 ||
 		len(st.Ports[1].Ejected) != 1 || len(st.Ports[1].States) != 3 || st.Ports[0].States[0].Pinned != 1 || st.Ports[1].ConnRate == nil ||
-		st.IOUring == nil || st.IOUring.Loops != float64(ringLoops) || st.IOUring.Failures != 0 {
+		st.IOUring == nil || st.IOUring.Loops != float64(ringLoops) || st.IOUring.Failures != 0 ||
+		st.EventLoops == nil || st.EventLoops.Loops != float64(loops) {
 		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
 	}
 	// --watch prints again until interrupted.
@@ -161,6 +163,31 @@ func TestStatusRatesFromTwoSamples(t *testing.T) {
 	if !strings.Contains(buf.String(), "connections 300 (100.0/s), retried 0, failed connects 3, refused 2, errors 2.0/s\n") ||
 		!strings.Contains(buf.String(), "connections 10, retried 0, failed connects 0, refused 0\n") {
 		t.Fatalf("printed:\n%s", buf.String())
+	}
+}
+
+// The event loops' line gives the CPU limit that bounded their number
+// when there is one.
+func TestStatusGivesTheLoopsAndTheCPULimit(t *testing.T) {
+	for _, c := range []struct {
+		loops *eventLoopStatus
+		want  string
+	}{
+		{&eventLoopStatus{Loops: 2}, "event loops: 2\n"},
+		{&eventLoopStatus{Loops: 1, CPULimit: 0.5}, "event loops: 1 (the cgroup CPU limit, 0.5 CPUs, rounded up, bounds them)\n"},
+		{nil, ""},
+	} {
+		st := &instanceStatus{Address: "http://127.0.0.1:10249", Mode: "userspace", LastSync: map[string]time.Time{}, EventLoops: c.loops}
+		var out strings.Builder
+		st.print(&out, time.Now())
+		lines := strings.SplitAfter(out.String(), "\n")
+		got := ""
+		if len(lines) > 1 && strings.HasPrefix(lines[1], "event loops") {
+			got = lines[1]
+		}
+		if got != c.want {
+			t.Errorf("%+v: line %q, want %q; all:\n%s", c.loops, got, c.want, out.String())
+		}
 	}
 }
 
