@@ -24,18 +24,21 @@ type kubeEvents struct {
 	broadcaster events.EventBroadcaster
 	recorder    events.EventRecorder
 	node        string
+	done        chan struct{} // closed by stop: ends the broadcaster's series refreshers
 }
 
 // newKubeEvents starts recording to client's API for node.
 func newKubeEvents(client kubernetes.Interface, node string) *kubeEvents {
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	b.StartRecordingToSink(nil)
-	return &kubeEvents{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, "kube-proxy"), node: node}
+	done := make(chan struct{})
+	b.StartRecordingToSink(done)
+	return &kubeEvents{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, "kube-proxy"), node: node, done: done}
 }
 
 // stop sends what is queued, as far as the broadcaster does, and stops.
 func (k *kubeEvents) stop() {
 	if k != nil {
+		close(k.done)
 		k.broadcaster.Shutdown()
 	}
 }
