@@ -905,6 +905,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		if o.rec != nil {
 			o.rec.objects += len(pending)
 		}
+		clear(pending) // the list is kept for the next file's: it must keep no decoding alive
 		pending = pending[:0]
 	}
 	doc := 1
