@@ -166,55 +166,35 @@ func TestStatusRatesFromTwoSamples(t *testing.T) {
 	}
 }
 
-// The event loops' line gives the CPU limit that bounded their number
-// when there is one.
-func TestStatusGivesTheLoopsAndTheCPULimit(t *testing.T) {
+// The engine's lines: the event loops, with the CPU limit that bounded
+// their number when there is one; and io_uring, saying when the loops make
+// plain syscalls, and when a ring was given up since start-up (its batch's
+// connections reset). A status without the engine's figures (the goroutine
+// engine, a kernel mode) has neither line.
+func TestStatusGivesTheEngine(t *testing.T) {
 	for _, c := range []struct {
 		loops *eventLoopStatus
+		ring  *ioUringStatus
 		want  string
 	}{
-		{&eventLoopStatus{Loops: 2}, "event loops: 2\n"},
-		{&eventLoopStatus{Loops: 1, CPULimit: 0.5}, "event loops: 1 (the cgroup CPU limit, 0.5 CPUs, rounded up, bounds them)\n"},
-		{nil, ""},
+		{&eventLoopStatus{Loops: 4}, &ioUringStatus{Loops: 4}, "event loops: 4\nio_uring: 4 event loops batch their reads and writes on it\n"},
+		{&eventLoopStatus{Loops: 1, CPULimit: 0.5}, &ioUringStatus{Loops: 0},
+			"event loops: 1 (the cgroup CPU limit, 0.5 CPUs, rounded up, bounds them)\nio_uring: off, a syscall per read and write (the start-up log says why)\n"},
+		{&eventLoopStatus{Loops: 3}, &ioUringStatus{Loops: 3, Failures: 1},
+			"event loops: 3\nio_uring: 3 event loops batch on it; 1 gave it up after a failed io_uring_enter (see the log)\n"},
+		{nil, nil, ""},
 	} {
-		st := &instanceStatus{Address: "http://127.0.0.1:10249", Mode: "userspace", LastSync: map[string]time.Time{}, EventLoops: c.loops}
+		st := &instanceStatus{Address: "http://127.0.0.1:10249", Mode: "userspace", LastSync: map[string]time.Time{}, EventLoops: c.loops, IOUring: c.ring}
 		var out strings.Builder
 		st.print(&out, time.Now())
-		lines := strings.SplitAfter(out.String(), "\n")
 		got := ""
-		if len(lines) > 1 && strings.HasPrefix(lines[1], "event loops") {
-			got = lines[1]
+		for _, l := range strings.SplitAfter(out.String(), "\n") {
+			if strings.HasPrefix(l, "event loops") || strings.HasPrefix(l, "io_uring") {
+				got += l
+			}
 		}
 		if got != c.want {
-			t.Errorf("%+v: line %q, want %q; all:\n%s", c.loops, got, c.want, out.String())
-		}
-	}
-}
-
-// The io_uring line says when the loops make plain syscalls, and when a
-// ring was given up since start-up (its batch's connections reset); a
-// status without the engine's figures (the goroutine engine, a kernel
-// mode) has no such line.
-func TestStatusSaysWhenIOUringIsOffOrGivenUp(t *testing.T) {
-	for _, c := range []struct {
-		ring *ioUringStatus
-		want string
-	}{
-		{&ioUringStatus{Loops: 4}, "io_uring: 4 event loops batch their reads and writes on it\n"},
-		{&ioUringStatus{Loops: 0}, "io_uring: off, a syscall per read and write (the start-up log says why)\n"},
-		{&ioUringStatus{Loops: 3, Failures: 1}, "io_uring: 3 event loops batch on it; 1 gave it up after a failed io_uring_enter (see the log)\n"},
-		{nil, ""},
-	} {
-		st := &instanceStatus{Address: "http://127.0.0.1:10249", Mode: "userspace", LastSync: map[string]time.Time{}, IOUring: c.ring}
-		var out strings.Builder
-		st.print(&out, time.Now())
-		lines := strings.SplitAfter(out.String(), "\n")
-		got := ""
-		if len(lines) > 1 && strings.HasPrefix(lines[1], "io_uring") {
-			got = lines[1]
-		}
-		if got != c.want {
-			t.Errorf("%+v: io_uring line %q, want %q; all:\n%s", c.ring, got, c.want, out.String())
+			t.Errorf("%+v %+v: lines %q, want %q; all:\n%s", c.loops, c.ring, got, c.want, out.String())
 		}
 	}
 }
