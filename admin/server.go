@@ -45,7 +45,7 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		// kube-proxy's metrics server checks "ping" alone, and records it
 		// for /metrics/slis.
-		e.Metrics.observeHealthcheck("ping", "healthz", true)
+		e.Metrics.observeHealthcheck("ping", "healthz")
 		fmt.Fprint(w, "ok")
 	})
 	mux.HandleFunc("/metrics/slis", e.Metrics.serveSLIs)

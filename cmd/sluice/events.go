@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -62,5 +61,5 @@ func (k *kubeEvents) healthCheckFailed(err error) {
 	nsn := hc.Namespace + "/" + hc.Name
 	ref := &corev1.ObjectReference{Kind: "Service", Namespace: hc.Namespace, Name: hc.Name, UID: types.UID(nsn)}
 	k.recorder.Eventf(ref, nil, corev1.EventTypeWarning, "FailedToStartServiceHealthcheck", "Listen",
-		"%s", fmt.Sprintf("node %s failed to start healthcheck %q on port %d: %v", k.node, nsn, hc.Port, hc.Err))
+		"node %s failed to start healthcheck %q on port %d: %v", k.node, nsn, hc.Port, hc.Err)
 }

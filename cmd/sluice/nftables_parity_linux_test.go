@@ -16,9 +16,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/sluice-proxy/sluice/config"
 	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
@@ -59,36 +61,44 @@ type parityBed struct {
 }
 
 // events returns the Events the proxy that ran recorded (its "Starting"
-// on the Node, waited for: Events are sent in the background), each as
-// "type reason action regarding by controller/instance", sorted, and
-// deletes them for the next one.
+// on the Node, waited for on a watch: Events are sent in the background),
+// each as "type reason action regarding by controller/instance", sorted,
+// and deletes them for the next one.
 func (b *parityBed) events(t *testing.T) []string {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		list, err := b.e.client.EventsV1().Events("").List(ctx, metav1.ListOptions{})
-		if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a safety net, never a synchronisation
+	defer cancel()
+	// A watch from no version starts with every Event there is.
+	w, err := b.e.client.EventsV1().Events("").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for started := false; !started; {
+		ev, ok := <-w.ResultChan()
+		if !ok {
+			break // the safety net: the comparison names what is missing
+		}
+		if e, isEvent := ev.Object.(*eventsv1.Event); isEvent && ev.Type == watch.Added {
+			started = e.Reason == "Starting"
+		}
+	}
+	w.Stop()
+	list, err := b.e.client.EventsV1().Events("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range list.Items {
+		r := ev.Regarding
+		out = append(out, fmt.Sprintf("%s %s %s %s %s/%s by %s/%s", ev.Type, ev.Reason, ev.Action, r.Kind, r.Namespace, r.Name, ev.ReportingController, ev.ReportingInstance))
+	}
+	for _, ns := range []string{"default", "kube-system"} {
+		if err := b.e.client.EventsV1().Events(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		var out []string
-		started := false
-		for _, ev := range list.Items {
-			r := ev.Regarding
-			out = append(out, fmt.Sprintf("%s %s %s %s %s/%s by %s/%s", ev.Type, ev.Reason, ev.Action, r.Kind, r.Namespace, r.Name, ev.ReportingController, ev.ReportingInstance))
-			started = started || ev.Reason == "Starting"
-		}
-		if started || time.Now().After(deadline) {
-			for _, ns := range []string{"default", "kube-system"} {
-				if err := b.e.client.EventsV1().Events(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			slices.Sort(out)
-			return out
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	slices.Sort(out)
+	return out
 }
 
 // surfacePaths are the paths a kube-proxy's metrics and health servers may
