@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,8 +53,12 @@ type Config struct {
 	InitOnly      bool
 	Version       string // "" (not asked), "true" or "raw"
 	Master        string
-	HealthzPort   int32 // deprecated --healthz-port; 0 means unset
-	MetricsPort   int32 // deprecated --metrics-port; 0 means unset
+	// HealthzPort and MetricsPort are the deprecated --healthz-port and
+	// --metrics-port (kube-proxy's defaults, 10256 and 10249): without
+	// --config, the port of a bind address given as an IP alone, and 0
+	// turns the server off.
+	HealthzPort int32
+	MetricsPort int32
 
 	// Legacy userspace knobs that left KubeProxyConfiguration.
 	UDPTimeout time.Duration
@@ -140,8 +145,12 @@ func Defaults() *Config {
 			SyncPeriod:         dur(30 * time.Second),
 			MinSyncPeriod:      dur(time.Second),
 		},
+		// kube-proxy's command line gives IPVS mode the same minimum as
+		// the others (its flag defaults to the one internal period, 1s); a
+		// file's ipvs section is not defaulted (setKubeProxyDefaults).
 		IPVS: kpv1alpha1.KubeProxyIPVSConfiguration{
-			SyncPeriod: dur(30 * time.Second),
+			SyncPeriod:    dur(30 * time.Second),
+			MinSyncPeriod: dur(time.Second),
 		},
 		NFTables: kpv1alpha1.KubeProxyNFTablesConfiguration{
 			MasqueradeBit: i32(14),
@@ -155,12 +164,15 @@ func Defaults() *Config {
 			TCPCloseWaitTimeout:   &metav1.Duration{Duration: time.Hour},
 		},
 	}
+	kp.Logging.FlushFrequency = logsapi.TimeOrMetaDuration{Duration: dur(5 * time.Second), SerializeAsString: true}
 	kp.ClientConnection.ContentType = "application/vnd.kubernetes.protobuf"
 	kp.ClientConnection.AcceptContentTypes = ""
 	kp.ClientConnection.QPS = 5
 	kp.ClientConnection.Burst = 10
 	return &Config{
 		KubeProxy:         kp,
+		HealthzPort:       10256,
+		MetricsPort:       10249,
 		UDPTimeout:        250 * time.Millisecond,
 		Engine:            defaultEngine(),
 		IPTablesBackend:   "auto",
@@ -341,6 +353,9 @@ func setKubeProxyDefaults(kp, def *kpv1alpha1.KubeProxyConfiguration) {
 	if kp.FeatureGates == nil {
 		kp.FeatureGates = map[string]bool{}
 	}
+	if kp.Logging.FlushFrequency.Duration.Duration == 0 {
+		kp.Logging.FlushFrequency = def.Logging.FlushFrequency
+	}
 }
 
 // withDefaultPort is kube-proxy's handling of the healthz and metrics
@@ -395,6 +410,9 @@ func (p *problems) add(flag, field string, value any, format string, a ...any) {
 	*p = append(*p, fmt.Errorf("invalid value %q for %s: %s", fmt.Sprint(value), name, fmt.Sprintf(format, a...)))
 }
 
+// validIPPort is kube-proxy's validateHostPort (an IP as kube-proxy parses
+// it, and a port), except that sluice also takes "" (the server off) and
+// port 0 (an ephemeral one), which kube-proxy refuses.
 func validIPPort(s string) error {
 	if s == "" {
 		return nil // disabled
@@ -403,15 +421,18 @@ func validIPPort(s string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := netip.ParseAddr(host); err != nil {
+	if _, ok := parseIPSloppy(host); !ok {
 		return fmt.Errorf("%q is not an IP address", host)
 	}
-	var n int
-	if _, err := fmt.Sscanf(port, "%d", &n); err != nil || n < 0 || n > 65535 || fmt.Sprint(n) != port {
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return fmt.Errorf("%q is not a port 0-65535", port)
 	}
 	return nil
 }
+
+// NodePortAddressesPrimary is the --nodeport-addresses value for the
+// node's primary addresses.
+const NodePortAddressesPrimary = "primary"
 
 var ipvsSchedulers = []string{"", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"}
 
@@ -422,7 +443,7 @@ func (c *Config) Validate() error {
 	if !slices.Contains(modes, c.Mode()) {
 		p.add("proxy-mode", "mode", kp.Mode, "want one of %s", strings.Join(modes, ", "))
 	}
-	if _, err := netip.ParseAddr(kp.BindAddress); err != nil {
+	if _, ok := parseIPSloppy(kp.BindAddress); !ok {
 		p.add("bind-address", "bindAddress", kp.BindAddress, "not an IP address")
 	}
 	if err := validIPPort(kp.HealthzBindAddress); err != nil {
@@ -431,19 +452,26 @@ func (c *Config) Validate() error {
 	if err := validIPPort(kp.MetricsBindAddress); err != nil {
 		p.add("metrics-bind-address", "metricsBindAddress", kp.MetricsBindAddress, "%v (want IP:port, or empty to disable)", err)
 	}
-	for _, d := range []struct {
+	// As in kube-proxy, a section is checked only in the mode that uses
+	// it: the sync periods of the mode's own section, the IPVS settings in
+	// IPVS mode, the nftables masquerade bit in nftables mode.
+	type period struct {
 		flag, field string
 		v           time.Duration
 		zeroOK      bool
-	}{
+	}
+	syncFlag, syncField, minFlag, minField := "iptables-sync-period", "iptables.syncPeriod", "iptables-min-sync-period", "iptables.minSyncPeriod"
+	switch c.Mode() {
+	case ModeIPVS:
+		syncFlag, syncField, minFlag, minField = "ipvs-sync-period", "ipvs.syncPeriod", "ipvs-min-sync-period", "ipvs.minSyncPeriod"
+	case ModeNFTables:
+		syncField, minField = "nftables.syncPeriod", "nftables.minSyncPeriod"
+	}
+	sync, minSync := c.SyncPeriods()
+	periods := []period{
 		{"config-sync-period", "configSyncPeriod", kp.ConfigSyncPeriod.Duration, false},
-		{"iptables-sync-period", "iptables.syncPeriod", kp.IPTables.SyncPeriod.Duration, false},
-		{"iptables-min-sync-period", "iptables.minSyncPeriod", kp.IPTables.MinSyncPeriod.Duration, true},
-		{"ipvs-sync-period", "ipvs.syncPeriod", kp.IPVS.SyncPeriod.Duration, false},
-		{"ipvs-min-sync-period", "ipvs.minSyncPeriod", kp.IPVS.MinSyncPeriod.Duration, true},
-		{"ipvs-tcp-timeout", "ipvs.tcpTimeout", kp.IPVS.TCPTimeout.Duration, true},
-		{"ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", kp.IPVS.TCPFinTimeout.Duration, true},
-		{"ipvs-udp-timeout", "ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration, true},
+		{syncFlag, syncField, sync, false},
+		{minFlag, minField, minSync, true},
 		{"conntrack-udp-timeout", "conntrack.udpTimeout", kp.Conntrack.UDPTimeout.Duration, true},
 		{"conntrack-udp-timeout-stream", "conntrack.udpStreamTimeout", kp.Conntrack.UDPStreamTimeout.Duration, true},
 		{"udp-timeout", "", c.UDPTimeout, false},
@@ -452,7 +480,20 @@ func (c *Config) Validate() error {
 		{"eject-max-backoff", "", c.EjectMaxBackoff, true},
 		{"drain-timeout", "", c.DrainTimeout, true},
 		{"manifest-coalesce", "", c.ManifestCoalesce, false},
-	} {
+	}
+	if d := kp.Conntrack.TCPEstablishedTimeout; d != nil {
+		periods = append(periods, period{"conntrack-tcp-timeout-established", "conntrack.tcpEstablishedTimeout", d.Duration, true})
+	}
+	if d := kp.Conntrack.TCPCloseWaitTimeout; d != nil {
+		periods = append(periods, period{"conntrack-tcp-timeout-close-wait", "conntrack.tcpCloseWaitTimeout", d.Duration, true})
+	}
+	if c.Mode() == ModeIPVS {
+		periods = append(periods,
+			period{"ipvs-tcp-timeout", "ipvs.tcpTimeout", kp.IPVS.TCPTimeout.Duration, true},
+			period{"ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", kp.IPVS.TCPFinTimeout.Duration, true},
+			period{"ipvs-udp-timeout", "ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration, true})
+	}
+	for _, d := range periods {
 		if d.v < 0 || (d.v == 0 && !d.zeroOK) {
 			want := "must be greater than 0"
 			if d.zeroOK {
@@ -461,11 +502,14 @@ func (c *Config) Validate() error {
 			p.add(d.flag, d.field, d.v, "%s", want)
 		}
 	}
-	if kp.IPTables.MinSyncPeriod.Duration > kp.IPTables.SyncPeriod.Duration {
-		p.add("iptables-min-sync-period", "iptables.minSyncPeriod", kp.IPTables.MinSyncPeriod.Duration, "must not exceed --iptables-sync-period (%s)", kp.IPTables.SyncPeriod.Duration)
+	if minSync > sync {
+		p.add(minFlag, minField, minSync, "must not exceed the sync period, --%s (config field %s): %s", syncFlag, syncField, sync)
 	}
 	if b := kp.IPTables.MasqueradeBit; b != nil && (*b < 0 || *b > 31) {
 		p.add("iptables-masquerade-bit", "iptables.masqueradeBit", *b, "must be within [0, 31]")
+	}
+	if b := kp.NFTables.MasqueradeBit; c.Mode() == ModeNFTables && b != nil && (*b < 0 || *b > 31) {
+		p.add("iptables-masquerade-bit", "nftables.masqueradeBit", *b, "must be within [0, 31]")
 	}
 	if o := kp.OOMScoreAdj; o != nil && (*o < -1000 || *o > 1000) {
 		p.add("oom-score-adj", "oomScoreAdj", *o, "must be within [-1000, 1000]")
@@ -479,38 +523,49 @@ func (c *Config) Validate() error {
 	if c.ManifestMaxBytes < 0 {
 		p.add("manifest-max-bytes", "", c.ManifestMaxBytes, "must not be negative (0: no limit)")
 	}
-	if kp.ClientConnection.QPS < 0 {
-		p.add("kube-api-qps", "clientConnection.qps", kp.ClientConnection.QPS, "must not be negative")
-	}
 	if kp.ClientConnection.Burst < 0 {
 		p.add("kube-api-burst", "clientConnection.burst", kp.ClientConnection.Burst, "must not be negative")
 	}
-	if kp.ClusterCIDR != "" {
+	// kube-proxy checks the cluster CIDRs only where it uses them, in
+	// ClusterCIDR mode: one CIDR, or a pair of two families.
+	if (kp.ClusterCIDR != "" || slices.Contains(c.Changed, "cluster-cidr")) && kp.DetectLocalMode == "ClusterCIDR" {
 		cidrs := strings.Split(kp.ClusterCIDR, ",")
+		var v4, v6 int
 		for _, s := range cidrs {
-			if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+			if c, ok := parseCIDRSloppy(s); !ok {
 				p.add("cluster-cidr", "clusterCIDR", kp.ClusterCIDR, "%q is not a CIDR", s)
+			} else if c.Addr().Is4() {
+				v4++
+			} else {
+				v6++
 			}
 		}
-		if len(cidrs) > 2 {
-			p.add("cluster-cidr", "clusterCIDR", kp.ClusterCIDR, "at most one CIDR per IP family")
+		if len(cidrs) > 2 || v4 > 1 || v6 > 1 {
+			p.add("cluster-cidr", "clusterCIDR", kp.ClusterCIDR, "want one CIDR, or a dual-stack pair (one per IP family)")
 		}
 	}
-	for _, s := range kp.NodePortAddresses {
-		if s == "primary" {
+	for i, s := range kp.NodePortAddresses {
+		if s == NodePortAddressesPrimary {
+			if len(kp.NodePortAddresses) > 1 {
+				p.add("nodeport-addresses", fmt.Sprintf("nodePortAddresses[%d]", i), s, "\"primary\" cannot be listed with CIDRs")
+			}
 			continue
 		}
-		if _, err := netip.ParsePrefix(s); err != nil {
-			p.add("nodeport-addresses", "nodePortAddresses", s, "not a CIDR or \"primary\"")
+		if _, ok := parseCIDRSloppy(s); !ok {
+			p.add("nodeport-addresses", fmt.Sprintf("nodePortAddresses[%d]", i), s, "not a CIDR or \"primary\"")
 		}
 	}
-	for _, s := range kp.IPVS.ExcludeCIDRs {
-		if _, err := netip.ParsePrefix(s); err != nil {
-			p.add("ipvs-exclude-cidrs", "ipvs.excludeCIDRs", s, "not a CIDR")
+	if c.Mode() == ModeIPVS {
+		for i, s := range kp.IPVS.ExcludeCIDRs {
+			if _, ok := parseCIDRSloppy(s); !ok {
+				p.add("ipvs-exclude-cidrs", fmt.Sprintf("ipvs.excludeCIDRs[%d]", i), s, "not a CIDR")
+			}
 		}
-	}
-	if !slices.Contains(ipvsSchedulers, kp.IPVS.Scheduler) {
-		p.add("ipvs-scheduler", "ipvs.scheduler", kp.IPVS.Scheduler, "want one of %s", strings.Join(ipvsSchedulers[1:], ", "))
+		// kube-proxy takes any name here, and then fails at start-up when
+		// the kernel refuses a virtual server with it (CanUseIPVSProxier).
+		if !slices.Contains(ipvsSchedulers, kp.IPVS.Scheduler) {
+			p.add("ipvs-scheduler", "ipvs.scheduler", kp.IPVS.Scheduler, "want one of %s", strings.Join(ipvsSchedulers[1:], ", "))
+		}
 	}
 	switch kp.DetectLocalMode {
 	case "", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
@@ -523,7 +578,9 @@ func (c *Config) Validate() error {
 	if kp.DetectLocalMode == "InterfaceNamePrefix" && kp.DetectLocal.InterfaceNamePrefix == "" {
 		p.add("pod-interface-name-prefix", "detectLocal.interfaceNamePrefix", "", "required when --detect-local-mode is InterfaceNamePrefix")
 	}
-	if _, err := ParsePortRange(kp.PortRange); err != nil {
+	// kube-proxy v1.34 has no use for portRange and takes anything there;
+	// userspace mode's proxy ports use it.
+	if _, err := ParsePortRange(kp.PortRange); err != nil && c.Mode() == ModeUserspace {
 		p.add("proxy-port-range", "portRange", kp.PortRange, "%v", err)
 	}
 	if c.HealthzPort < 0 || c.HealthzPort > 65535 {
@@ -602,25 +659,57 @@ func (c *Config) Validate() error {
 	return errors.Join(p...)
 }
 
-// HealthzAddress is --healthz-bind-address with the deprecated --healthz-port applied.
-func (c *Config) HealthzAddress() string {
-	return withPort(c.KubeProxy.HealthzBindAddress, c.HealthzPort)
+// canonicalise rewrites the addresses and CIDRs that only kube-proxy's
+// sloppy parsers take (010.0.0.1) into the text the rest of sluice reads.
+func (c *Config) canonicalise() {
+	kp := &c.KubeProxy
+	kp.BindAddress = canonicalIP(kp.BindAddress)
+	if kp.HealthzBindAddress != "" {
+		kp.HealthzBindAddress = canonicalHostPort(kp.HealthzBindAddress)
+	}
+	if kp.MetricsBindAddress != "" {
+		kp.MetricsBindAddress = canonicalHostPort(kp.MetricsBindAddress)
+	}
+	for i, s := range kp.NodePortAddresses {
+		kp.NodePortAddresses[i] = canonicalCIDR(s)
+	}
+	for i, s := range kp.IPVS.ExcludeCIDRs {
+		kp.IPVS.ExcludeCIDRs[i] = canonicalCIDR(s)
+	}
+	if kp.ClusterCIDR != "" {
+		cidrs := strings.Split(kp.ClusterCIDR, ",")
+		for i, s := range cidrs {
+			cidrs[i] = canonicalCIDR(s)
+		}
+		kp.ClusterCIDR = strings.Join(cidrs, ",")
+	}
 }
 
-// MetricsAddress is --metrics-bind-address with the deprecated --metrics-port applied.
-func (c *Config) MetricsAddress() string {
-	return withPort(c.KubeProxy.MetricsBindAddress, c.MetricsPort)
-}
+// HealthzAddress is where the health check server listens ("" for off).
+func (c *Config) HealthzAddress() string { return c.KubeProxy.HealthzBindAddress }
 
-func withPort(addr string, port int32) string {
-	if addr == "" || port == 0 {
+// MetricsAddress is where the metrics server listens ("" for off).
+func (c *Config) MetricsAddress() string { return c.KubeProxy.MetricsBindAddress }
+
+// addressFromDeprecatedFlags is kube-proxy's: port 0 turns the server off,
+// and an address given as an IP alone gets the port; an address with a
+// port keeps it (so --healthz-port=N alone changes nothing, as in
+// kube-proxy).
+func addressFromDeprecatedFlags(addr string, port int32) string {
+	if port == 0 {
+		return ""
+	}
+	if _, _, err := net.SplitHostPort(addr); err == nil {
 		return addr
 	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
+	a, ok := parseIPSloppy(addr)
+	if !ok {
+		return addr // validation names it
 	}
-	return net.JoinHostPort(host, fmt.Sprint(port))
+	if a.Is4() {
+		return fmt.Sprintf("%s:%d", addr, port)
+	}
+	return fmt.Sprintf("[%s]:%d", addr, port)
 }
 
 // LoggingAlphaOptions is the feature gate kube-proxy requires for its
@@ -643,9 +732,13 @@ func (c *Config) validateLogging(p *problems) {
 		{"log-json-split-stream", "logging.options.json.splitStream", l.Options.JSON.SplitStream, l.Options.JSON.SplitStream},
 		{"log-json-info-buffer-size", "logging.options.json.infoBufferSize", l.Options.JSON.InfoBufferSize.Value() != 0, quantity{&l.Options.JSON.InfoBufferSize}},
 	}
+	enable := fmt.Sprintf("--feature-gates=%s=true", LoggingAlphaOptions)
+	if c.ConfigFile != "" {
+		enable = fmt.Sprintf("featureGates: {%s: true} in --config %s (kube-proxy ignores --feature-gates with --config)", LoggingAlphaOptions, c.ConfigFile)
+	}
 	for _, g := range gated {
 		if g.set && !alpha {
-			p.add(g.flag, g.field, g.value, "feature %s is disabled: set --feature-gates=%s=true, as kube-proxy requires", LoggingAlphaOptions, LoggingAlphaOptions)
+			p.add(g.flag, g.field, g.value, "feature %s is disabled: set %s, as kube-proxy requires", LoggingAlphaOptions, enable)
 		}
 	}
 	if len(l.VModule) > 0 && c.LogFormat != "text" {

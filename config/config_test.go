@@ -51,7 +51,7 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		"--engine":                   {"--engine=turbo"},
 		"--userspace-capture":        {"--userspace-capture=magic"},
 		"--iptables-backend":         {"--iptables-backend=ebpf"},
-		"--ipvs-scheduler":           {"--ipvs-scheduler=fastest"},
+		"--ipvs-scheduler":           {"--ipvs-scheduler=fastest", "--proxy-mode=ipvs"},
 		"--iptables-min-sync-period": {"--iptables-min-sync-period=1m"},
 		"--feature-gates":            {"--feature-gates=Foo=maybe"},
 		"--connect-timeouts":         {"--connect-timeouts=-2s"},
@@ -90,7 +90,7 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 	}
 }
 
-func TestConfigFileWithFlagsOverridingIt(t *testing.T) {
+func TestConfigFileAndTheFlagsItHolds(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "kp.yaml")
 	os.WriteFile(file, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -109,8 +109,13 @@ iptables:
 	if c.KubeProxy.BindAddress != "127.0.0.1" || c.KubeProxy.PortRange != "30000-30100" || c.KubeProxy.IPTables.SyncPeriod.Duration != 45*time.Second {
 		t.Fatalf("file values not applied: %+v", c.KubeProxy)
 	}
-	if c.KubeProxy.MetricsBindAddress != "127.0.0.1:29249" {
-		t.Fatalf("explicit flag did not override the file: %s", c.KubeProxy.MetricsBindAddress)
+	// As in kube-proxy, a flag whose setting the file holds is ignored,
+	// with a warning naming it.
+	if c.KubeProxy.MetricsBindAddress != "127.0.0.1:19249" {
+		t.Fatalf("a flag the file holds overrode it: %s", c.KubeProxy.MetricsBindAddress)
+	}
+	if len(c.ConfigWarnings) != 1 || !strings.Contains(c.ConfigWarnings[0], "--metrics-bind-address: ignored") || !strings.Contains(c.ConfigWarnings[0], file) {
+		t.Fatalf("warnings %q, want one naming --metrics-bind-address and the file", c.ConfigWarnings)
 	}
 	if c.KubeProxy.HealthzBindAddress != "0.0.0.0:10256" {
 		t.Fatalf("default lost: %s", c.KubeProxy.HealthzBindAddress)
@@ -125,7 +130,7 @@ iptables:
 	if err != nil {
 		t.Fatalf("written config does not load: %v", err)
 	}
-	if again.KubeProxy.MetricsBindAddress != "127.0.0.1:29249" || again.KubeProxy.PortRange != "30000-30100" {
+	if again.KubeProxy.MetricsBindAddress != "127.0.0.1:19249" || again.KubeProxy.PortRange != "30000-30100" {
 		t.Fatalf("round trip lost values: %+v", again.KubeProxy)
 	}
 
@@ -159,13 +164,26 @@ func TestUnusedFlagsAreReportedPerMode(t *testing.T) {
 	}
 }
 
+// --healthz-port and --metrics-port are kube-proxy's: a port for a bind
+// address given as an IP alone, 0 for off, and nothing for an address
+// with a port (the default ones included).
 func TestDeprecatedPortsApply(t *testing.T) {
-	c, _, err := Parse([]string{"--healthz-port=12345", "--metrics-port=23456"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.HealthzAddress() != "0.0.0.0:12345" || c.MetricsAddress() != "127.0.0.1:23456" {
-		t.Fatalf("%s %s", c.HealthzAddress(), c.MetricsAddress())
+	for _, tc := range []struct {
+		args             []string
+		healthz, metrics string
+	}{
+		{[]string{"--healthz-port=12345", "--metrics-port=23456"}, "0.0.0.0:10256", "127.0.0.1:10249"},
+		{[]string{"--healthz-bind-address=10.0.0.1", "--metrics-bind-address=::1", "--healthz-port=12345", "--metrics-port=23456"}, "10.0.0.1:12345", "[::1]:23456"},
+		{[]string{"--healthz-bind-address=10.0.0.1", "--metrics-bind-address=::1"}, "10.0.0.1:10256", "[::1]:10249"},
+		{[]string{"--healthz-port=0", "--metrics-port=0"}, "", ""},
+	} {
+		c, _, err := Parse(tc.args)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if c.HealthzAddress() != tc.healthz || c.MetricsAddress() != tc.metrics {
+			t.Errorf("%v: %q %q, want %q %q", tc.args, c.HealthzAddress(), c.MetricsAddress(), tc.healthz, tc.metrics)
+		}
 	}
 }
 

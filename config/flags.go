@@ -209,7 +209,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.String("boot-id-file", "/proc/sys/kernel/random/boot_id", "Accepted for kube-proxy's command lines, and unused: kube-proxy takes it from a library it links (cAdvisor) and does not use it either.")
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "If true, remove everything any sluice mode installed in the kernel and exit.")
 	fs.StringVar(&kp.ClusterCIDR, "cluster-cidr", kp.ClusterCIDR, "The CIDR range of the pods in the cluster (a comma-separated dual-stack pair allowed).")
-	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file, optionally followed by a SluiceConfiguration (config.sluice-proxy.io/v1alpha1) document with sluice's own settings. Flags given on the command line override it.")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "The path to a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file, optionally followed by a SluiceConfiguration (config.sluice-proxy.io/v1alpha1) document with sluice's own settings. As in kube-proxy, the file's settings replace those of kube-proxy's flags (which are then ignored, with a warning), except the logging flags and --hostname-override and --master; sluice's own flags override the file.")
 	fs.DurationVar(&kp.ConfigSyncPeriod.Duration, "config-sync-period", kp.ConfigSyncPeriod.Duration, "How often configuration is re-read from its source. Must be greater than 0.")
 	fs.Int32Var(kp.Conntrack.MaxPerCore, "conntrack-max-per-core", *kp.Conntrack.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).")
 	fs.Int32Var(kp.Conntrack.Min, "conntrack-min", *kp.Conntrack.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.")
@@ -221,7 +221,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.Var(localMode{&kp.DetectLocalMode}, "detect-local-mode", "Mode to use to detect local traffic: ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix.")
 	fs.Var(mapStringBool{&kp.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates.")
 	fs.StringVar(&kp.HealthzBindAddress, "healthz-bind-address", kp.HealthzBindAddress, "The IP address with port for the health check server (empty to disable).")
-	fs.Int32Var(&c.HealthzPort, "healthz-port", c.HealthzPort, "The port of the health check server. Deprecated: use --healthz-bind-address.")
+	fs.Int32Var(&c.HealthzPort, "healthz-port", c.HealthzPort, "The port of the health check server when --healthz-bind-address is an IP alone; 0 turns it off. Ignored with --config, as by kube-proxy. Deprecated: use --healthz-bind-address.")
 	fs.StringVar(&kp.HostnameOverride, "hostname-override", kp.HostnameOverride, "If non-empty, this string identifies the node instead of the hostname.")
 	fs.BoolVar(&c.InitOnly, "init-only", c.InitOnly, "If true, perform any initialization steps that must be done with full root privileges, and then exit.")
 	fs.BoolVar(kp.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *kp.IPTables.LocalhostNodePorts, "If false, NodePort services are not reachable on localhost (iptables mode).")
@@ -240,7 +240,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&kp.ClientConnection.ContentType, "kube-api-content-type", kp.ClientConnection.ContentType, "Content type of requests sent to apiserver.")
 	fs.Float32Var(&kp.ClientConnection.QPS, "kube-api-qps", kp.ClientConnection.QPS, "QPS to use while talking with kubernetes apiserver.")
 	fs.StringVar(&kp.ClientConnection.Kubeconfig, "kubeconfig", kp.ClientConnection.Kubeconfig, "Path to kubeconfig file with authorization information.")
-	fs.Duration("log-flush-frequency", 5*time.Second, "Maximum number of seconds between log flushes (accepted; logs are unbuffered).")
+	fs.DurationVar(&kp.Logging.FlushFrequency.Duration.Duration, "log-flush-frequency", kp.Logging.FlushFrequency.Duration.Duration, "Maximum number of seconds between log flushes (logging.flushFrequency; taken and unused: sluice's log is unbuffered).")
 	fs.BoolVar(&kp.Logging.Options.JSON.SplitStream, "log-json-split-stream", kp.Logging.Options.JSON.SplitStream, "[Alpha] In JSON format, write error messages to stderr and the others to stdout. The default is one stream, on stderr. Enable the LoggingAlphaOptions feature gate to use this.")
 	fs.Var(quantity{&kp.Logging.Options.JSON.InfoBufferSize}, "log-json-info-buffer-size", "[Alpha] Accepted for kube-proxy's command lines (a quantity such as 64Ki); sluice does not buffer its log. Enable the LoggingAlphaOptions feature gate to use this.")
 	fs.BoolVar(&kp.Logging.Options.Text.SplitStream, "log-text-split-stream", kp.Logging.Options.Text.SplitStream, "[Alpha] In text format, write error messages to stderr and the others to stdout. The default is one stream, on stderr. Enable the LoggingAlphaOptions feature gate to use this.")
@@ -250,7 +250,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.BoolVar(&kp.IPTables.MasqueradeAll, "masquerade-all", kp.IPTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs (kernel modes).")
 	fs.StringVar(&c.Master, "master", c.Master, "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&kp.MetricsBindAddress, "metrics-bind-address", kp.MetricsBindAddress, "The IP address with port for the metrics server (empty to disable).")
-	fs.Int32Var(&c.MetricsPort, "metrics-port", c.MetricsPort, "The port of the metrics server. Deprecated: use --metrics-bind-address.")
+	fs.Int32Var(&c.MetricsPort, "metrics-port", c.MetricsPort, "The port of the metrics server when --metrics-bind-address is an IP alone; 0 turns it off (kube-proxy refuses 0). Ignored with --config, as by kube-proxy. Deprecated: use --metrics-bind-address.")
 	fs.StringSliceVar(&kp.NodePortAddresses, "nodeport-addresses", kp.NodePortAddresses, "A list of CIDR ranges that contain valid node IPs, or \"primary\". Empty means all local addresses.")
 	fs.Int32Var(kp.OOMScoreAdj, "oom-score-adj", *kp.OOMScoreAdj, "The oom-score-adj value for the process. Must be within [-1000, 1000].")
 	fs.StringVar(&kp.DetectLocal.BridgeInterface, "pod-bridge-interface", kp.DetectLocal.BridgeInterface, "A bridge interface name, used with --detect-local-mode=BridgeInterface.")
@@ -291,14 +291,51 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	return fs
 }
 
+// fileHoldsFlag lists kube-proxy's flags whose settings a --config file
+// holds: given with --config, kube-proxy v1.34 ignores them (its Complete
+// replaces the configuration the flags filled with the file's). The flags
+// it still applies are the logging ones (copied over the file's logging
+// section), --hostname-override, --master, and the ones that act
+// (--cleanup, --init-only, --write-config-to, --version). sluice's own
+// flags are not kube-proxy's and override the SluiceConfiguration
+// document. TestFlagsAKubeProxyConfigFileHolds checks the list against
+// upstream's binary, flag by flag.
+var fileHoldsFlag = map[string]bool{
+	"bind-address": true, "bind-address-hard-fail": true, "cluster-cidr": true, "config-sync-period": true,
+	"conntrack-max-per-core": true, "conntrack-min": true, "conntrack-tcp-be-liberal": true,
+	"conntrack-tcp-timeout-close-wait": true, "conntrack-tcp-timeout-established": true,
+	"conntrack-udp-timeout": true, "conntrack-udp-timeout-stream": true, "detect-local-mode": true,
+	"feature-gates": true, "healthz-bind-address": true, "healthz-port": true,
+	"iptables-localhost-nodeports": true, "iptables-masquerade-bit": true, "iptables-min-sync-period": true,
+	"iptables-sync-period": true, "ipvs-exclude-cidrs": true, "ipvs-min-sync-period": true,
+	"ipvs-scheduler": true, "ipvs-strict-arp": true, "ipvs-sync-period": true, "ipvs-tcp-timeout": true,
+	"ipvs-tcpfin-timeout": true, "ipvs-udp-timeout": true, "kube-api-burst": true,
+	"kube-api-content-type": true, "kube-api-qps": true, "kubeconfig": true, "masquerade-all": true,
+	"metrics-bind-address": true, "metrics-port": true, "nodeport-addresses": true, "oom-score-adj": true,
+	"pod-bridge-interface": true, "pod-interface-name-prefix": true, "profiling": true, "proxy-mode": true,
+	"show-hidden-metrics-for-version": true,
+}
+
+// FileHoldsFlag reports whether a --config file replaces the flag's
+// setting, as in kube-proxy (see fileHoldsFlag).
+func FileHoldsFlag(name string) bool { return fileHoldsFlag[name] }
+
 // Parse reads the command line (and the --config file it names) into a
-// validated Config. Flags given explicitly override the file, as kube-proxy
-// does since KEP-2157. usage receives the flag help text.
+// validated Config. With --config, kube-proxy's flags whose settings the
+// file holds are ignored, as kube-proxy v1.34 ignores them, and named in a
+// warning; the others (logging, --hostname-override, --master, sluice's
+// own) apply over the file. usage receives the flag help text.
 func Parse(args []string) (*Config, string, error) {
 	cfg := Defaults()
 	fs := newFlagSet(cfg)
 	usage := usage(fs)
-	if err := fs.Parse(args); err != nil {
+	type given struct{ name, value string }
+	var flags []given
+	err := fs.ParseAll(args, func(f *pflag.Flag, value string) error {
+		flags = append(flags, given{f.Name, value})
+		return fs.Set(f.Name, value)
+	})
+	if err != nil {
 		return nil, usage, suggest(fs, err)
 	}
 	if fs.NArg() > 0 {
@@ -309,30 +346,71 @@ func Parse(args []string) (*Config, string, error) {
 		if err := LoadFile(cfg.ConfigFile, base); err != nil {
 			return nil, usage, err
 		}
+		// kube-proxy v1.34 copies its logging flags over the file's logging
+		// section by registering them on it, and their registration sets
+		// the split-stream and info-buffer options to the flags' defaults:
+		// the file's are lost. sluice does the same, and says so.
+		if opts := &base.KubeProxy.Logging.Options; opts.Text.SplitStream || opts.JSON.SplitStream ||
+			!opts.Text.InfoBufferSize.IsZero() || !opts.JSON.InfoBufferSize.IsZero() {
+			base.ConfigWarnings = append(base.ConfigWarnings, fmt.Sprintf("--config %s: logging.options (split streams, info buffers) ignored, as kube-proxy v1.34 ignores them in a file: use the --log-*-split-stream flags", cfg.ConfigFile))
+			*opts = logsapi.FormatOptions{}
+		}
 		fs = newFlagSet(base)
-		if err := fs.Parse(args); err != nil {
-			return nil, usage, err
+		var ignored []string
+		for _, f := range flags {
+			if fileHoldsFlag[f.name] {
+				if !slices.Contains(ignored, "--"+f.name) {
+					ignored = append(ignored, "--"+f.name)
+				}
+				continue
+			}
+			if err := fs.Set(f.name, f.value); err != nil {
+				return nil, usage, fmt.Errorf("invalid argument %q for --%s: %w", f.value, f.name, err)
+			}
+		}
+		if len(ignored) > 0 {
+			base.ConfigWarnings = append(base.ConfigWarnings, fmt.Sprintf("%s: ignored, as kube-proxy ignores them: --config %s holds these settings (set them in the file)",
+				strings.Join(ignored, ", "), cfg.ConfigFile))
 		}
 		cfg = base
 	}
 	fs.Visit(func(f *pflag.Flag) { cfg.Changed = append(cfg.Changed, f.Name) })
-	if fs.Changed("iptables-masquerade-bit") {
-		cfg.KubeProxy.NFTables.MasqueradeBit = i32(*cfg.KubeProxy.IPTables.MasqueradeBit)
-	}
+	kp := &cfg.KubeProxy
 	// kube-proxy v1.34 takes --iptables-(min-)sync-period in every mode but
 	// IPVS: in nftables mode they set the nftables section's periods.
 	if cfg.Mode() == ModeNFTables {
 		if fs.Changed("iptables-sync-period") {
-			cfg.KubeProxy.NFTables.SyncPeriod = cfg.KubeProxy.IPTables.SyncPeriod
+			kp.NFTables.SyncPeriod = kp.IPTables.SyncPeriod
 		}
 		if fs.Changed("iptables-min-sync-period") {
-			cfg.KubeProxy.NFTables.MinSyncPeriod = cfg.KubeProxy.IPTables.MinSyncPeriod
+			kp.NFTables.MinSyncPeriod = kp.IPTables.MinSyncPeriod
 		}
 	}
 	if fs.Changed("masquerade-all") {
-		cfg.KubeProxy.NFTables.MasqueradeAll = cfg.KubeProxy.IPTables.MasqueradeAll
+		kp.NFTables.MasqueradeAll = kp.IPTables.MasqueradeAll
 	}
-	return cfg, usage, cfg.Validate()
+	if cfg.ConfigFile == "" {
+		kp.HealthzBindAddress = addressFromDeprecatedFlags(kp.HealthzBindAddress, cfg.HealthzPort)
+		kp.MetricsBindAddress = addressFromDeprecatedFlags(kp.MetricsBindAddress, cfg.MetricsPort)
+	}
+	if fs.Changed("hostname-override") {
+		// kube-proxy's processHostnameOverrideFlag.
+		name := strings.TrimSpace(kp.HostnameOverride)
+		if name == "" {
+			return nil, usage, fmt.Errorf("invalid value %q for --hostname-override: empty hostname-override is invalid (as kube-proxy says)", kp.HostnameOverride)
+		}
+		kp.HostnameOverride = strings.ToLower(name)
+	}
+	// kube-proxy's platformApplyDefaults: in nftables mode NodePorts answer
+	// on the node's primary addresses unless told otherwise.
+	if cfg.Mode() == ModeNFTables && len(kp.NodePortAddresses) == 0 {
+		kp.NodePortAddresses = []string{NodePortAddressesPrimary}
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usage, err
+	}
+	cfg.canonicalise()
+	return cfg, usage, nil
 }
 
 // suggest adds "did you mean --x?" to an unknown-flag error, naming the

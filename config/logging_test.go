@@ -35,15 +35,24 @@ func TestAlphaLoggingOptionsNeedTheirFeatureGate(t *testing.T) {
 	if c, _, _ := Parse([]string{"--log-text-split-stream", "--feature-gates=LoggingAlphaOptions=true"}); !c.KubeProxy.Logging.Options.Text.SplitStream {
 		t.Fatal("--log-text-split-stream did not set logging.options.text.splitStream")
 	}
-	// The same from a config file: the field is named.
+	// In a config file, kube-proxy v1.34 loses them (its logging flags'
+	// registration resets them), gate or no gate: so does sluice, with a
+	// warning. The flags still set them over the file.
 	dir := t.TempDir()
 	file := filepath.Join(dir, "kp.yaml")
-	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  options:\n    text:\n      splitStream: true\n"), 0o644)
-	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "logging.options.text.splitStream") {
-		t.Fatalf("a config file's splitStream without the gate: %v", err)
+	for _, gates := range []string{"", "featureGates:\n  LoggingAlphaOptions: true\n"} {
+		os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+gates+"logging:\n  options:\n    text:\n      splitStream: true\n"), 0o644)
+		c, _, err := Parse([]string{"--config", file})
+		if err != nil || c.KubeProxy.Logging.Options.Text.SplitStream || len(c.ConfigWarnings) != 1 || !strings.Contains(c.ConfigWarnings[0], "logging.options") {
+			t.Fatalf("a config file's splitStream (gates %q): %v, warnings %q", gates, err, c.ConfigWarnings)
+		}
 	}
-	if c, _, err := Parse([]string{"--config", file, "--feature-gates=LoggingAlphaOptions=true"}); err != nil || !c.KubeProxy.Logging.Options.Text.SplitStream {
-		t.Fatalf("a config file's splitStream with the gate: %v", err)
+	if c, _, err := Parse([]string{"--config", file, "--log-text-split-stream"}); err != nil || !c.KubeProxy.Logging.Options.Text.SplitStream {
+		t.Fatalf("--log-text-split-stream with a file holding the gate: %v", err)
+	}
+	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"), 0o644)
+	if _, _, err := Parse([]string{"--config", file, "--log-text-split-stream", "--feature-gates=LoggingAlphaOptions=true"}); err == nil || !strings.Contains(err.Error(), "featureGates") {
+		t.Fatalf("--log-text-split-stream with the gate on the command line, ignored with --config: %v", err)
 	}
 }
 

@@ -193,20 +193,28 @@ func TestKubeProxyLoggingSectionApplies(t *testing.T) {
 }
 
 // The sync periods a mode runs with are kube-proxy v1.34's: the mode's
-// own section of the file; --iptables-(min-)sync-period in every mode but
-// IPVS (nftables included), --ipvs-* in IPVS mode.
+// own section of the file (the others are ignored); without a file,
+// --iptables-(min-)sync-period in every mode but IPVS (nftables included),
+// --ipvs-* in IPVS mode, both defaulting to 30s and 1s.
 func TestSyncPeriodsFollowTheMode(t *testing.T) {
-	file := writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n"+
-		"nftables:\n  syncPeriod: 40s\n  minSyncPeriod: 3s\niptables:\n  minSyncPeriod: 7s\nipvs:\n  minSyncPeriod: 9s\n")
+	section := "nftables:\n  syncPeriod: 40s\n  minSyncPeriod: 3s\niptables:\n  minSyncPeriod: 7s\nipvs:\n  minSyncPeriod: 9s\n"
+	file := func(mode string) string {
+		return writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: "+mode+"\n"+section)
+	}
+	nft := file("nftables")
 	for _, tc := range []struct {
 		args          []string
 		sync, minSync time.Duration
 	}{
-		{[]string{"--config", file}, 40 * time.Second, 3 * time.Second},
-		{[]string{"--config", file, "--iptables-min-sync-period=5s"}, 40 * time.Second, 5 * time.Second},
-		{[]string{"--config", file, "--proxy-mode=iptables"}, 30 * time.Second, 7 * time.Second},
-		{[]string{"--config", file, "--proxy-mode=ipvs", "--iptables-min-sync-period=5s"}, 30 * time.Second, 9 * time.Second},
-		{[]string{"--config", file, "--proxy-mode=userspace"}, 30 * time.Second, 7 * time.Second},
+		{[]string{"--config", nft}, 40 * time.Second, 3 * time.Second},
+		{[]string{"--config", nft, "--iptables-min-sync-period=5s"}, 40 * time.Second, 3 * time.Second},
+		{[]string{"--config", file("iptables")}, 30 * time.Second, 7 * time.Second},
+		{[]string{"--config", file("ipvs")}, 30 * time.Second, 9 * time.Second},
+		{[]string{"--config", file("userspace")}, 30 * time.Second, 7 * time.Second},
+		{[]string{"--proxy-mode=nftables", "--iptables-min-sync-period=5s"}, 30 * time.Second, 5 * time.Second},
+		{[]string{"--proxy-mode=ipvs", "--iptables-min-sync-period=5s"}, 30 * time.Second, time.Second},
+		{[]string{"--proxy-mode=ipvs", "--ipvs-sync-period=20s"}, 20 * time.Second, time.Second},
+		{[]string{"--proxy-mode=iptables", "--ipvs-sync-period=20s"}, 30 * time.Second, time.Second},
 	} {
 		c, _, err := Parse(tc.args)
 		if err != nil {

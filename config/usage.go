@@ -57,8 +57,8 @@ Usage:
 
 Examples:
   sluice --manifests examples/demo.yaml
-  sluice --config /var/lib/kube-proxy/config.conf --proxy-mode=nftables
-  sluice --kubeconfig ~/.kube/config --hostname-override=$(hostname)
+  sluice --config /var/lib/kube-proxy/config.conf --hostname-override=$(hostname)
+  sluice --kubeconfig ~/.kube/config --proxy-mode=nftables
 `
 
 // usage is the whole --help text: the synopsis, then the flags by group.

@@ -437,6 +437,8 @@ func kernelModeRestart(t *testing.T, mode string) {
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
 	args := []string{sluiceBin, "--proxy-mode=" + mode, "--mode-fallback=false", "--hostname-override=node-a", "--iptables-backend=nft", "--manifests", dir,
 		"--cluster-cidr=10.244.0.0/16", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+		// nftables mode's default is the primary address, kube-proxy's.
+		"--nodeport-addresses=192.168.10.0/24",
 		"--handover-socket", filepath.Join(t.TempDir(), "handover.sock")}
 	p := b.start(b.node, nil, args...)
 	p.waitLog("state applied")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,6 +88,101 @@ func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("kube-proxy takes %s, sluice does not: %v", arg, err)
+		}
+	}
+	if seen < 50 {
+		t.Fatalf("found %d flags in kube-proxy's help; the format must have changed:\n%s", seen, help)
+	}
+}
+
+// With --config, kube-proxy v1.34.2 ignores the flags whose settings the
+// file holds, and sluice ignores the same ones (config.FileHoldsFlag).
+// Each flag of upstream's help is given, with a value unlike the file's,
+// beside a --config file, and the configuration kube-proxy writes out says
+// whether the flag took effect. A flag the written configuration cannot
+// show (--master, the deprecated ports, the ones that act) is listed with
+// what kube-proxy's source does with it.
+func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
+	kubeProxy, err := kubetest.KubeProxyBinary()
+	kubetest.Require(t, err)
+	help, err := exec.Command(kubeProxy, "--help").Output()
+	if err != nil {
+		t.Fatalf("kube-proxy --help: %v", err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kp.yaml")
+	// The gate lets the alpha logging flags be given.
+	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nfeatureGates:\n  LoggingAlphaOptions: true\n"), 0o644)
+	writeOut := func(args ...string) ([]byte, error) {
+		out := filepath.Join(t.TempDir(), "out.yaml")
+		if b, err := exec.Command("unshare", append([]string{"--net", kubeProxy, "--config", file, "--write-config-to", out}, args...)...).CombinedOutput(); err != nil {
+			return b, err
+		}
+		return os.ReadFile(out)
+	}
+	base, err := writeOut()
+	if err != nil {
+		t.Fatalf("kube-proxy --config: %v\n%s", err, base)
+	}
+	byType := map[string]string{
+		"ip": "127.0.0.7", "ipport": "127.0.0.7:1234", "duration": "17s", "int32": "3", "float32": "7",
+		"strings": "10.0.0.0/8", "LocalMode": "NodeCIDR", "mapStringBool": "LoggingAlphaOptions=false",
+		"ProxyMode": "ipvs", "Level": "3", "quantity": "64Ki", "pattern=N,...": "proxier=2", "string": "x",
+	}
+	byName := map[string]string{
+		"cluster-cidr": "10.244.0.0/16", "logging-format": "json", "ipvs-scheduler": "lc",
+		"kube-api-content-type": "application/json", "iptables-localhost-nodeports": "false",
+	}
+	// What the written configuration cannot show: --master and
+	// --hostname-override are kept apart from it (o.master,
+	// o.hostnameOverride) and applied after the file; the deprecated ports
+	// only without --config (addressFromDeprecatedFlags); the cAdvisor and
+	// Windows flags before it, or not at all.
+	unseen := map[string]bool{
+		"master": false, "healthz-port": true, "metrics-port": true, "show-hidden-metrics-for-version": true,
+		"boot-id-file": false, "machine-id-file": false, "windows-service": false,
+	}
+	acts := map[string]bool{"cleanup": true, "init-only": true, "version": true, "help": true, "config": true, "write-config-to": true}
+	seen := 0
+	for _, line := range strings.Split(string(help), "\n") {
+		m := helpFlag.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		name, typ := m[1], m[2]
+		seen++
+		if acts[name] {
+			if config.FileHoldsFlag(name) {
+				t.Errorf("--%s acts; the file cannot hold it", name)
+			}
+			continue
+		}
+		if holds, ok := unseen[name]; ok {
+			if config.FileHoldsFlag(name) != holds {
+				t.Errorf("--%s: sluice says the file holds it: %v; kube-proxy's source: %v", name, config.FileHoldsFlag(name), holds)
+			}
+			continue
+		}
+		arg := "--" + name
+		if typ != "" {
+			v, ok := byName[name]
+			if !ok {
+				v, ok = byType[typ]
+			}
+			if !ok {
+				t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, typ)
+				continue
+			}
+			arg += "=" + v
+		}
+		got, err := writeOut(arg)
+		if err != nil {
+			t.Errorf("kube-proxy --config with %s: %v\n%s", arg, err, got)
+			continue
+		}
+		holds := bytes.Equal(got, base)
+		if config.FileHoldsFlag(name) != holds {
+			t.Errorf("%s beside --config: kube-proxy ignores it: %v; sluice: %v", arg, holds, config.FileHoldsFlag(name))
 		}
 	}
 	if seen < 50 {

@@ -398,7 +398,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 			log.Info("userspace engine", attrs...)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
 		}
-		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange) // validated already
+		// Validated in userspace mode; after a fall-back from a kernel mode,
+		// which does not use it, an invalid one means random proxy ports.
+		pr, _ := config.ParsePortRange(cfg.KubeProxy.PortRange)
 		proxyPorts := listeners.NewPortAllocator(pr.Base, pr.Size)
 		if pr.Base == 0 {
 			// Random proxy ports, picked from the kernel's ephemeral range

@@ -302,7 +302,7 @@ func TestModeOrigin(t *testing.T) {
 		{"", []string{"--proxy-mode=iptables"}, "the --proxy-mode flag"},
 		{"mode: nftables\n", nil, "mode in " + file},
 		{"mode: \"\"\n", nil, "the default: mode is empty in " + file + ", which is userspace to sluice (iptables to kube-proxy)"},
-		{"mode: nftables\n", []string{"--proxy-mode=ipvs"}, "the --proxy-mode flag"},
+		{"mode: nftables\n", []string{"--proxy-mode=ipvs"}, "mode in " + file}, // the file holds it, as in kube-proxy
 	} {
 		args := tc.args
 		if tc.config != "" {

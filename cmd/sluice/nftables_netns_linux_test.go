@@ -21,7 +21,7 @@ func TestNFTablesModeInNetns(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
 	writeFile(t, filepath.Join(dir, "lb.yaml"), strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
 	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=nftables", "--mode-fallback=false", "--hostname-override=node-a", "--manifests", dir,
-		"--cluster-cidr=10.244.0.0/16,fd00:244::/64", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
+		"--cluster-cidr=10.244.0.0/16,fd00:244::/64", "--nodeport-addresses=192.168.10.0/24,fd00:10::/64", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
 	p.waitLog("nftables mode", "families=2")
 	p.waitLog("state applied")
 
