@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -107,7 +108,7 @@ func (t *timedRunner) Chains(table string) ([]string, error) {
 // backend and size is skipped.
 func RunSyncBench(backends []string, sizes []int, rounds int, limit time.Duration, logf func(string, ...any)) ([]SyncResult, error) {
 	var out []SyncResult
-	o := iptables.Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.128.0.0/9")}
+	o := iptables.Options{MasqueradeBit: 14, Local: localtraffic.ByCIDR(netip.MustParsePrefix("10.128.0.0/9"))}
 	for _, be := range backends {
 		for _, n := range sizes {
 			base := SyncSnapshot(n)

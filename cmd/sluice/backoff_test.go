@@ -43,7 +43,7 @@ func TestFailedSyncsBackOff(t *testing.T) {
 	cfg := config.Defaults()
 	p := &iptablesPlane{cfg: cfg, local: &localAddrs{set: map[netip.Addr]bool{}}, metrics: admin.NewMetrics(),
 		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		proxiers: []*iptables.Proxier{{Runner: r, Options: iptablesOptions(cfg, false)}},
+		proxiers: []*iptables.Proxier{{Runner: r, Options: iptablesOptions(cfg, false, nodeFacts{})}},
 		backoff:  syncBackoff{now: func() time.Time { return now }, max: 5 * time.Second}}
 	waits := backOffWalk(t, 5, 1, p.Apply, r, p.backoffWait, &now)
 	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}; !slices.Equal(waits, want) {

@@ -207,17 +207,13 @@ func (l *latestState) reapplyNewest(apply func(*lb.Snapshot) error) error {
 	return apply(l.last)
 }
 
-func iptablesOptions(cfg *config.Config, v6 bool) iptables.Options {
+func iptablesOptions(cfg *config.Config, v6 bool, node nodeFacts) iptables.Options {
 	o := iptables.Options{IPv6: v6, MasqueradeBit: 14, MasqueradeAll: cfg.KubeProxy.IPTables.MasqueradeAll}
 	if b := cfg.KubeProxy.IPTables.MasqueradeBit; b != nil {
 		o.MasqueradeBit = int(*b)
 	}
 	o.LocalhostNodePorts = localhostNodePorts(cfg) && !v6
-	for _, c := range strings.Split(cfg.KubeProxy.ClusterCIDR, ",") {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && p.Addr().Is6() == v6 {
-			o.ClusterCIDR = p
-		}
-	}
+	o.Local = localMatch(cfg, v6, node.podCIDRs)
 	return o
 }
 
@@ -242,7 +238,7 @@ func newIPTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 			log.Warn("iptables mode: IPv6 rules disabled", "err", err)
 			continue
 		}
-		o := iptablesOptions(cfg, fam.v6)
+		o := iptablesOptions(cfg, fam.v6, local.node)
 		o.RandomFully = r.HasRandomFully() // as kube-proxy: when iptables has it
 		o.TCPBeLiberal = tcpBeLiberal()
 		o.InvalidDropCounter = invalid
@@ -672,7 +668,7 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 			log.Info("cleanup: skipping a family with no usable iptables", "command", r.Command, "err", err)
 			continue
 		}
-		if err := errors.Join(iptables.Cleanup(r, iptablesOptions(cfg, fam.v6)), portals.CleanupIPTables(r)); err != nil {
+		if err := errors.Join(iptables.Cleanup(r, iptablesOptions(cfg, fam.v6, nodeFacts{})), portals.CleanupIPTables(r)); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.Command, err))
 			continue
 		}

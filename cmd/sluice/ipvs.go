@@ -101,11 +101,11 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 			log.Warn("IPVS mode: IPv6 disabled", "err", err)
 			continue
 		}
-		o := iptablesOptions(cfg, fam.v6)
+		o := iptablesOptions(cfg, fam.v6, local.node)
 		p.proxiers = append(p.proxiers, &ipvs.Proxier{Kernel: k, ExcludeCIDRs: exclude,
 			Options: ipvs.Options{IPv6: fam.v6, Scheduler: ip.Scheduler}})
 		p.filters = append(p.filters, &ipvs.Netfilter{Sets: sets, IPTables: r, IPv6: fam.v6,
-			MasqueradeBit: o.MasqueradeBit, MasqueradeAll: o.MasqueradeAll, ClusterCIDR: o.ClusterCIDR, RandomFully: r.HasRandomFully()})
+			MasqueradeBit: o.MasqueradeBit, MasqueradeAll: o.MasqueradeAll, Local: o.Local, RandomFully: r.HasRandomFully()})
 	}
 	sched := ip.Scheduler
 	if sched == "" {

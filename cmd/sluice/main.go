@@ -328,6 +328,20 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		mode = to
 		return nil
 	}
+	// What the Node says (its addresses for "primary", its pod CIDRs for
+	// NodeCIDR) is learnt before the planes read it, as kube-proxy's
+	// NodeManager does before its proxiers are made.
+	if needPods, needIPs := nodeFactsNeeded(cfg, mode); needPods || needIPs {
+		facts, err := learnNodeFacts(ctx, cfg, needPods, kubeProxyNodeWait())
+		if err != nil {
+			return err
+		}
+		local.node = facts
+		if needPods {
+			log.Info("detect-local-mode NodeCIDR", "node", nodeName(cfg), "podCIDRs", strings.Join(facts.podCIDRs, ","))
+		}
+	}
+	cfg.KubeProxy.NodePortAddresses = local.node.nodePortAddresses(cfg.KubeProxy.NodePortAddresses, cfg.KubeProxy.BindAddress, func(msg string) { log.Warn(msg) })
 	if mode != config.ModeUserspace {
 		// The kernel modes' NAT lives in conntrack; set before the planes
 		// read it (nf_conntrack_tcp_be_liberal decides the INVALID drop).
@@ -509,7 +523,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible, Changes: metrics,
-			Skipped: func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) },
+			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),
+			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) },
 			// The applier's hand-back, delayed, does it: one collection
 			// for the initial list and the first state.
 			ReleaseMemory: sink.askRelease}
@@ -606,6 +621,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	}
 
 	<-ctx.Done()
+	if errors.Is(context.Cause(ctx), errPodCIDRsChanged) {
+		log.Info("the Node's pod CIDRs changed: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
+		stopAll()
+		return errPodCIDRsChanged
+	}
 	if errors.Is(context.Cause(ctx), errHandedOver) {
 		log.Info("handed over to a new sluice: no new connections; draining open ones", "timeout", cfg.DrainTimeout)
 	} else {
@@ -1095,6 +1115,9 @@ func unjoin(err error) []error {
 // With a watch, a refresh lists the addresses only when the watch says
 // they changed.
 type localAddrs struct {
+	// node is what the Node object said at start-up (set before the
+	// planes are made, and not changed after).
+	node nodeFacts
 	// watch says whether the addresses may have changed since it was
 	// last asked; nil: always list them.
 	watch interface{ Changed() bool }
@@ -1168,28 +1191,15 @@ func (l *localAddrs) listExcept(skip func(netip.Addr) bool) []netip.Addr {
 	return out
 }
 
-// selectNodePortAddrs applies --nodeport-addresses: the local addresses
-// inside any of the CIDRs, plus for "primary" the first global unicast
-// address of each family. Empty means "not restricted" (nil).
+// selectNodePortAddrs applies --nodeport-addresses, its "primary"
+// resolved (nodeFacts.nodePortAddresses): the local addresses inside any
+// of the CIDRs. Empty means "not restricted" (nil).
 func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
 	if len(spec) == 0 {
 		return nil
 	}
 	picked := map[netip.Addr]bool{}
 	for _, s := range spec {
-		if s == "primary" {
-			var have4, have6 bool
-			for _, a := range local {
-				if !a.IsGlobalUnicast() {
-					continue
-				}
-				if a.Is4() && !have4 || a.Is6() && !have6 {
-					picked[a] = true
-					have4, have6 = have4 || a.Is4(), have6 || a.Is6()
-				}
-			}
-			continue
-		}
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			continue // validated at start-up

@@ -45,7 +45,6 @@ func TestSelectNodePortAddrs(t *testing.T) {
 		// TestIPTablesParityWithKubeProxy).
 		{[]string{"10.0.0.0/8"}, addrs("10.0.0.5", "::1", "fd00::5")},
 		{[]string{"127.0.0.0/8", "fd00::/8"}, addrs("127.0.0.1", "fd00::5")},
-		{[]string{"primary"}, addrs("10.0.0.5", "fd00::5")},
 		{[]string{"172.16.0.0/12", "fc00::/8"}, addrs()},
 		{[]string{"fd00::/8"}, addrs("10.0.0.5", "127.0.0.1", "192.168.1.7", "fd00::5")},
 	}

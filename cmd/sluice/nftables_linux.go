@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +79,7 @@ func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 			log.Warn("nftables mode: IPv6 rules disabled", "err", err)
 			continue
 		}
-		p.proxiers = append(p.proxiers, &nftables.Proxier{NFT: nft, Options: nftablesOptions(cfg, fam == knftables.IPv6Family)})
+		p.proxiers = append(p.proxiers, &nftables.Proxier{NFT: nft, Options: nftablesOptions(cfg, fam == knftables.IPv6Family, local.node)})
 		families = append(families, familyName(fam == knftables.IPv6Family))
 	}
 	metrics.SetFamilies(families...)
@@ -90,17 +89,13 @@ func newNFTablesPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metr
 	return p, nil
 }
 
-func nftablesOptions(cfg *config.Config, v6 bool) nftables.Options {
+func nftablesOptions(cfg *config.Config, v6 bool, node nodeFacts) nftables.Options {
 	nt := cfg.KubeProxy.NFTables
 	o := nftables.Options{IPv6: v6, MasqueradeBit: 14, MasqueradeAll: nt.MasqueradeAll}
 	if b := nt.MasqueradeBit; b != nil {
 		o.MasqueradeBit = int(*b)
 	}
-	for _, c := range strings.Split(cfg.KubeProxy.ClusterCIDR, ",") {
-		if pf, err := netip.ParsePrefix(strings.TrimSpace(c)); err == nil && pf.Addr().Is6() == v6 {
-			o.ClusterCIDR = pf
-		}
-	}
+	o.Local = localMatch(cfg, v6, node.podCIDRs)
 	return o
 }
 

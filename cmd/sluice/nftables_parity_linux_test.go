@@ -58,6 +58,19 @@ type parityBed struct {
 	configz, slis               []string
 	// The Kubernetes Events each recorded (events), kube-proxy's first.
 	upstreamEvents, ourEvents []string
+	ours                      *proc // the sluice the last compare left running
+}
+
+// stopOurs stops the sluice the last compare left running, and removes
+// its rules (kube-proxy's --cleanup, as after kube-proxy), for another
+// compare.
+func (b *parityBed) stopOurs(t *testing.T, mode string) {
+	t.Helper()
+	b.ours.cmd.Process.Signal(os.Interrupt)
+	b.ours.exitCode()
+	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
+	}
 }
 
 // events returns the Events the proxy that ran recorded (its "Starting"
@@ -279,7 +292,9 @@ func newParityBed(t *testing.T) *parityBed {
 
 	// The node: an uplink that leads nowhere, with the node's IP.
 	nodeUplink(t, "parity", []string{"addr", "add", "192.168.10.1/24", "dev", "parity0"})
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode}}
+	// Its pod CIDRs are for --detect-local-mode=NodeCIDR.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24", "fd00:244::/64"}}}
 	node, err = c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +347,12 @@ func newParityBed(t *testing.T) *parityBed {
 // (dump returns the canonical lines, or "" in why while not settled).
 // reset runs before each, so that neither sees what the other left.
 func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func() ([]string, string), reset func()) (upstream, ours []string) {
-	flags := append([]string{"--proxy-mode=" + mode}, b.flags...)
+	return b.compareWith(t, mode, b.flags, want, dump, reset)
+}
+
+// compareWith is compare with other flags than the bed's.
+func (b *parityBed) compareWith(t *testing.T, mode string, flags []string, want []string, dump func() ([]string, string), reset func()) (upstream, ours []string) {
+	flags = append([]string{"--proxy-mode=" + mode}, flags...)
 	reset()
 	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
 	upstream = waitForDump(t, b.e, want, kp, dump)
@@ -347,6 +367,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 	}
 	reset()
 	sl := start(t, append(flags, "--mode-fallback=false")...)
+	b.ours = sl
 	ours = waitForDump(t, b.e, want, sl, dump)
 	b.ourPage = get(t, "http://"+b.metrics+"/metrics")
 	b.ourMetrics = metricShapes(b.ourPage)
@@ -390,7 +411,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	b := newParityBed(t)
 	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "203.0.113.20"}
 	want = append(want, `"family":"ip6"`)
-	upstream, ours := b.compare(t, "nftables", want, func() ([]string, string) {
+	dump := func() ([]string, string) {
 		var all []string
 		for _, family := range []string{"ip", "ip6"} {
 			out, err := exec.Command("nft", "-j", "list", "table", family, "kube-proxy").Output()
@@ -405,11 +426,13 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		}
 		slices.Sort(all)
 		return all, ""
-	}, func() {
+	}
+	reset := func() {
 		if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
 			t.Fatalf("a kube-proxy table is left: %s", out)
 		}
-	})
+	}
+	upstream, ours := b.compare(t, "nftables", want, dump, reset)
 	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
 	b.checkMetrics(t)
 	b.checkSurface(t)
@@ -423,6 +446,25 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		out, err := exec.Command("nft", "list", "chain", "ip", "kube-proxy", "cluster-ips-check").CombinedOutput()
 		return err == nil && strings.Contains(string(out), "10.96.0.0/16") && strings.Contains(string(out), "10.100.0.0/16"), string(out)
 	})
+
+	// Again with the Node's pod CIDRs for the local traffic
+	// (--detect-local-mode=NodeCIDR) and nftables mode's default
+	// --nodeport-addresses, "primary": the Node's InternalIP.
+	b.stopOurs(t, "nftables")
+	var flags []string
+	for _, f := range b.flags {
+		if !strings.HasPrefix(f, "--nodeport-addresses=") {
+			flags = append(flags, f)
+		}
+	}
+	upstream, ours = b.compareWith(t, "nftables", append(flags, "--detect-local-mode=NodeCIDR"),
+		append(want, `"addr":"10.244.0.0","len":24`, "192.168.10.1"), dump, reset)
+	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
+	for _, w := range []string{`"addr":"10.244.0.0","len":24`, "192.168.10.1"} {
+		if !strings.Contains(strings.Join(ours, "\n"), w) {
+			t.Errorf("NodeCIDR and primary: no %q in sluice's rules", w)
+		}
+	}
 }
 
 // waitForDump waits until the dump holds every string in want and has
@@ -477,7 +519,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "203.0.113.20",
 		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
 		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
-	upstream, ours := b.compare(t, "iptables", want, func() ([]string, string) {
+	dump := func() ([]string, string) {
 		var lines []string
 		for _, bin := range []string{"iptables-save", "ip6tables-save"} {
 			out, err := exec.Command(bin).Output()
@@ -488,7 +530,8 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 		}
 		slices.Sort(lines)
 		return lines, ""
-	}, func() {
+	}
+	reset := func() {
 		// Start each from no rules at all: earlier tests in this namespace
 		// leave chains (the userspace capture keeps its own across
 		// restarts), and kube-proxy's --cleanup leaves KUBE-FIREWALL.
@@ -498,7 +541,8 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 				exec.Command(bin, "-t", table, "-X").Run()
 			}
 		}
-	})
+	}
+	upstream, ours := b.compare(t, "iptables", want, dump, reset)
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
 	b.checkMetrics(t)
 	b.checkSurface(t)
@@ -509,6 +553,17 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	const invalid = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 0"
 	if m := get(t, "http://"+b.metrics+"/metrics"); !strings.Contains(m, invalid) {
 		t.Errorf("no %q in sluice's metrics", invalid)
+	}
+	// Again with the pods' interfaces for the local traffic
+	// (--detect-local-mode=InterfaceNamePrefix).
+	b.stopOurs(t, "iptables")
+	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"),
+		append(want, "veth+"), dump, reset)
+	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
+	for _, w := range []string{"! -i veth+", "-i veth+ "} {
+		if !strings.Contains(strings.Join(ours, "\n"), w) {
+			t.Errorf("InterfaceNamePrefix: no %q in sluice's rules", w)
+		}
 	}
 }
 

@@ -68,6 +68,9 @@ type Source struct {
 	MinSyncPeriod time.Duration
 	// NodeEligible is told whether the Node may take traffic; may be nil.
 	NodeEligible func(bool)
+	// NodePodCIDRs is told the Node's spec.podCIDRs on every add and
+	// update of it; may be nil.
+	NodePodCIDRs func([]string)
 	// ServiceCIDRs, when set, is given the cluster's service ranges (every
 	// ServiceCIDR object's) on each change; nftables mode drops traffic to
 	// unallocated addresses in them.
@@ -787,7 +790,17 @@ func (s *Source) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, e
 
 func (s *Source) node(o any) {
 	n, ok := o.(*corev1.Node)
-	if !ok || s.NodeEligible == nil {
+	if !ok {
+		return
+	}
+	if s.NodePodCIDRs != nil {
+		cidrs := n.Spec.PodCIDRs
+		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+			cidrs = []string{n.Spec.PodCIDR}
+		}
+		s.NodePodCIDRs(cidrs)
+	}
+	if s.NodeEligible == nil {
 		return
 	}
 	eligible := n.DeletionTimestamp == nil

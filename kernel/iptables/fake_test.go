@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -19,7 +20,7 @@ var (
 )
 
 func opts() Options {
-	return Options{MasqueradeBit: 14, ClusterCIDR: clusterCIDR, LocalhostNodePorts: true}
+	return Options{MasqueradeBit: 14, Local: localtraffic.ByCIDR(clusterCIDR), LocalhostNodePorts: true}
 }
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -25,9 +26,11 @@ type Options struct {
 	MasqueradeBit int
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
-	// ClusterCIDR is this family's --cluster-cidr: traffic to a cluster IP
-	// from outside it is masqueraded. Invalid means no local detector.
-	ClusterCIDR netip.Prefix
+	// Local tells pod traffic apart (--detect-local-mode): traffic to a
+	// cluster IP from elsewhere is masqueraded, and pod traffic to an
+	// external IP of a Service with a Local external policy takes the
+	// cluster path. Unset means no local detector: neither rule.
+	Local localtraffic.Match
 	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (IPv4 only).
 	LocalhostNodePorts bool
 	// NodePortAddresses are the addresses NodePorts answer on; nil means
@@ -171,6 +174,26 @@ func (w *writer) addrPort(a netip.AddrPort) {
 func (w *writer) prefix(p netip.Prefix) {
 	w.b.WriteByte(' ')
 	w.b.Write(p.AppendTo(w.b.AvailableBuffer()))
+}
+
+// local appends m's match ("-s CIDR", "-i NAME" or "-i PREFIX+"), negated
+// with "!", without the allocation of m.IPTables.
+func (w *writer) local(m localtraffic.Match, negate bool) {
+	if negate {
+		w.b.WriteString(" !")
+	}
+	switch {
+	case m.CIDR.IsValid():
+		w.b.WriteString(" -s")
+		w.prefix(m.CIDR)
+	case m.Prefix:
+		w.b.WriteString(" -i ")
+		w.b.WriteString(m.Interface)
+		w.b.WriteByte('+')
+	default:
+		w.b.WriteString(" -i ")
+		w.b.WriteString(m.Interface)
+	}
 }
 
 // dest appends "-d addr --dport port".
@@ -884,15 +907,14 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 	}
 	endpointRules := func(c string, eps []netip.AddrPort) {
 		chain(c)
-		if c == internalChain && hasInternal && (o.MasqueradeAll || o.ClusterCIDR.IsValid()) {
+		if c == internalChain && hasInternal && (o.MasqueradeAll || o.Local.IsSet()) {
 			for _, cip := range cips {
 				body.rule(c)
 				body.comment(s, " cluster IP")
 				body.add(match[:]...)
 				body.dest(cip, port)
 				if !o.MasqueradeAll {
-					body.add("!", "-s")
-					body.prefix(o.ClusterCIDR)
+					body.local(o.Local, true)
 				}
 				body.add("-j", ChainMarkMasq)
 				body.end()
@@ -934,11 +956,10 @@ func renderPort(sp *lb.ServicePort, o Options, mark string, filterRules, natRule
 			body.add("-j", ChainMarkMasq)
 			body.end()
 		} else {
-			if o.ClusterCIDR.IsValid() && usesCluster {
+			if o.Local.IsSet() && usesCluster {
 				body.rule(ext)
 				body.comment("pod traffic for ", s, " external destinations")
-				body.add("-s")
-				body.prefix(o.ClusterCIDR)
+				body.local(o.Local, false)
 				body.add("-j", svc)
 				body.end()
 			}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -228,18 +229,18 @@ func RestoreSets(specs []SetSpec, entries map[string][]string, ipv6 bool) []byte
 }
 
 // RenderRules renders IPVS mode's iptables-restore input for one family:
-// masquerade for traffic to cluster IPs from outside --cluster-cidr (or
-// all, with --masquerade-all), to NodePorts and LB IPs unless their policy
+// masquerade for traffic to cluster IPs that local (--detect-local-mode)
+// does not match (or all, with --masquerade-all), to NodePorts and LB IPs unless their policy
 // is Local, hairpin masquerade (KUBE-LOOP-BACK), the health check node
 // ports, and the rejection of other ports on addresses bound to
 // kube-ipvs0. Chains shared with iptables mode keep their names.
-func RenderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR netip.Prefix) []byte {
-	return renderRules(o, masqueradeBit, masqueradeAll, clusterCIDR, false)
+func RenderRules(o Options, masqueradeBit int, masqueradeAll bool, local localtraffic.Match) []byte {
+	return renderRules(o, masqueradeBit, masqueradeAll, local, false)
 }
 
 // renderRules is RenderRules, with --random-fully on the SNAT rule when
 // iptables has it (as kube-proxy's IPVS mode).
-func renderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR netip.Prefix, randomFully bool) []byte {
+func renderRules(o Options, masqueradeBit int, masqueradeAll bool, local localtraffic.Match, randomFully bool) []byte {
 	set := func(n string) string { return SetName(n, o.IPv6) }
 	mark := fmt.Sprintf("%#08x", 1<<masqueradeBit)
 	c := func(s string) string { return "-m comment --comment \"" + s + "\"" }
@@ -268,8 +269,8 @@ func renderRules(o Options, masqueradeBit int, masqueradeAll bool, clusterCIDR n
 	switch {
 	case masqueradeAll:
 		l("-A KUBE-SERVICES " + cip + " dst,dst -j KUBE-MARK-MASQ")
-	case clusterCIDR.IsValid() && clusterCIDR.Addr().Is6() == o.IPv6:
-		l("-A KUBE-SERVICES ! -s " + clusterCIDR.String() + " " + cip + " dst,dst -j KUBE-MARK-MASQ")
+	case local.IsSet():
+		l("-A KUBE-SERVICES " + strings.Join(local.IPTables(true), " ") + " " + cip + " dst,dst -j KUBE-MARK-MASQ")
 	default:
 		l("-A KUBE-SERVICES " + cip + " src,dst -j KUBE-MARK-MASQ")
 	}
@@ -334,8 +335,9 @@ type Netfilter struct {
 	IPv6          bool
 	MasqueradeBit int
 	MasqueradeAll bool
-	ClusterCIDR   netip.Prefix
-	RandomFully   bool // --random-fully on the SNAT rule
+	// Local is this family's --detect-local-mode match.
+	Local       localtraffic.Match
+	RandomFully bool // --random-fully on the SNAT rule
 
 	applied setTable // for SyncChanged
 }
@@ -356,7 +358,7 @@ func (n *Netfilter) Sync(snap *lb.Snapshot, o Options, bound []netip.Addr) error
 	if err := n.Sets.Restore(RestoreSets(specs, entries, n.IPv6)); err != nil {
 		return fmt.Errorf("ipsets: %w", err)
 	}
-	if err := n.IPTables.Restore(renderRules(o, n.MasqueradeBit, n.MasqueradeAll, n.ClusterCIDR, n.RandomFully)); err != nil {
+	if err := n.IPTables.Restore(renderRules(o, n.MasqueradeBit, n.MasqueradeAll, n.Local, n.RandomFully)); err != nil {
 		return fmt.Errorf("iptables rules: %w", err)
 	}
 	for _, j := range RuleJumps() {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-proxy/sluice/kernel/iptables"
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -14,7 +15,7 @@ func netfilterBed() (*iptables.Fake, *FakeIPSet, *Netfilter) {
 	ipt := iptables.NewFake()
 	sets := NewFakeIPSet()
 	sets.Referenced = func(name string) bool { return strings.Contains(ipt.Dump(), "--match-set "+name+" ") }
-	return ipt, sets, &Netfilter{Sets: sets, IPTables: ipt, MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}
+	return ipt, sets, &Netfilter{Sets: sets, IPTables: ipt, MasqueradeBit: 14, Local: localtraffic.ByCIDR(netip.MustParsePrefix("10.244.0.0/16"))}
 }
 
 func TestNetfilterSetsRulesAndCleanup(t *testing.T) {
@@ -132,8 +133,8 @@ func TestFakeIPSetRefuses(t *testing.T) {
 // The SNAT rule takes --random-fully when iptables has it, as kube-proxy's
 // IPVS mode writes it.
 func TestSNATRuleRandomFully(t *testing.T) {
-	without := string(renderRules(Options{}, 14, false, netip.Prefix{}, false))
-	with := string(renderRules(Options{}, 14, false, netip.Prefix{}, true))
+	without := string(renderRules(Options{}, 14, false, localtraffic.Match{}, false))
+	with := string(renderRules(Options{}, 14, false, localtraffic.Match{}, true))
 	rule := `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE`
 	if !strings.Contains(without, rule+"\n") || !strings.Contains(with, rule+" --random-fully\n") {
 		t.Fatalf("without:\n%s\nwith:\n%s", without, with)

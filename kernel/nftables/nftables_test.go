@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -50,7 +51,7 @@ func snapOf(ports ...*lb.ServicePort) *lb.Snapshot {
 }
 
 func opts() Options {
-	return Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")}
+	return Options{MasqueradeBit: 14, Local: localtraffic.ByCIDR(netip.MustParsePrefix("10.244.0.0/16"))}
 }
 
 // One sync lays out kube-proxy's table: the verdict maps point each
@@ -279,7 +280,7 @@ func TestRulesMatchKubeProxys(t *testing.T) {
 	svc5.Affinity = lb.Affinity{ClientIP: true, Timeout: 10800 * time.Second}
 	svc6 := mk("ns6", "svc6", "172.30.0.46")
 	fake := knftables.NewFake(knftables.IPv4Family, Table)
-	o := Options{MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.0.2")},
+	o := Options{MasqueradeBit: 14, Local: localtraffic.ByCIDR(netip.MustParsePrefix("10.0.0.0/8")), NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.0.2")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("172.30.0.0/16"), netip.MustParsePrefix("fd00:10:96::/112")}}
 	if err := (&Proxier{NFT: fake, Options: o}).Sync(context.Background(), snapOf(svc1, svc2, svc5, svc6)); err != nil {
 		t.Fatal(err)

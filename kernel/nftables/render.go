@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 	"github.com/sluice-proxy/sluice/lb"
 )
 
@@ -65,8 +66,11 @@ type Options struct {
 	MasqueradeBit int
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
-	// ClusterCIDR: traffic to a cluster IP from outside it is masqueraded.
-	ClusterCIDR netip.Prefix
+	// Local tells pod traffic apart (--detect-local-mode): traffic to a
+	// cluster IP from elsewhere is masqueraded, and pod traffic to an
+	// external IP of a Service with a Local external policy takes the
+	// cluster path. Unset, neither rule is written.
+	Local localtraffic.Match
 	// NodePortAddresses are the addresses NodePorts answer on; nil means
 	// every local address (but loopback: nftables mode has no localhost
 	// NodePorts).
@@ -656,8 +660,8 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 			rule(ext, "jump", chainMarkForMasq)
 			rule(ext, "goto", svc)
 		} else {
-			if o.ClusterCIDR.IsValid() {
-				ruleC(ext, "short-circuit pod traffic", ip, "saddr", o.ClusterCIDR.String(), "goto", svc)
+			if o.Local.IsSet() {
+				ruleC(ext, "short-circuit pod traffic", o.Local.NFT(false), "goto", svc)
 			}
 			ruleC(ext, "masquerade local traffic", "fib saddr type local jump", chainMarkForMasq)
 			ruleC(ext, "short-circuit local traffic", "fib saddr type local goto", svc)
@@ -700,8 +704,8 @@ func renderPort(sp *lb.ServicePort, o Options) *portBundle {
 				switch {
 				case o.MasqueradeAll:
 					rule(c, ip, "daddr", cip.String(), "jump", chainMarkForMasq)
-				case o.ClusterCIDR.IsValid():
-					rule(c, ip, "daddr", cip.String(), ip, "saddr !=", o.ClusterCIDR.String(), "jump", chainMarkForMasq)
+				case o.Local.IsSet():
+					rule(c, ip, "daddr", cip.String(), o.Local.NFT(true), "jump", chainMarkForMasq)
 				}
 			}
 		}
