@@ -652,6 +652,7 @@ func (c *Config) Validate() error {
 	default:
 		p.add("logging-format", "", c.LogFormat, "want text or json")
 	}
+	c.validateFeatureGates(&p)
 	c.validateLogging(&p)
 	if c.Version != "" && c.Version != "true" && c.Version != "raw" && c.Version != "false" {
 		p.add("version", "", c.Version, "want true, raw or false")
@@ -710,6 +711,53 @@ func addressFromDeprecatedFlags(addr string, port int32) string {
 		return fmt.Sprintf("%s:%d", addr, port)
 	}
 	return fmt.Sprintf("[%s]:%d", addr, port)
+}
+
+// featureGate is what kube-proxy knows of one of its feature gates
+// (featuregates.go, generated from its binary).
+type featureGate struct {
+	stage       string // ALPHA, BETA, GA or DEPRECATED
+	def, locked bool   // its default, and whether it may be set otherwise
+}
+
+// KubeProxyGates lists the feature gates kube-proxy v1.34.2 knows, sorted.
+func KubeProxyGates() []string { return kubeProxyGateNames() }
+
+// KubeProxyGateDefault is the gate's default and whether it is locked to it.
+func KubeProxyGateDefault(name string) (def, locked bool) {
+	g, _ := kubeProxyGate(name)
+	return g.def, g.locked
+}
+
+// KubeProxyGateSummary describes the gate as kube-proxy's help does
+// ("BETA default=true"), "" for a gate it does not know.
+func KubeProxyGateSummary(name string) string {
+	g, ok := kubeProxyGate(name)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("%s default=%t", g.stage, g.def)
+}
+
+// validateFeatureGates refuses, as kube-proxy v1.34.2 does, a gate it
+// does not know and a locked gate set against its lock. sluice uses one
+// gate (LoggingAlphaOptions); the others are taken and have no effect.
+func (c *Config) validateFeatureGates(p *problems) {
+	names := make([]string, 0, len(c.KubeProxy.FeatureGates))
+	for name := range c.KubeProxy.FeatureGates {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		v := c.KubeProxy.FeatureGates[name]
+		value := fmt.Sprintf("%s=%t", name, v)
+		switch g, known := kubeProxyGate(name); {
+		case !known:
+			p.add("feature-gates", "featureGates", value, "unrecognized feature gate: %s (not one of kube-proxy v1.34.2's)", name)
+		case g.locked && v != g.def:
+			p.add("feature-gates", "featureGates", value, "cannot set feature gate %s to %t, feature is locked to %t", name, v, g.def)
+		}
+	}
 }
 
 // LoggingAlphaOptions is the feature gate kube-proxy requires for its

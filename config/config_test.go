@@ -204,3 +204,28 @@ func TestUnknownFlagSuggestsTheClosest(t *testing.T) {
 		}
 	}
 }
+
+// A feature gate kube-proxy v1.34.2 does not know is refused, as is a
+// locked one set against its lock; known ones are taken, from the flag
+// or the file, and the error names the gate.
+func TestFeatureGatesAreValidatedAsKubeProxyDoes(t *testing.T) {
+	for _, tc := range []struct {
+		gates string
+		err   string
+	}{
+		{"LoggingAlphaOptions=true,AllAlpha=false,APIServerIdentity=false", ""},
+		{"APIServerTracing=true", ""},
+		{"NoSuchGate=true", "unrecognized feature gate: NoSuchGate"},
+		{"APIServerTracing=false", "cannot set feature gate APIServerTracing to false, feature is locked to true"},
+	} {
+		_, _, err := Parse([]string{"--feature-gates=" + tc.gates})
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "--feature-gates")) {
+			t.Errorf("%s: %v, want %q", tc.gates, err, tc.err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "kp.yaml")
+	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfeatureGates:\n  NoSuchGate: true\n"), 0o644)
+	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "featureGates") || !strings.Contains(err.Error(), "NoSuchGate") {
+		t.Errorf("a file's unknown gate: %v", err)
+	}
+}

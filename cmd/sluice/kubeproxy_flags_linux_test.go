@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/config"
@@ -16,6 +18,45 @@ import (
 // helpFlag is one line of a pflag --help: "  -v, --v Level   usage" or
 // "      --cleanup   usage" (a bool has no type).
 var helpFlag = regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9-]+)(?: ([^ ]+))?\s{2,}`)
+
+// kubeProxyFlag is one flag of upstream kube-proxy's help: its name and
+// type ("" for a bool).
+type kubeProxyFlag struct{ name, typ string }
+
+// kubeProxyFlags returns upstream kube-proxy's binary and the flags its
+// help lists, failing the test when the help no longer parses.
+func kubeProxyFlags(t *testing.T) (string, []kubeProxyFlag) {
+	t.Helper()
+	kubeProxy, err := kubetest.KubeProxyBinary()
+	kubetest.Require(t, err)
+	help, err := exec.Command(kubeProxy, "--help").Output()
+	if err != nil {
+		t.Fatalf("kube-proxy --help: %v", err)
+	}
+	var flags []kubeProxyFlag
+	for _, line := range strings.Split(string(help), "\n") {
+		if m := helpFlag.FindStringSubmatch(line); m != nil {
+			flags = append(flags, kubeProxyFlag{m[1], m[2]})
+		}
+	}
+	if len(flags) < 50 {
+		t.Fatalf("found %d flags in kube-proxy's help; the format must have changed:\n%s", len(flags), help)
+	}
+	return kubeProxy, flags
+}
+
+// arg is the flag given a sample value: by its name, else by its type;
+// ok is false when neither has one.
+func (f kubeProxyFlag) arg(byName, byType map[string]string) (arg string, ok bool) {
+	if f.typ == "" {
+		return "--" + f.name, true
+	}
+	v, ok := byName[f.name]
+	if !ok {
+		v, ok = byType[f.typ]
+	}
+	return "--" + f.name + "=" + v, ok
+}
 
 // Every flag upstream kube-proxy v1.34.2 lists in its help is one sluice
 // takes: a kube-proxy command line keeps working when the binary is
@@ -27,19 +68,14 @@ var helpFlag = regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9-]+)(?: ([^ ]+))?\
 // A type the test has no value for fails it, so a new upstream release's
 // flags are looked at, not passed over.
 func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
-	kubeProxy, err := kubetest.KubeProxyBinary()
-	kubetest.Require(t, err)
-	help, err := exec.Command(kubeProxy, "--help").Output()
-	if err != nil {
-		t.Fatalf("kube-proxy --help: %v", err)
-	}
+	kubeProxy, flags := kubeProxyFlags(t)
 	dir := t.TempDir()
 	kpConfig := filepath.Join(dir, "kp.yaml")
 	os.WriteFile(kpConfig, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n"), 0o644)
 	byType := map[string]string{
 		"ip": "127.0.0.1", "ipport": "127.0.0.1:10256", "duration": "10s", "int32": "1", "float32": "5",
 		"strings": "10.0.0.0/8", "LocalMode": "ClusterCIDR", "mapStringBool": "LoggingAlphaOptions=true",
-		"ProxyMode": "iptables", "Level": "2", "quantity": "64Ki", "pattern=N,...": "proxier=2", "version[=true]": "true",
+		"ProxyMode": "iptables", "Level": "2", "quantity": "64Ki", "pattern=N,...": "proxier=2", "version[=true]": "true", "string": "x",
 	}
 	byName := map[string]string{
 		"config": kpConfig, "write-config-to": filepath.Join(dir, "out.yaml"), "cluster-cidr": "10.244.0.0/16",
@@ -48,28 +84,12 @@ func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
 	}
 	// Flags that act rather than configure: only sluice parses them.
 	acts := map[string]bool{"cleanup": true, "init-only": true, "version": true, "help": true}
-	seen := 0
-	for _, line := range strings.Split(string(help), "\n") {
-		m := helpFlag.FindStringSubmatch(line)
-		if m == nil {
+	for _, f := range flags {
+		name := f.name
+		arg, ok := f.arg(byName, byType)
+		if !ok {
+			t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, f.typ)
 			continue
-		}
-		name, typ := m[1], m[2]
-		seen++
-		arg := "--" + name
-		if typ != "" {
-			v, ok := byName[name]
-			if !ok {
-				v, ok = byType[typ]
-			}
-			if !ok && typ == "string" {
-				v, ok = "x", true
-			}
-			if !ok {
-				t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, typ)
-				continue
-			}
-			arg += "=" + v
 		}
 		args := []string{arg, "--feature-gates=LoggingAlphaOptions=true"}
 		if !acts[name] {
@@ -90,9 +110,6 @@ func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
 			t.Errorf("kube-proxy takes %s, sluice does not: %v", arg, err)
 		}
 	}
-	if seen < 50 {
-		t.Fatalf("found %d flags in kube-proxy's help; the format must have changed:\n%s", seen, help)
-	}
 }
 
 // With --config, kube-proxy v1.34.2 ignores the flags whose settings the
@@ -103,12 +120,7 @@ func TestEveryKubeProxyFlagIsTaken(t *testing.T) {
 // show (--master, the deprecated ports, the ones that act) is listed with
 // what kube-proxy's source does with it.
 func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
-	kubeProxy, err := kubetest.KubeProxyBinary()
-	kubetest.Require(t, err)
-	help, err := exec.Command(kubeProxy, "--help").Output()
-	if err != nil {
-		t.Fatalf("kube-proxy --help: %v", err)
-	}
+	kubeProxy, flags := kubeProxyFlags(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "kp.yaml")
 	// The gate lets the alpha logging flags be given.
@@ -143,14 +155,8 @@ func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
 		"boot-id-file": false, "machine-id-file": false, "windows-service": false,
 	}
 	acts := map[string]bool{"cleanup": true, "init-only": true, "version": true, "help": true, "config": true, "write-config-to": true}
-	seen := 0
-	for _, line := range strings.Split(string(help), "\n") {
-		m := helpFlag.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		name, typ := m[1], m[2]
-		seen++
+	for _, f := range flags {
+		name := f.name
 		if acts[name] {
 			if config.FileHoldsFlag(name) {
 				t.Errorf("--%s acts; the file cannot hold it", name)
@@ -163,17 +169,10 @@ func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
 			}
 			continue
 		}
-		arg := "--" + name
-		if typ != "" {
-			v, ok := byName[name]
-			if !ok {
-				v, ok = byType[typ]
-			}
-			if !ok {
-				t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, typ)
-				continue
-			}
-			arg += "=" + v
+		arg, ok := f.arg(byName, byType)
+		if !ok {
+			t.Errorf("--%s: no sample value for kube-proxy's type %q: add one", name, f.typ)
+			continue
 		}
 		got, err := writeOut(arg)
 		if err != nil {
@@ -185,7 +184,77 @@ func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
 			t.Errorf("%s beside --config: kube-proxy ignores it: %v; sluice: %v", arg, holds, config.FileHoldsFlag(name))
 		}
 	}
-	if seen < 50 {
-		t.Fatalf("found %d flags in kube-proxy's help; the format must have changed:\n%s", seen, help)
+}
+
+// helpGate is one feature gate of kube-proxy's --feature-gates help:
+// "Name=true|false (BETA - default=true)".
+var helpGate = regexp.MustCompile(`^\s+([A-Za-z0-9]+)=true\|false \(([A-Z]+) - default=(true|false)\)`)
+
+// sluice knows kube-proxy v1.34.2's feature gates as its binary does
+// (config/featuregates.go, from scripts/kube-proxy-feature-gates.sh): the
+// help's alpha and beta gates with their defaults; every gate set to its
+// default taken by kube-proxy (so no name is one it does not know); a
+// locked gate set against its lock refused by it, an unlocked one taken.
+// The parity tests check that no gate of upstream's /metrics is missing.
+func TestFeatureGatesAreKubeProxys(t *testing.T) {
+	kubeProxy, _ := kubeProxyFlags(t)
+	help, err := exec.Command(kubeProxy, "--help").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inHelp := 0
+	for _, line := range strings.Split(string(help), "\n") {
+		m := helpGate.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		inHelp++
+		if got := config.KubeProxyGateSummary(m[1]); got != m[2]+" default="+m[3] {
+			t.Errorf("%s: sluice knows it as %q; kube-proxy's help: %s default=%s", m[1], got, m[2], m[3])
+		}
+	}
+	if inHelp < 100 {
+		t.Fatalf("%d gates in kube-proxy's help: the format must have changed", inHelp)
+	}
+	takes := func(gates []string) (bool, string) {
+		out, err := exec.Command("unshare", "--net", kubeProxy, "--proxy-mode=iptables", "--feature-gates="+strings.Join(gates, ","),
+			"--write-config-to", filepath.Join(t.TempDir(), "out.yaml")).CombinedOutput()
+		return err == nil, string(out)
+	}
+	var defaults, flippable []string
+	var locked []string
+	for _, name := range config.KubeProxyGates() {
+		def, isLocked := config.KubeProxyGateDefault(name)
+		defaults = append(defaults, fmt.Sprintf("%s=%t", name, def))
+		flipped := fmt.Sprintf("%s=%t", name, !def)
+		if isLocked {
+			locked = append(locked, flipped)
+		} else if s := config.KubeProxyGateSummary(name); strings.HasPrefix(s, "GA") || strings.HasPrefix(s, "DEPRECATED") {
+			flippable = append(flippable, flipped)
+		}
+		if _, _, err := config.Parse([]string{"--proxy-mode=iptables", "--feature-gates=" + flipped}); (err == nil) == isLocked {
+			t.Errorf("sluice given %s: %v (locked: %v)", flipped, err, isLocked)
+		}
+	}
+	if ok, out := takes(defaults); !ok {
+		t.Errorf("kube-proxy refuses sluice's gates at their defaults: %s", lastLine(out))
+	}
+	if ok, out := takes(flippable); !ok {
+		t.Errorf("kube-proxy refuses the unlocked GA and deprecated gates flipped: %s", lastLine(out))
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, g := range locked {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ok, _ := takes([]string{g}); ok {
+				t.Errorf("kube-proxy takes %s, which sluice says is locked", g)
+			}
+		})
+	}
+	wg.Wait()
+	if len(locked) < 10 {
+		t.Fatalf("only %d locked gates", len(locked))
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -265,6 +267,29 @@ func metricShapes(page string) []string {
 // kube-proxy exported and sluice did not, unless it is a known one, and
 // for each known one sluice now has.
 func (b *parityBed) checkMetrics(t *testing.T) {
+	// Every feature gate upstream registers is one sluice knows
+	// (config/featuregates.go), with the same stage and default.
+	if path := os.Getenv("SLUICE_WRITE_KUBE_PROXY_METRICS"); path != "" {
+		os.WriteFile(path, []byte(b.upstreamPage), 0o644) // for scripts/kube-proxy-feature-gates.sh
+	}
+	gates := 0
+	for _, line := range strings.Split(b.upstreamPage, "\n") {
+		m := featureSeries.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		gates++
+		stage := m[2]
+		if stage == "" {
+			stage = "GA"
+		}
+		if want, got := stage+" default="+strconv.FormatBool(m[3] == "1"), config.KubeProxyGateSummary(m[1]); got != want {
+			t.Errorf("feature gate %s: sluice knows it as %q, kube-proxy's /metrics says %s: run scripts/kube-proxy-feature-gates.sh", m[1], got, want)
+		}
+	}
+	if gates < 100 {
+		t.Errorf("%d kubernetes_feature_enabled series in kube-proxy's /metrics", gates)
+	}
 	t.Helper()
 	for _, m := range b.upstreamMetrics {
 		known := slices.Contains(knownMetricDifferences, m)
@@ -342,6 +367,9 @@ func newParityBed(t *testing.T) *parityBed {
 		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
 }
+
+// featureSeries is one feature gate in a /metrics page.
+var featureSeries = regexp.MustCompile(`^kubernetes_feature_enabled\{name="([^"]+)",stage="([A-Z]*)"\} ([01])$`)
 
 // compare runs kube-proxy, then sluice, in mode and returns both dumps
 // (dump returns the canonical lines, or "" in why while not settled).
