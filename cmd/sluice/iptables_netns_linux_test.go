@@ -48,7 +48,11 @@ func runHelper() bool {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
-			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name+"@"+ip) }))
+			go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				host, _, _ := net.SplitHostPort(r.RemoteAddr)
+				w.Header().Set("X-Peer", host) // the source the backend saw
+				io.WriteString(w, name+"@"+ip)
+			}))
 			pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, "5353"))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
@@ -110,6 +114,9 @@ func clientTry(proto, addr string) string {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if proto == "peer" { // the answer and the source the backend saw
+		return string(b) + " from " + resp.Header.Get("X-Peer")
+	}
 	return string(b)
 }
 
@@ -265,7 +272,13 @@ func (b *netnsBed) startBackends(name string, ips ...string) {
 // tries runs the client helper in the client namespace.
 func (b *netnsBed) tries(proto, addr string, n int) []string {
 	b.t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", b.client, os.Args[0], "-test.run=^$")
+	return triesIn(b, b.client, proto, addr, n)
+}
+
+// triesIn runs the client helper in the namespace ns.
+func triesIn(b *netnsBed, ns, proto, addr string, n int) []string {
+	b.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=client", fmt.Sprintf("%s=%s,%s,%d", helperArgsEnv, proto, addr, n))
 	out, err := cmd.Output()
 	if err != nil {
