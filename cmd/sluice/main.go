@@ -333,6 +333,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	// NodeManager does before its proxiers are made.
 	if needPods, needIPs := nodeFactsNeeded(cfg, mode); needPods || needIPs {
 		facts, err := learnNodeFacts(ctx, cfg, needPods, kubeProxyNodeWait())
+		if ctx.Err() != nil {
+			log.Info("stopped while waiting for the Node")
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -587,6 +591,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 	case <-ctx.Done():
 		log.Info("stopped before the first sync")
 		stopAll()
+		if errors.Is(context.Cause(ctx), errPodCIDRsChanged) {
+			return errPodCIDRsChanged
+		}
 		return nil
 	}
 	if err := sink.lastErr(); err != nil && cfg.KubeProxy.BindAddressHardFail {
