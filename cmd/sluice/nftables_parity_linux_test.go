@@ -381,6 +381,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 // compareWith is compare with other flags than the bed's.
 func (b *parityBed) compareWith(t *testing.T, mode string, flags []string, want []string, dump func() ([]string, string), reset func()) (upstream, ours []string) {
 	flags = append([]string{"--proxy-mode=" + mode}, flags...)
+	b.configz, b.slis = nil, nil // this comparison's own
 	reset()
 	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
 	upstream = waitForDump(t, b.e, want, kp, dump)
@@ -488,6 +489,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	upstream, ours = b.compareWith(t, "nftables", append(flags, "--detect-local-mode=NodeCIDR"),
 		append(want, `"addr":"10.244.0.0","len":24`, "192.168.10.1"), dump, reset)
 	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
+	b.checkSurface(t) // /configz included: the resolved "primary", the mode
 	for _, w := range []string{`"addr":"10.244.0.0","len":24`, "192.168.10.1"} {
 		if !strings.Contains(strings.Join(ours, "\n"), w) {
 			t.Errorf("NodeCIDR and primary: no %q in sluice's rules", w)
@@ -588,6 +590,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"),
 		append(want, "veth+"), dump, reset)
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
+	b.checkSurface(t)
 	for _, w := range []string{"! -i veth+", "-i veth+ "} {
 		if !strings.Contains(strings.Join(ours, "\n"), w) {
 			t.Errorf("InterfaceNamePrefix: no %q in sluice's rules", w)
