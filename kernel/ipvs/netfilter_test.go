@@ -140,3 +140,30 @@ func TestSNATRuleRandomFully(t *testing.T) {
 		t.Fatalf("without:\n%s\nwith:\n%s", without, with)
 	}
 }
+
+// The cluster IP masquerade takes each --detect-local-mode's match, as
+// kube-proxy's IPVS mode writes it (its localDetector's IfNotLocal);
+// with none, what comes from a service IP is masqueraded instead.
+func TestClusterIPMasqueradeFollowsTheLocalMatch(t *testing.T) {
+	set := "-m set --match-set KUBE-CLUSTER-IP "
+	for _, tc := range []struct {
+		m    localtraffic.Match
+		want string
+	}{
+		{localtraffic.ByCIDR(netip.MustParsePrefix("10.244.0.0/16")), "-A KUBE-SERVICES ! -s 10.244.0.0/16 "},
+		{localtraffic.ByInterface("cbr0"), "-A KUBE-SERVICES ! -i cbr0 "},
+		{localtraffic.ByInterfacePrefix("veth"), "-A KUBE-SERVICES ! -i veth+ "},
+		{localtraffic.Match{}, set + "src,dst -j KUBE-MARK-MASQ"},
+	} {
+		rules := string(renderRules(Options{}, 14, false, tc.m, false))
+		var line string
+		for _, l := range strings.Split(rules, "\n") {
+			if strings.Contains(l, set) && strings.Contains(l, "KUBE-MARK-MASQ") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, tc.want) {
+			t.Errorf("%v: %q, want %q in it", tc.m, line, tc.want)
+		}
+	}
+}
