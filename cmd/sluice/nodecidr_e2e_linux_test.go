@@ -43,7 +43,7 @@ func TestNodeCIDRModeWaitsForAndFollowsThePodCIDRs(t *testing.T) {
 		t.Fatalf("rules programmed before the Node had pod CIDRs:\n%s", out)
 	}
 	node.Spec.PodCIDR, node.Spec.PodCIDRs = "10.244.7.0/24", []string{"10.244.7.0/24"}
-	if node, err = c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	p.waitLog("detect-local-mode NodeCIDR", "10.244.7.0/24")
