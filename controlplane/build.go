@@ -421,10 +421,11 @@ func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoServ
 	ports := svc.newPorts()
 	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	hints := map[lb.ServicePortName][][]endpointHints{}
 	for _, src := range sources {
 		switch o := src.(type) {
 		case *Slice:
-			sliceEndpoints(o, known, nodeName, e, collected)
+			sliceEndpoints(o, known, nodeName, e, collected, hints)
 		//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
 		case *corev1.Endpoints:
 			legacyEndpoints(o, known, nodeName, e, collected)
@@ -435,6 +436,7 @@ func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoServ
 	}
 	for _, sp := range ports {
 		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+		applyTopology(sp, hints[sp.Name], "")
 	}
 	return memoService{svc: svc, sources: sources, ports: ports}, true
 }
@@ -554,10 +556,11 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 		}
 	}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	hints := map[lb.ServicePortName][][]endpointHints{}
 	for _, sl := range objs.EndpointSlices {
 		id := "EndpointSlice " + sl.Namespace + "/" + sl.Name
 		e := &objErr{origin: objs.Origin(id), id: id}
-		sliceEndpoints(sl, known, nodeName, e, collected)
+		sliceEndpoints(sl, known, nodeName, e, collected, hints)
 		errs = append(errs, e.errors...)
 	}
 	for _, ep := range objs.Endpoints {
@@ -575,6 +578,7 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 			continue // a port the Service does not have: ignored, as kube-proxy does
 		}
 		sp.Endpoints = mergeEndpoints(eps)
+		applyTopology(sp, hints[name], "")
 	}
 	snap := lb.NewSnapshot(all)
 	if err := checkNodePorts(snap, objs, reserved); err != nil {
@@ -797,11 +801,33 @@ type Slice struct {
 // sliceRare is what a Slice rarely has.
 type sliceRare struct {
 	problems []fieldProblem // what is wrong with it, in the order found
+	// hints are its endpoints' topology hints, sorted by address (port
+	// 0), for those that have any.
+	hints []endpointHints
 	// src is kept only when node is "" (LoadManifests, which the tools
 	// and tests build for any node): a build for another node parses it
 	// again for that one. The sources parse for their own node and never
 	// keep it.
 	src *discoveryv1.EndpointSlice
+}
+
+// endpointHints is one endpoint's topology hints (discovery/v1
+// EndpointHints), as a build reads them: the zones it is for, and whether
+// it has node hints and one names the node the slice was parsed for.
+type endpointHints struct {
+	addr      lb.EndpointAddr // port 0
+	zones     []string
+	nodeHints bool
+	forNode   bool
+}
+
+// hintsOf returns the endpoint's hints among hs (sorted), if it has any.
+func hintsOf(hs []endpointHints, addr lb.EndpointAddr) (endpointHints, bool) {
+	i, found := slices.BinarySearchFunc(hs, addr, func(h endpointHints, a lb.EndpointAddr) int { return h.addr.Compare(a) })
+	if !found {
+		return endpointHints{}, false
+	}
+	return hs[i], true
 }
 
 // nodeName is the node s marks endpoints Local for ("": none).
@@ -892,6 +918,7 @@ func (s *Slice) ParseFor(sl *discoveryv1.EndpointSlice, nodeName string) {
 		ports = append(ports, ref)
 	}
 	eps := make([]lb.Endpoint, 0, len(sl.Endpoints)) // port 0, for now
+	var hints []endpointHints
 	for i, ep := range sl.Endpoints {
 		// The field's name is made only for a problem: a slice is parsed
 		// as it is decoded, and what it keeps must not be spread among
@@ -916,6 +943,16 @@ func (s *Slice) ParseFor(sl *discoveryv1.EndpointSlice, nodeName string) {
 			continue
 		}
 		c := ep.Conditions
+		if h := ep.Hints; h != nil && (len(h.ForZones) > 0 || len(h.ForNodes) > 0) {
+			eh := endpointHints{addr: lb.EndpointAddrFrom(a, 0), nodeHints: len(h.ForNodes) > 0}
+			for _, z := range h.ForZones {
+				eh.zones = append(eh.zones, strings.Clone(z.Name))
+			}
+			for _, n := range h.ForNodes {
+				eh.forNode = eh.forNode || nodeName != "" && n.Name == nodeName
+			}
+			hints = append(hints, eh)
+		}
 		eps = append(eps, lb.Endpoint{
 			Addr:        lb.EndpointAddrFrom(a, 0),
 			Ready:       c.Ready == nil || *c.Ready,
@@ -926,6 +963,13 @@ func (s *Slice) ParseFor(sl *discoveryv1.EndpointSlice, nodeName string) {
 	}
 	if len(s.problems()) > 0 || len(ports) == 0 {
 		return
+	}
+	if len(hints) > 0 {
+		slices.SortStableFunc(hints, func(a, b endpointHints) int { return a.addr.Compare(b.addr) })
+		if s.rare == nil {
+			s.rare = &sliceRare{}
+		}
+		s.rare.hints = slices.Clip(hints)
 	}
 	s.ports = slices.Clip(ports)
 	for i, p := range s.ports {
@@ -995,7 +1039,7 @@ func (s *Slice) problem(field, format string, a ...any) {
 // sliceEndpoints adds sl's endpoints to out, per service port, for the
 // node named nodeName; it reports sl's problems, and one naming a Service
 // that is not known, instead.
-func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint) {
+func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr, out map[lb.ServicePortName][]lb.Endpoint, hints map[lb.ServicePortName][][]endpointHints) {
 	if sl.Service == "" {
 		e.add("metadata.labels["+ServiceNameLabel+"]", "required: it names the Service this slice belongs to")
 		return
@@ -1019,6 +1063,9 @@ func sliceEndpoints(sl *Slice, known map[svcKey]bool, nodeName string, e *objErr
 	}
 	for _, p := range sl.ports {
 		name := lb.ServicePortName{Namespace: sl.Namespace, Name: sl.Service, Port: p.name, Protocol: p.proto}
+		if sl.rare != nil && len(sl.rare.hints) > 0 {
+			hints[name] = append(hints[name], sl.rare.hints)
+		}
 		eps := p.eps
 		if len(out[name]) == 0 {
 			// Shared: the lists are exactly sized, so a later slice's
@@ -1178,7 +1225,9 @@ func (s *Service) Parse(svc *corev1.Service) {
 // slice is left out while the others are used. A skipped Service
 // (ExternalName, headless) yields no ports and no error. The ports are new
 // each time: svc's own are never handed out.
-func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.ServicePort, []error) {
+// zone is the node's topology.kubernetes.io/zone label ("": none), for
+// the slices' zone hints.
+func BuildService(svc *Service, slices []*Slice, nodeName, zone string) ([]*lb.ServicePort, []error) {
 	if len(svc.problemList()) > 0 {
 		return nil, svc.problemList()
 	}
@@ -1187,15 +1236,17 @@ func BuildService(svc *Service, slices []*Slice, nodeName string) ([]*lb.Service
 	}
 	known := map[svcKey]bool{{svc.Namespace, svc.Name}: true}
 	collected := map[lb.ServicePortName][]lb.Endpoint{}
+	hints := map[lb.ServicePortName][][]endpointHints{}
 	var errs []error
 	for _, sl := range slices {
 		se := &objErr{id: "EndpointSlice " + sl.Namespace + "/" + sl.Name}
-		sliceEndpoints(sl, known, nodeName, se, collected)
+		sliceEndpoints(sl, known, nodeName, se, collected, hints)
 		errs = append(errs, se.errors...)
 	}
 	ports := svc.newPorts()
 	for _, sp := range ports {
 		sp.Endpoints = mergeEndpoints(collected[sp.Name])
+		applyTopology(sp, hints[sp.Name], zone)
 	}
 	return ports, errs
 }
@@ -1222,4 +1273,66 @@ func (svc *Service) newPorts() []*lb.ServicePort {
 		svc.ports, svc.given = copies(), portsCopied
 	}
 	return copies()
+}
+
+// applyTopology is kube-proxy's topology-aware routing for one port
+// (topologyModeFromHints, availableForTopology): when every ready endpoint
+// has node hints and one is for this node (the slices were parsed for it),
+// cluster traffic goes only to those for this node; else, when every ready
+// endpoint has zone hints and one is for zone, only to those for zone;
+// else to all. The others are set out of the port's topology. lists are
+// the hints of the port's slices that have any; an endpoint in none of
+// them has no hints. The node hints are read as kube-proxy v1.34 reads
+// them by default (its PreferSameTrafficDistribution gate on).
+func applyTopology(sp *lb.ServicePort, lists [][]endpointHints, zone string) {
+	if sp.OutOfTopology() != nil {
+		sp.SetOutOfTopology(nil) // a port copied from one an earlier build set
+	}
+	if len(lists) == 0 || len(sp.Endpoints) == 0 {
+		return
+	}
+	hs := make([]endpointHints, len(sp.Endpoints))
+	allNode, anyNode, allZone, anyZone := true, false, true, false
+	for i, ep := range sp.Endpoints {
+		if !ep.Ready {
+			continue
+		}
+		addr := lb.EndpointAddrFrom(ep.Addr.Addr(), 0)
+		for _, l := range lists {
+			if h, ok := hintsOf(l, addr); ok {
+				hs[i] = h
+				break
+			}
+		}
+		h := hs[i]
+		if !h.nodeHints {
+			allNode = false
+		} else if h.forNode {
+			anyNode = true
+		}
+		if len(h.zones) == 0 {
+			allZone = false
+		} else if zone != "" && slices.Contains(h.zones, zone) {
+			anyZone = true
+		}
+	}
+	var available func(h endpointHints) bool
+	switch {
+	case allNode && anyNode:
+		available = func(h endpointHints) bool { return h.forNode }
+	case allZone && anyZone:
+		available = func(h endpointHints) bool { return slices.Contains(h.zones, zone) }
+	default:
+		return
+	}
+	var out []lb.EndpointAddr
+	for i, ep := range sp.Endpoints {
+		if ep.Ready && !available(hs[i]) {
+			out = append(out, ep.Addr)
+		}
+	}
+	if len(out) > 0 {
+		slices.SortFunc(out, lb.EndpointAddr.Compare)
+		sp.SetOutOfTopology(out)
+	}
 }

@@ -1014,7 +1014,7 @@ spec:
 	}
 	build := func(ip string) []*lb.ServicePort {
 		t.Helper()
-		ports, errs := BuildService(svc, []*Slice{slice(ip)}, "")
+		ports, errs := BuildService(svc, []*Slice{slice(ip)}, "", "")
 		if len(errs) > 0 || len(ports) != 2 {
 			t.Fatalf("%d ports, %v", len(ports), errs)
 		}

@@ -1,6 +1,10 @@
 package lb
 
-import "net/netip"
+import (
+	"bytes"
+	"cmp"
+	"net/netip"
+)
 
 // EndpointAddr is an endpoint's IP address and port in 20 bytes with no
 // pointer: a netip.AddrPort is 32, a pointer word among them, and every
@@ -54,3 +58,17 @@ func (e EndpointAddr) String() string { return e.AddrPort().String() }
 
 // AppendTo appends String's form to b.
 func (e EndpointAddr) AppendTo(b []byte) []byte { return e.AddrPort().AppendTo(b) }
+
+// Compare orders addresses by family, address and port (as slices.SortFunc
+// and BinarySearchFunc take it): -1, 0 or 1.
+func (a EndpointAddr) Compare(b EndpointAddr) int {
+	if c := cmp.Compare(a.kind, b.kind); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(a.ip[:], b.ip[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.port, b.port)
+}
+
+func compareEndpointAddr(a, b EndpointAddr) int { return a.Compare(b) }

@@ -96,21 +96,34 @@ type ServicePort struct {
 }
 
 // ExternalAddrs is what few service ports have: external IPs, and
-// load-balancer IPs with the ranges their clients may come from.
+// load-balancer IPs with the ranges their clients may come from; and the
+// endpoints topology hints keep from this node's cluster traffic. (The
+// last is no address of the port's own, but as rare, and kept here so
+// that a port without any of them holds one nil pointer: issue 16's
+// memory budget.)
 type ExternalAddrs struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 	// SourceRanges is loadBalancerSourceRanges: when set, traffic to the
 	// load-balancer IPs is accepted only from these prefixes.
 	SourceRanges []netip.Prefix
+	// OutOfTopology are the ready endpoints that the EndpointSlices'
+	// topology hints (forNodes, forZones) give to other nodes or zones,
+	// sorted: cluster traffic from this node does not go to them
+	// (kube-proxy's topology-aware routing; see SetOutOfTopology).
+	OutOfTopology []EndpointAddr
 }
 
 // NewExternalAddrs holds the three lists, or is nil when all are empty.
 func NewExternalAddrs(externalIPs, loadBalancerIPs []netip.Addr, sourceRanges []netip.Prefix) *ExternalAddrs {
-	if len(externalIPs) == 0 && len(loadBalancerIPs) == 0 && len(sourceRanges) == 0 {
+	return newRare(externalIPs, loadBalancerIPs, sourceRanges, nil)
+}
+
+func newRare(externalIPs, loadBalancerIPs []netip.Addr, sourceRanges []netip.Prefix, out []EndpointAddr) *ExternalAddrs {
+	if len(externalIPs) == 0 && len(loadBalancerIPs) == 0 && len(sourceRanges) == 0 && len(out) == 0 {
 		return nil
 	}
-	return &ExternalAddrs{ExternalIPs: externalIPs, LoadBalancerIPs: loadBalancerIPs, SourceRanges: sourceRanges}
+	return &ExternalAddrs{ExternalIPs: externalIPs, LoadBalancerIPs: loadBalancerIPs, SourceRanges: sourceRanges, OutOfTopology: out}
 }
 
 // ExternalIPs are the Service's externalIPs.
@@ -137,18 +150,46 @@ func (sp *ServicePort) SourceRanges() []netip.Prefix {
 	return sp.External.SourceRanges
 }
 
-// SetExternalIPs, SetLoadBalancerIPs and SetSourceRanges replace one of
-// External's lists, with a new External.
+// OutOfTopology are the endpoints topology hints keep from this node's
+// cluster traffic (see ExternalAddrs).
+func (sp *ServicePort) OutOfTopology() []EndpointAddr {
+	if sp.External == nil {
+		return nil
+	}
+	return sp.External.OutOfTopology
+}
+
+// SetExternalIPs, SetLoadBalancerIPs, SetSourceRanges and SetOutOfTopology
+// replace one of External's lists, with a new External.
 func (sp *ServicePort) SetExternalIPs(ips []netip.Addr) {
-	sp.External = NewExternalAddrs(ips, sp.LoadBalancerIPs(), sp.SourceRanges())
+	sp.External = newRare(ips, sp.LoadBalancerIPs(), sp.SourceRanges(), sp.OutOfTopology())
 }
 
 func (sp *ServicePort) SetLoadBalancerIPs(ips []netip.Addr) {
-	sp.External = NewExternalAddrs(sp.ExternalIPs(), ips, sp.SourceRanges())
+	sp.External = newRare(sp.ExternalIPs(), ips, sp.SourceRanges(), sp.OutOfTopology())
 }
 
 func (sp *ServicePort) SetSourceRanges(ranges []netip.Prefix) {
-	sp.External = NewExternalAddrs(sp.ExternalIPs(), sp.LoadBalancerIPs(), ranges)
+	sp.External = newRare(sp.ExternalIPs(), sp.LoadBalancerIPs(), ranges, sp.OutOfTopology())
+}
+
+// SetOutOfTopology sets the endpoints, sorted, that cluster traffic from
+// this node does not go to: those topology hints give to other nodes or
+// zones. Local traffic policies and the fallback to serving terminating
+// endpoints ignore it, as kube-proxy's CategorizeEndpoints does.
+func (sp *ServicePort) SetOutOfTopology(addrs []EndpointAddr) {
+	sp.External = newRare(sp.ExternalIPs(), sp.LoadBalancerIPs(), sp.SourceRanges(), addrs)
+}
+
+// inTopology reports whether cluster traffic may go to ep under the
+// topology hints.
+func (sp *ServicePort) inTopology(ep Endpoint) bool {
+	out := sp.OutOfTopology()
+	if len(out) == 0 {
+		return true
+	}
+	_, found := slices.BinarySearchFunc(out, ep.Addr, compareEndpointAddr)
+	return !found
 }
 
 // Usable returns the endpoints cluster (ClusterIP) traffic may go to: the
@@ -174,7 +215,10 @@ func (sp *ServicePort) Select(localOnly bool) []netip.AddrPort { return sp.usabl
 // without building the list.
 func (sp *ServicePort) HasUsable(localOnly bool) bool {
 	for _, ep := range sp.Endpoints {
-		if (!localOnly || ep.Local) && (ep.Ready || ep.Serving && ep.Terminating) {
+		if localOnly && ep.Local && (ep.Ready || ep.Serving && ep.Terminating) {
+			return true
+		}
+		if !localOnly && (ep.Ready && sp.inTopology(ep) || ep.Serving && ep.Terminating) {
 			return true
 		}
 	}
@@ -184,13 +228,21 @@ func (sp *ServicePort) HasUsable(localOnly bool) bool {
 // selectEndpoints is Select's endpoints: sp.Endpoints itself when every one
 // of them is selected, else a copy of those that are, sized exactly.
 func (sp *ServicePort) selectEndpoints(localOnly bool) []Endpoint {
+	// Cluster traffic takes the ready endpoints the topology hints leave
+	// it (kube-proxy's availableForTopology); local traffic ignores them.
+	ready := func(ep Endpoint) bool {
+		if localOnly {
+			return ep.Ready && ep.Local
+		}
+		return ep.Ready && sp.inTopology(ep)
+	}
 	anyReady := false
 	for _, ep := range sp.Endpoints {
-		anyReady = anyReady || ep.Ready && (!localOnly || ep.Local)
+		anyReady = anyReady || ready(ep)
 	}
 	// kube-proxy's rule: the ready ones, else the serving terminating ones.
 	selected := func(ep Endpoint) bool {
-		return (!localOnly || ep.Local) && (ep.Ready || !anyReady && ep.Serving && ep.Terminating)
+		return ready(ep) || !anyReady && (!localOnly || ep.Local) && ep.Serving && ep.Terminating
 	}
 	n := 0
 	for _, ep := range sp.Endpoints {

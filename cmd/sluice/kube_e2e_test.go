@@ -102,6 +102,8 @@ func (e *kubeEnv) backend(ip, name string) {
 type kubeEP struct {
 	ip, node                    string
 	ready, serving, terminating bool
+	// forZones and forNodes are its topology hints (none when empty).
+	forZones, forNodes []string
 }
 
 func readyEP(ip string) kubeEP { return kubeEP{ip: ip, node: kubeNode, ready: true, serving: true} }
@@ -154,8 +156,18 @@ func (e *kubeEnv) setSlice(svc, name string, httpPortName string, eps ...kubeEP)
 		},
 	}
 	for _, ep := range eps {
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{ep.ip}, NodeName: ptrTo(ep.node),
-			Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(ep.ready), Serving: ptrTo(ep.serving), Terminating: ptrTo(ep.terminating)}})
+		d := discoveryv1.Endpoint{Addresses: []string{ep.ip}, NodeName: ptrTo(ep.node),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(ep.ready), Serving: ptrTo(ep.serving), Terminating: ptrTo(ep.terminating)}}
+		if len(ep.forZones) > 0 || len(ep.forNodes) > 0 {
+			d.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range ep.forZones {
+				d.Hints.ForZones = append(d.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			}
+			for _, n := range ep.forNodes {
+				d.Hints.ForNodes = append(d.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+			}
+		}
+		sl.Endpoints = append(sl.Endpoints, d)
 	}
 	api := e.client.DiscoveryV1().EndpointSlices("default")
 	old, err := api.Get(e.ctx(), name, metav1.GetOptions{})

@@ -318,7 +318,8 @@ func newParityBed(t *testing.T) *parityBed {
 	// The node: an uplink that leads nowhere, with the node's IP.
 	nodeUplink(t, "parity", []string{"addr", "add", "192.168.10.1/24", "dev", "parity0"})
 	// Its pod CIDRs are for --detect-local-mode=NodeCIDR.
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode},
+	// Its zone is for the topology hints.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24", "fd00:244::/64"}}}
 	node, err = c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
@@ -360,6 +361,21 @@ func newParityBed(t *testing.T) *parityBed {
 		t.Fatal(err)
 	}
 	e.setSlice("guarded", "guarded-1", "http", local, remote)
+	// Topology-aware routing: zone hints (this node's zone, zone-a, has
+	// one of the three endpoints), and node hints (PreferSameNode).
+	zonal := webService("zonal")
+	zonal.Spec.Type = corev1.ServiceTypeClusterIP
+	e.createService(zonal)
+	inZone := kubeEP{ip: "10.244.1.7", node: "node-b", ready: true, serving: true, forZones: []string{"zone-a"}}
+	otherZone := kubeEP{ip: "10.244.2.8", node: "node-c", ready: true, serving: true, forZones: []string{"zone-b"}}
+	bothZones := kubeEP{ip: "10.244.2.9", node: "node-c", ready: true, serving: true, forZones: []string{"zone-b", "zone-c"}}
+	e.setSlice("zonal", "zonal-1", "http", inZone, otherZone, bothZones)
+	nodal := webService("nodal")
+	nodal.Spec.Type = corev1.ServiceTypeClusterIP
+	e.createService(nodal)
+	forMe := readyEP("10.244.0.7")
+	forMe.forNodes, forMe.forZones = []string{kubeNode}, []string{"zone-a"}
+	e.setSlice("nodal", "nodal-1", "http", forMe, kubeEP{ip: "10.244.1.8", node: "node-b", ready: true, serving: true, forNodes: []string{"node-b"}, forZones: []string{"zone-a"}})
 
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
 	return &parityBed{e: e, kubeProxy: kubeProxy, metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
@@ -438,7 +454,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		kubetest.Require(t, fmt.Errorf("nft: %w", err))
 	}
 	b := newParityBed(t)
-	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "203.0.113.20"}
+	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "zonal/tcp/http", "nodal/tcp/http", "203.0.113.20"}
 	want = append(want, `"family":"ip6"`)
 	dump := func() ([]string, string) {
 		var all []string
@@ -546,7 +562,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 		}
 	}
 	b := newParityBed(t)
-	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "203.0.113.20",
+	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "zonal:http", "nodal:http", "203.0.113.20",
 		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
 		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
 	dump := func() ([]string, string) {

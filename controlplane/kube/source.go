@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -114,6 +115,10 @@ type Source struct {
 	// budget); an entry goes when all three are empty.
 	slicesMu sync.Mutex
 	bySvc    serviceTable
+
+	// zone is the Node's topology.kubernetes.io/zone label, for the
+	// slices' zone hints: set by the Node's events, read by the builds.
+	zone atomic.Pointer[string]
 
 	// Owned by the Run goroutine.
 	last *lb.Snapshot
@@ -286,12 +291,16 @@ func (s *Source) Run(ctx context.Context) error {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
 			}))
 		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
-		if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { s.node(o) },
 			UpdateFunc: func(_, o any) { s.node(o) },
-		}); err != nil {
+		})
+		if err != nil {
 			return err
 		}
+		// The first build waits for the Node (its zone, for topology
+		// hints), as kube-proxy's proxiers start with it.
+		syncs = append(syncs, reg.HasSynced)
 		nodeFactory.Start(ctx.Done())
 		defer nodeFactory.Shutdown()
 	}
@@ -788,10 +797,32 @@ func (s *Source) watchServiceCIDRs(ctx context.Context) (cache.InformerSynced, e
 	return inf.HasSynced, nil
 }
 
+// zoneOf is the Node's zone as last seen ("": none yet).
+func (s *Source) zoneOf() string {
+	if z := s.zone.Load(); z != nil {
+		return *z
+	}
+	return ""
+}
+
 func (s *Source) node(o any) {
 	n, ok := o.(*corev1.Node)
 	if !ok {
 		return
+	}
+	if zone := n.Labels[corev1.LabelTopologyZone]; zone != s.zoneOf() {
+		// kube-proxy's proxiers resync on a change of the Node's topology
+		// labels: every Service is built again with the zone.
+		s.zone.Store(&zone)
+		s.slicesMu.Lock()
+		var keys []serviceKey
+		for key := range s.bySvc.all() {
+			keys = append(keys, key)
+		}
+		s.slicesMu.Unlock()
+		for _, key := range keys {
+			s.mark(key, true)
+		}
 	}
 	if s.NodePodCIDRs != nil {
 		cidrs := n.Spec.PodCIDRs
@@ -819,7 +850,7 @@ func (s *Source) rebuild(key serviceKey) (old, ports []*lb.ServicePort, changed 
 	svc, eps := s.stateOf(key)
 	if svc != nil {
 		if svc.clusterIP { // kube-proxy skips Services without a ClusterIP
-			ports, errs = controlplane.BuildService(&svc.Service, eps, s.NodeName)
+			ports, errs = controlplane.BuildService(&svc.Service, eps, s.NodeName, s.zoneOf())
 		}
 	} else if len(eps) > 0 {
 		for _, sl := range eps {

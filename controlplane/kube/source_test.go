@@ -642,8 +642,8 @@ func TestProxyTrimKeepsWhatSluiceReads(t *testing.T) {
 				cached = append(cached, &cs.Slice)
 			}
 		}
-		wantPorts, wantErrs := controlplane.BuildService(wholeWeb, whole, node)
-		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, cached, node)
+		wantPorts, wantErrs := controlplane.BuildService(wholeWeb, whole, node, "")
+		gotPorts, gotErrs := controlplane.BuildService(trimmedWeb, cached, node, "")
 		if !reflect.DeepEqual(gotPorts, wantPorts) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
 			t.Fatalf("round %d: trimmed slices build\n%v %v\nthe whole ones\n%v %v", round, gotPorts, gotErrs, wantPorts, wantErrs)
 		}

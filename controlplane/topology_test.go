@@ -1,0 +1,99 @@
+package controlplane
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Cluster traffic follows the EndpointSlices' topology hints as kube-proxy
+// v1.34's topologyModeFromHints decides (pkg/proxy/topology.go): node
+// hints first, when every ready endpoint has them and one is for this
+// node; then zone hints, when every ready endpoint has them and one is for
+// the node's zone; else every endpoint. Hints of endpoints that are not
+// ready do not count.
+func TestTopologyHintsAsKubeProxyReadsThem(t *testing.T) {
+	objs, err := ParseManifest("test.yaml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: x}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: a, port: 80}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := objs.Services[0]
+	type ep struct {
+		ip     string
+		ready  bool
+		zones  string // comma-separated forZones ("": none)
+		nodes  string // comma-separated forNodes
+		sliceN int    // which slice it is in
+	}
+	build := func(node, zone string, eps ...ep) []string {
+		t.Helper()
+		var sls []*Slice
+		for n := 0; n < 2; n++ {
+			sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "web-" + string(rune('a'+n)), Labels: map[string]string{ServiceNameLabel: "web"}},
+				AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr("a"), Port: ptr(int32(8080))}}}
+			for _, e := range eps {
+				if e.sliceN != n {
+					continue
+				}
+				d := discoveryv1.Endpoint{Addresses: []string{e.ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(e.ready)}}
+				if e.zones != "" || e.nodes != "" {
+					d.Hints = &discoveryv1.EndpointHints{}
+					for _, z := range strings.Split(e.zones, ",") {
+						if z != "" {
+							d.Hints.ForZones = append(d.Hints.ForZones, discoveryv1.ForZone{Name: z})
+						}
+					}
+					for _, n := range strings.Split(e.nodes, ",") {
+						if n != "" {
+							d.Hints.ForNodes = append(d.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+						}
+					}
+				}
+				sl.Endpoints = append(sl.Endpoints, d)
+			}
+			if len(sl.Endpoints) > 0 {
+				sls = append(sls, NewSliceFor(sl, node))
+			}
+		}
+		ports, errs := BuildService(svc, sls, node, zone)
+		if len(errs) > 0 || len(ports) != 1 {
+			t.Fatalf("%d ports, %v", len(ports), errs)
+		}
+		var got []string
+		for _, a := range ports[0].Select(false) {
+			got = append(got, a.Addr().String())
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		name, node, zone string
+		eps              []ep
+		want             string
+	}{
+		{"no hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true}, {ip: "10.0.0.2", ready: true}}, "10.0.0.1,10.0.0.2"},
+		{"zone hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, zones: "z2"}, {ip: "10.0.0.3", ready: true, zones: "z2,z1"}}, "10.0.0.1,10.0.0.3"},
+		{"zone hints, no zone label", "n1", "", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, zones: "z2"}}, "10.0.0.1,10.0.0.2"},
+		{"zone hints, none for the zone", "n1", "z3", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, zones: "z2"}}, "10.0.0.1,10.0.0.2"},
+		{"one ready endpoint without hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true}}, "10.0.0.1,10.0.0.2"},
+		{"an unready endpoint without hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, zones: "z2"}, {ip: "10.0.0.3"}}, "10.0.0.1"},
+		{"hints across slices", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, zones: "z2", sliceN: 1}}, "10.0.0.1"},
+		{"a slice without hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, zones: "z1"}, {ip: "10.0.0.2", ready: true, sliceN: 1}}, "10.0.0.1,10.0.0.2"},
+		{"node hints", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, nodes: "n1", zones: "z2"}, {ip: "10.0.0.2", ready: true, nodes: "n2", zones: "z1"}}, "10.0.0.1"},
+		{"node hints for other nodes: zone", "n3", "z1", []ep{{ip: "10.0.0.1", ready: true, nodes: "n1", zones: "z2"}, {ip: "10.0.0.2", ready: true, nodes: "n2", zones: "z1"}}, "10.0.0.2"},
+		{"node hints on some: zone", "n1", "z1", []ep{{ip: "10.0.0.1", ready: true, nodes: "n1", zones: "z2"}, {ip: "10.0.0.2", ready: true, zones: "z1"}}, "10.0.0.2"},
+		{"no node name", "", "z1", []ep{{ip: "10.0.0.1", ready: true, nodes: "n1", zones: "z1"}, {ip: "10.0.0.2", ready: true, nodes: "n2", zones: "z2"}}, "10.0.0.1"},
+	} {
+		if got := strings.Join(build(tc.node, tc.zone, tc.eps...), ","); got != tc.want {
+			t.Errorf("%s: cluster traffic to %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// A build with hints, then one without: the second's ports, copied
+	// from the first's, keep nothing of its topology.
+	build("n1", "z1", ep{ip: "10.0.0.1", ready: true, zones: "z1"}, ep{ip: "10.0.0.2", ready: true, zones: "z2"})
+	if got := build("n1", "z1", ep{ip: "10.0.0.1", ready: true}, ep{ip: "10.0.0.2", ready: true}); !slices.Equal(got, []string{"10.0.0.1", "10.0.0.2"}) {
+		t.Errorf("after a build with hints: %v", got)
+	}
+}
