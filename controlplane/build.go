@@ -1260,6 +1260,9 @@ func (svc *Service) newPorts() []*lb.ServicePort {
 		for i, proto := range svc.ports {
 			sp := *proto
 			sp.Endpoints = nil
+			if sp.OutOfTopology() != nil {
+				sp.SetOutOfTopology(nil) // what the first build's endpoints were
+			}
 			ports[i] = &sp
 		}
 		return ports
