@@ -703,14 +703,10 @@ func addressFromDeprecatedFlags(addr string, port int32) string {
 	if _, _, err := net.SplitHostPort(addr); err == nil {
 		return addr
 	}
-	a, ok := parseIPSloppy(addr)
-	if !ok {
+	if _, ok := parseIPSloppy(addr); !ok {
 		return addr // validation names it
 	}
-	if a.Is4() {
-		return fmt.Sprintf("%s:%d", addr, port)
-	}
-	return fmt.Sprintf("[%s]:%d", addr, port)
+	return net.JoinHostPort(addr, strconv.Itoa(int(port)))
 }
 
 // featureGate is what kube-proxy knows of one of its feature gates
@@ -723,20 +719,12 @@ type featureGate struct {
 // KubeProxyGates lists the feature gates kube-proxy v1.34.2 knows, sorted.
 func KubeProxyGates() []string { return kubeProxyGateNames() }
 
-// KubeProxyGateDefault is the gate's default and whether it is locked to it.
-func KubeProxyGateDefault(name string) (def, locked bool) {
-	g, _ := kubeProxyGate(name)
-	return g.def, g.locked
-}
-
-// KubeProxyGateSummary describes the gate as kube-proxy's help does
-// ("BETA default=true"), "" for a gate it does not know.
-func KubeProxyGateSummary(name string) string {
-	g, ok := kubeProxyGate(name)
-	if !ok {
-		return ""
-	}
-	return fmt.Sprintf("%s default=%t", g.stage, g.def)
+// KubeProxyGate is what kube-proxy v1.34.2 knows of the gate: its stage
+// (ALPHA, BETA, GA or DEPRECATED), its default, and whether it is locked
+// to it; known is false for a gate it does not know.
+func KubeProxyGate(name string) (stage string, def, locked, known bool) {
+	g, known := kubeProxyGate(name)
+	return g.stage, g.def, g.locked, known
 }
 
 // validateFeatureGates refuses, as kube-proxy v1.34.2 does, a gate it

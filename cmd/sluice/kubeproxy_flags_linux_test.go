@@ -186,6 +186,16 @@ func TestFlagsAKubeProxyConfigFileHolds(t *testing.T) {
 	}
 }
 
+// gateSummary describes a gate sluice knows as kube-proxy's help does
+// ("BETA default=true"); "" for one it does not know.
+func gateSummary(name string) string {
+	stage, def, _, known := config.KubeProxyGate(name)
+	if !known {
+		return ""
+	}
+	return fmt.Sprintf("%s default=%t", stage, def)
+}
+
 // helpGate is one feature gate of kube-proxy's --feature-gates help:
 // "Name=true|false (BETA - default=true)".
 var helpGate = regexp.MustCompile(`^\s+([A-Za-z0-9]+)=true\|false \(([A-Z]+) - default=(true|false)\)`)
@@ -209,7 +219,7 @@ func TestFeatureGatesAreKubeProxys(t *testing.T) {
 			continue
 		}
 		inHelp++
-		if got := config.KubeProxyGateSummary(m[1]); got != m[2]+" default="+m[3] {
+		if got := gateSummary(m[1]); got != m[2]+" default="+m[3] {
 			t.Errorf("%s: sluice knows it as %q; kube-proxy's help: %s default=%s", m[1], got, m[2], m[3])
 		}
 	}
@@ -224,12 +234,12 @@ func TestFeatureGatesAreKubeProxys(t *testing.T) {
 	var defaults, flippable []string
 	var locked []string
 	for _, name := range config.KubeProxyGates() {
-		def, isLocked := config.KubeProxyGateDefault(name)
+		stage, def, isLocked, _ := config.KubeProxyGate(name)
 		defaults = append(defaults, fmt.Sprintf("%s=%t", name, def))
 		flipped := fmt.Sprintf("%s=%t", name, !def)
 		if isLocked {
 			locked = append(locked, flipped)
-		} else if s := config.KubeProxyGateSummary(name); strings.HasPrefix(s, "GA") || strings.HasPrefix(s, "DEPRECATED") {
+		} else if stage == "GA" || stage == "DEPRECATED" {
 			flippable = append(flippable, flipped)
 		}
 		if _, _, err := config.Parse([]string{"--proxy-mode=iptables", "--feature-gates=" + flipped}); (err == nil) == isLocked {

@@ -26,9 +26,6 @@ func localMatch(cfg *config.Config, v6 bool, podCIDRs []string) localtraffic.Mat
 	}
 	switch kp.DetectLocalMode {
 	case "ClusterCIDR", "":
-		if kp.ClusterCIDR == "" {
-			return localtraffic.Match{}
-		}
 		return byCIDR(strings.Split(kp.ClusterCIDR, ","))
 	case "NodeCIDR":
 		return byCIDR(podCIDRs)

@@ -1236,14 +1236,11 @@ func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
 }
 
 // familyRestricted says whether --nodeport-addresses restricts NodePorts
-// in one family: it does when it lists a CIDR of that family, or
-// "primary" (both). kube-proxy builds its NodePort addresses per family
+// in one family: it does when it lists a CIDR of that family ("primary"
+// is resolved to CIDRs at start-up). kube-proxy builds its NodePort addresses per family
 // and, when none of the CIDRs is of the family, matches every address.
 func familyRestricted(spec []string, v6 bool) bool {
 	for _, s := range spec {
-		if s == "primary" {
-			return true
-		}
 		if p, err := netip.ParsePrefix(s); err == nil && (p.Addr().Is6() && !p.Addr().Is4In6()) == v6 {
 			return true
 		}

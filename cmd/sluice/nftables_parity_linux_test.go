@@ -283,7 +283,7 @@ func (b *parityBed) checkMetrics(t *testing.T) {
 		if stage == "" {
 			stage = "GA"
 		}
-		if want, got := stage+" default="+strconv.FormatBool(m[3] == "1"), config.KubeProxyGateSummary(m[1]); got != want {
+		if want, got := stage+" default="+strconv.FormatBool(m[3] == "1"), gateSummary(m[1]); got != want {
 			t.Errorf("feature gate %s: sluice knows it as %q, kube-proxy's /metrics says %s: run scripts/kube-proxy-feature-gates.sh", m[1], got, want)
 		}
 	}

@@ -10,10 +10,7 @@
 // (pkg/proxy/util/localdetector.go), so rule dumps compare line for line.
 package localtraffic
 
-import (
-	"net/netip"
-	"strings"
-)
+import "net/netip"
 
 // Match is what makes a packet local: set at most one of CIDR and
 // Interface. The zero Match matches nothing, and the rules that need one
@@ -77,7 +74,7 @@ func (m Match) NFT(negate bool) string {
 		return ""
 	}
 	if negate {
-		return strings.Join([]string{key, "!=", value}, " ")
+		return key + " != " + value
 	}
 	return key + " " + value
 }
