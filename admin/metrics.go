@@ -20,6 +20,10 @@ import (
 // object that owns it; nothing is registered globally.
 type Metrics struct {
 	Registry *prometheus.Registry
+	// ProcessStart, when set, is sent with every scrape of /metrics and
+	// /metrics/slis as the Process-Start-Time-Unix header (seconds), as
+	// kube-proxy's metrics handlers send it.
+	ProcessStart time.Time
 	// runtime holds the Go and process collectors, gathered apart: they
 	// read the runtime's metrics and /proc, most of a gathering's cost, so
 	// a scrape by name that does not ask for theirs skips them.
@@ -459,6 +463,7 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "error gathering metrics: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	m.setProcessStart(w)
 	w.Header().Set("Content-Type", textContentType)
 	var out io.Writer = w
 	// A scrape by name of none of the ports' families is a few lines:
@@ -525,6 +530,13 @@ func (m *Metrics) observeHealthcheck(name, typ string) {
 
 // serveSLIs is /metrics/slis: the health checks' SLIs and the process's
 // start time, as kube-proxy's.
+// setProcessStart sets the Process-Start-Time-Unix header.
+func (m *Metrics) setProcessStart(w http.ResponseWriter) {
+	if !m.ProcessStart.IsZero() {
+		w.Header().Set("Process-Start-Time-Unix", strconv.FormatInt(m.ProcessStart.Unix(), 10))
+	}
+}
+
 func (m *Metrics) serveSLIs(w http.ResponseWriter, _ *http.Request) {
 	mfs, err := m.slis.Gather()
 	if err != nil {
@@ -538,6 +550,7 @@ func (m *Metrics) serveSLIs(w http.ResponseWriter, _ *http.Request) {
 			}
 		}
 	}
+	m.setProcessStart(w)
 	w.Header().Set("Content-Type", textContentType)
 	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {

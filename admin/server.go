@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -16,7 +17,12 @@ type Endpoints struct {
 	Health    *Health
 	Metrics   *Metrics
 	ProxyMode string
+	// Profiling serves /debug/pprof, and /debug/flags/v when SetVerbosity
+	// is set (kube-proxy's --profiling).
 	Profiling bool
+	// SetVerbosity sets the log's --v from a PUT of /debug/flags/v and
+	// says what it did.
+	SetVerbosity func(string) (string, error)
 	// Dump returns the debug view of what is being served (JSON-encodable).
 	Dump func() any
 	// Configz is the configuration in effect, served as JSON at /configz
@@ -40,18 +46,22 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 	mux.Handle("/metrics", e.Metrics)
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, e.ProxyMode)
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		// kube-proxy's metrics server checks "ping" alone, and records it
 		// for /metrics/slis.
 		e.Metrics.observeHealthcheck("ping", "healthz")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, "ok")
 	})
 	mux.HandleFunc("/metrics/slis", e.Metrics.serveSLIs)
 	if e.Configz != nil {
 		mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
 			json.NewEncoder(w).Encode(e.Configz)
 		})
 	}
@@ -64,13 +74,53 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 		})
 	}
 	if e.Profiling {
+		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if e.SetVerbosity != nil {
+			mux.HandleFunc("/debug/flags", debugFlagsIndex)
+			mux.HandleFunc("/debug/flags/", debugFlagsIndex)
+			mux.HandleFunc("/debug/flags/v", e.putVerbosity)
+		}
 	}
 	return mux
+}
+
+// debugFlagsIndex lists the flags /debug/flags/ sets, as kube-proxy's page.
+func debugFlagsIndex(w http.ResponseWriter, _ *http.Request) {
+	fmt.Fprint(w, "<html>\n<head>\n<title>/debug/flags/</title>\n</head>\n<body>\n/debug/flags/<br>\n<br>\nflags:<br>\n<table>\n"+
+		"<tr>v<br>\n"+
+		"</table>\n<br>\nfull flags configurable<br>\n</body>\n</html>\n")
+}
+
+// putVerbosity sets the log's verbosity from a PUT's body, and answers
+// as kube-proxy does: the setter's words, or its error with 400; any
+// other method 406.
+func (e *Endpoints) putVerbosity(w http.ResponseWriter, r *http.Request) {
+	answer := func(code int, text string) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(code)
+		fmt.Fprintln(w, text)
+	}
+	if r.Method != http.MethodPut {
+		answer(http.StatusNotAcceptable, "unsupported http method")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64))
+	if err != nil {
+		answer(http.StatusBadRequest, "error reading request body: "+err.Error())
+		return
+	}
+	said, err := e.SetVerbosity(string(body))
+	if err != nil {
+		answer(http.StatusBadRequest, err.Error())
+		return
+	}
+	answer(http.StatusOK, said)
 }
 
 // Server is one running HTTP server.

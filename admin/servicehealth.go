@@ -1,13 +1,13 @@
 package admin
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,16 +87,18 @@ func (s *hcServer) ServeHTTP(w http.ResponseWriter, _ *http.Request, healthy boo
 	st := s.state.Load()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	// The weight some cloud load balancers (GCE's weighted load
+	// balancing) give this node: its local endpoints.
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(st.local))
 	if st.local > 0 && healthy {
 		w.WriteHeader(http.StatusOK)
 	} else {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	json.NewEncoder(w).Encode(map[string]any{
-		"service":             map[string]string{"namespace": st.namespace, "name": st.name},
-		"localEndpoints":      st.local,
-		"serviceProxyHealthy": healthy,
-	})
+	// kube-proxy's body, byte for byte: indented with tabs, no newline at
+	// the end.
+	fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
+		st.namespace, st.name, st.local, healthy)
 }
 
 // HealthCheckError is a Service's health check node port that could not

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -43,6 +44,10 @@ func (l *listenLoopback) get(t *testing.T, port string) (int, map[string]any) {
 	}
 	var body map[string]any
 	json.NewDecoder(resp.Body).Decode(&body)
+	// The weight header says what the body does (kube-proxy's).
+	if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); w != fmt.Sprint(body["localEndpoints"]) {
+		t.Errorf("X-Load-Balancing-Endpoint-Weight %q, localEndpoints %v", w, body["localEndpoints"])
+	}
 	return resp.StatusCode, body
 }
 

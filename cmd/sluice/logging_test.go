@@ -29,7 +29,8 @@ func TestSplitStreamPutsErrorsOnStderr(t *testing.T) {
 		{},
 	} {
 		var stdout, stderr bytes.Buffer
-		log := newLogger(parsed(t, args...), &stdout, &stderr).With("node", "n1")
+		log, _ := newLogger(parsed(t, args...), &stdout, &stderr)
+		log = log.With("node", "n1")
 		log.Info("an info line")
 		log.Warn("a warning")
 		log.Error("an error line")
@@ -68,7 +69,8 @@ func TestVModulePassesTheDebugLinesOfTheFilesItNames(t *testing.T) {
 		{[]string{}, false},
 	} {
 		var stdout, stderr bytes.Buffer
-		log := newLogger(parsed(t, c.args...), &stdout, &stderr).WithGroup("g")
+		log, _ := newLogger(parsed(t, c.args...), &stdout, &stderr)
+		log = log.WithGroup("g")
 		logDebugHere(log)
 		log.Info("an info line") // never filtered
 		if got := strings.Contains(stderr.String(), "debug from logging_test"); got != c.pass || !strings.Contains(stderr.String(), "an info line") {
@@ -78,9 +80,46 @@ func TestVModulePassesTheDebugLinesOfTheFilesItNames(t *testing.T) {
 	// A record with no call site (logged through a handler directly) has
 	// no file, and passes only with --v.
 	var stdout, stderr bytes.Buffer
-	h := newLogger(parsed(t, "--vmodule=*=4"), &stdout, &stderr).Handler()
+	log, _ := newLogger(parsed(t, "--vmodule=*=4"), &stdout, &stderr)
+	h := log.Handler()
 	h.Handle(context.Background(), slog.NewRecord(time.Now(), slog.LevelDebug, "no call site", 0))
 	if stderr.Len() != 0 {
 		t.Fatalf("a debug record without a call site passed: %q", stderr.String())
+	}
+}
+
+// --v set while running (kube-proxy's PUT /debug/flags/v) turns the debug
+// lines on and off, with or without --vmodule, and refuses what
+// kube-proxy's setter refuses.
+func TestVerbositySetWhileRunning(t *testing.T) {
+	for _, args := range [][]string{{}, {"--vmodule=main=2"}, {"--logging-format=json"}} {
+		var stdout, stderr bytes.Buffer
+		log, verbosity := newLogger(parsed(t, args...), &stdout, &stderr)
+		debugPassed := func() bool {
+			stderr.Reset()
+			logDebugHere(log)
+			return strings.Contains(stderr.String(), "debug from logging_test")
+		}
+		if debugPassed() {
+			t.Fatalf("%v: a debug line at --v 0", args)
+		}
+		if answer, err := verbosity.Set("4"); err != nil || answer != "successfully set klog.logging.verbosity to 4" {
+			t.Fatalf("%v: Set(4): %q, %v", args, answer, err)
+		}
+		if !debugPassed() {
+			t.Fatalf("%v: no debug line at --v 4", args)
+		}
+		for _, bad := range []string{"", "-1", "x", "4294967296"} {
+			if _, err := verbosity.Set(bad); err == nil {
+				t.Errorf("%v: Set(%q) taken", args, bad)
+			}
+		}
+		if !debugPassed() {
+			t.Fatalf("%v: a refused value changed --v", args)
+		}
+		verbosity.Set("0")
+		if debugPassed() {
+			t.Fatalf("%v: a debug line after --v went back to 0", args)
+		}
 	}
 }

@@ -170,7 +170,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runConfigured runs sluice with a parsed configuration until ctx ends; it
 // returns the exit code.
 func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdout, stderr io.Writer) int {
-	log := newLogger(cfg, stdout, stderr)
+	log, verbosity := newLogger(cfg, stdout, stderr)
 	klog.SetSlogLogger(log) // client-go logs through klog: one log stream
 	routeLogrus(log)        // and moby/ipvs through logrus
 	for _, w := range cfg.ConfigWarnings {
@@ -212,7 +212,7 @@ func runConfigured(ctx context.Context, cfg *config.Config, args []string, stdou
 		ctx = watched
 	}
 	cfg.HandoverSocket = handoverPath(cfg.HandoverSocket, args)
-	if err := serve(ctx, cfg, log, stdout); err != nil {
+	if err := serve(ctx, cfg, log, verbosity, stdout); err != nil {
 		var rej manifestsRejected
 		if errors.As(err, &rej) {
 			// One line per problem, each naming its file, object and field
@@ -273,7 +273,7 @@ func manifestMaxBytes(cfg *config.Config) int64 {
 }
 
 // serve runs userspace mode until ctx ends, then drains.
-func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.Writer) error {
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity *logVerbosity, stdout io.Writer) error {
 	switch {
 	case cfg.Manifests != "" && apiConfigured(cfg):
 		return errors.New("two service sources given: --manifests and the Kubernetes API (--kubeconfig, --master or in-cluster KUBERNETES_SERVICE_HOST); choose one")
@@ -281,6 +281,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		return errors.New("no service source: pass --kubeconfig (or --master, or run in a cluster) to watch the Kubernetes API, or --manifests PATH (a file or directory of Service and EndpointSlice manifests)")
 	}
 	metrics := admin.NewMetrics()
+	metrics.ProcessStart = time.Now()
 	syncEvery, minSync := cfg.SyncPeriods()
 	health := admin.NewHealth(2*syncEvery, nil) // kube-proxy's healthz timeout
 	local := &localAddrs{}
@@ -492,7 +493,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, stdout io.
 		release: make(chan struct{}, 1)}
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
-		Dump: plane.Dump, Configz: cfg.Configz()}
+		SetVerbosity: verbosity.Set, Dump: plane.Dump, Configz: cfg.Configz()}
 	hz, err := admin.ServeWith(cfg.HealthzAddress(), ep.HealthzHandler(), brokerListen(broker))
 	if err != nil {
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)

@@ -53,6 +53,7 @@ type parityBed struct {
 	upstreamMetrics, ourMetrics []string
 	upstreamPage, ourPage       string // the /metrics pages themselves
 	healthz                     string // host:port of the health server
+	hcnp                        string // host:port of the guarded Service's health check node port
 	// What each answered on its two servers' paths (surfacePaths), and
 	// on /configz (configzOf) and /metrics/slis (seriesWithoutValues),
 	// kube-proxy's first.
@@ -118,42 +119,82 @@ func (b *parityBed) events(t *testing.T) []string {
 
 // surfacePaths are the paths a kube-proxy's metrics and health servers may
 // answer, which monitoring, probes and people use: the test checks that
-// sluice answers each as kube-proxy does (status code).
-var surfacePaths = []struct{ server, path string }{
-	{"metrics", "/metrics"}, {"metrics", "/proxyMode"}, {"metrics", "/healthz"}, {"metrics", "/livez"},
-	{"metrics", "/configz"}, {"metrics", "/metrics/slis"}, {"metrics", "/flagz"}, {"metrics", "/statusz"},
-	{"metrics", "/debug/pprof/"}, {"metrics", "/nonexistent"},
-	{"healthz", "/healthz"}, {"healthz", "/livez"}, {"healthz", "/readyz"}, {"healthz", "/metrics"}, {"healthz", "/nonexistent"},
+// sluice answers each as kube-proxy does (status code). A put is sent as a
+// PUT's body.
+var surfacePaths = []struct{ server, path, put string }{
+	{"metrics", "/metrics", ""}, {"metrics", "/proxyMode", ""}, {"metrics", "/healthz", ""}, {"metrics", "/livez", ""},
+	{"metrics", "/configz", ""}, {"metrics", "/metrics/slis", ""}, {"metrics", "/flagz", ""}, {"metrics", "/statusz", ""},
+	{"metrics", "/debug/pprof/", ""}, {"metrics", "/debug/pprof", ""}, {"metrics", "/nonexistent", ""},
+	// With --profiling, the log's verbosity is set by a PUT.
+	{"metrics", "/debug/flags/", ""}, {"metrics", "/debug/flags/v", ""}, {"metrics", "/debug/flags/v", "2"}, {"metrics", "/debug/flags/v", "two"},
+	{"healthz", "/healthz", ""}, {"healthz", "/livez", ""}, {"healthz", "/readyz", ""}, {"healthz", "/metrics", ""}, {"healthz", "/nonexistent", ""},
+	// The guarded Service's health check node port, which cloud load
+	// balancers probe (any path), on the node's address.
+	{"hcnp", "/", ""}, {"hcnp", "/healthz", ""},
+}
+
+// surfaceKey names a surfacePaths entry.
+func surfaceKey(server, path, put string) string {
+	if put != "" {
+		return server + " PUT " + path + " " + put
+	}
+	return server + " " + path
 }
 
 // surface returns what the running proxy's servers answer on surfacePaths.
 func (b *parityBed) surface(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
+	// A redirect is an answer of its own.
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, p := range surfacePaths {
 		addr := b.metrics
-		if p.server == "healthz" {
+		switch p.server {
+		case "healthz":
 			addr = b.healthz
+		case "hcnp":
+			addr = b.hcnp
 		}
-		resp, err := http.Get("http://" + addr + p.path)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+p.path, nil)
+		if p.put != "" {
+			req, _ = http.NewRequest(http.MethodPut, "http://"+addr+p.path, strings.NewReader(p.put))
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatalf("%s %s: %v", p.server, p.path, err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		// The status, the content type, and the body's shape where it has
-		// one that does not change from run to run: /proxyMode's and the
-		// metrics server's /healthz text, the health server's JSON keys.
+		// The status, the headers but the date and length, and the body
+		// or its shape where it has one that does not change from run to
+		// run: /proxyMode's and the metrics server's /healthz text, the
+		// health check node port's JSON, /debug/flags, the health server's
+		// JSON keys.
 		shape := ""
 		switch {
-		case p.path == "/proxyMode" || p.server == "metrics" && p.path == "/healthz":
+		case p.path == "/proxyMode" || p.server == "metrics" && p.path == "/healthz" || p.server == "hcnp" ||
+			strings.HasPrefix(p.path, "/debug/flags") || p.path == "/debug/pprof":
 			shape = " " + string(body)
 		case p.server == "healthz" && resp.StatusCode == http.StatusOK:
 			var keys map[string]any
 			json.Unmarshal(body, &keys)
 			shape = " " + strings.Join(slices.Sorted(maps.Keys(keys)), ",")
 		}
-		out[p.server+" "+p.path] = fmt.Sprintf("%d %s%s", resp.StatusCode, resp.Header.Get("Content-Type"), shape)
+		var headers []string
+		for k, v := range resp.Header {
+			value := strings.Join(v, ",")
+			// The process's start time, in Unix seconds: each a time of
+			// its own in this test.
+			if sec, err := strconv.ParseInt(value, 10, 64); err == nil && k == "Process-Start-Time-Unix" &&
+				time.Since(time.Unix(sec, 0)) >= -time.Second && time.Since(time.Unix(sec, 0)) < time.Hour {
+				value = "(a start in this test)"
+			}
+			if k != "Date" && k != "Content-Length" {
+				headers = append(headers, k+": "+value)
+			}
+		}
+		slices.Sort(headers)
+		out[surfaceKey(p.server, p.path, p.put)] = fmt.Sprintf("%d %s%s", resp.StatusCode, strings.Join(headers, "; "), shape)
 		switch {
 		case p.path == "/configz" && resp.StatusCode == http.StatusOK:
 			b.configz = append(b.configz, configzOf(t, body))
@@ -209,9 +250,9 @@ func (b *parityBed) checkSurface(t *testing.T) {
 		t.Errorf("/metrics/slis series differ:\nkube-proxy:\n%s\nsluice:\n%s", b.slis[0], b.slis[len(b.slis)-1])
 	}
 	for _, p := range surfacePaths {
-		k := p.server + " " + p.path
+		k := surfaceKey(p.server, p.path, p.put)
 		if b.upstreamSurface[k] != b.ourSurface[k] {
-			t.Errorf("%s server, %s: kube-proxy answers %q, sluice %q", p.server, p.path, b.upstreamSurface[k], b.ourSurface[k])
+			t.Errorf("%s: kube-proxy answers %q, sluice %q", k, b.upstreamSurface[k], b.ourSurface[k])
 		}
 	}
 }
@@ -378,7 +419,7 @@ func newParityBed(t *testing.T) *parityBed {
 	e.setSlice("nodal", "nodal-1", "http", forMe, kubeEP{ip: "10.244.1.8", node: "node-b", ready: true, serving: true, forNodes: []string{"node-b"}, forZones: []string{"zone-a"}})
 
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
-	return &parityBed{e: e, kubeProxy: kubeProxy, metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
+	return &parityBed{e: e, kubeProxy: kubeProxy, hcnp: fmt.Sprintf("192.168.10.1:%d", lb.Spec.HealthCheckNodePort), metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
 		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
 		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
@@ -494,7 +535,8 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 
 	// Again with the Node's pod CIDRs for the local traffic
 	// (--detect-local-mode=NodeCIDR) and nftables mode's default
-	// --nodeport-addresses, "primary": the Node's InternalIP.
+	// --nodeport-addresses, "primary": the Node's InternalIP; and with
+	// --profiling, whose paths checkSurface tries.
 	b.stopOurs(t, "nftables")
 	var flags []string
 	for _, f := range b.flags {
@@ -502,7 +544,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 			flags = append(flags, f)
 		}
 	}
-	upstream, ours = b.compareWith(t, "nftables", append(flags, "--detect-local-mode=NodeCIDR"),
+	upstream, ours = b.compareWith(t, "nftables", append(flags, "--detect-local-mode=NodeCIDR", "--profiling"),
 		append(want, `"addr":"10.244.0.0","len":24`, "192.168.10.1"), dump, reset)
 	checkDifferences(t, upstream, ours, knownNFTablesDifferences)
 	b.checkSurface(t) // /configz included: the resolved "primary", the mode
