@@ -147,9 +147,15 @@ func webService(name string) *corev1.Service {
 // ports named as the Service's ports are.
 func (e *kubeEnv) setSlice(svc, name string, httpPortName string, eps ...kubeEP) {
 	e.t.Helper()
+	e.setSliceOf(svc, name, discoveryv1.AddressTypeIPv4, httpPortName, eps...)
+}
+
+// setSliceOf is setSlice for a slice of the given address type.
+func (e *kubeEnv) setSliceOf(svc, name string, addressType discoveryv1.AddressType, httpPortName string, eps ...kubeEP) {
+	e.t.Helper()
 	sl := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addressType,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: ptrTo(httpPortName), Port: ptrTo(int32(8080)), Protocol: ptrTo(corev1.ProtocolTCP)},
 			{Name: ptrTo("dns"), Port: ptrTo(int32(5353)), Protocol: ptrTo(corev1.ProtocolUDP)},

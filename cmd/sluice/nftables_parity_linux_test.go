@@ -19,6 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -352,7 +353,7 @@ func newParityBed(t *testing.T) *parityBed {
 	}
 	kubeProxy, err := kubetest.KubeProxyBinary()
 	kubetest.Require(t, err)
-	c := kubetest.Start(t)
+	c := kubetest.Start(t, kubetest.WithDualStack())
 	ctx := context.Background()
 	e := &kubeEnv{t: t, cluster: c, client: c.Client}
 
@@ -417,6 +418,76 @@ func newParityBed(t *testing.T) *parityBed {
 	forMe := readyEP("10.244.0.7")
 	forMe.forNodes, forMe.forZones = []string{kubeNode}, []string{"zone-a"}
 	e.setSlice("nodal", "nodal-1", "http", forMe, kubeEP{ip: "10.244.1.8", node: "node-b", ready: true, serving: true, forNodes: []string{"node-b"}, forZones: []string{"zone-a"}})
+
+	// The traffic policies and endpoint conditions, each a Service of its
+	// own: internalTrafficPolicy Local with and without a local endpoint;
+	// the terminating fall-backs (a local endpoint serving but
+	// terminating under externalTrafficPolicy Local, and a Service whose
+	// endpoints all terminate); endpoints neither ready nor serving.
+	terminatingHere := kubeEP{ip: "10.244.0.9", node: kubeNode, serving: true, terminating: true}
+	notReady := kubeEP{ip: "10.244.1.9", node: "node-b"}
+	for _, c := range []struct {
+		name  string
+		mut   func(*corev1.Service)
+		slice []kubeEP
+	}{
+		{"itp-local", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal) }, []kubeEP{local, remote}},
+		{"itp-remote", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal) }, []kubeEP{remote}},
+		{"etp-terminating", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }, []kubeEP{terminatingHere, remote}},
+		{"etp-remote", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }, []kubeEP{remote}},
+		{"all-terminating", nil, []kubeEP{terminatingHere, {ip: "10.244.1.10", node: "node-b", serving: true, terminating: true}}},
+		{"not-ready", nil, []kubeEP{notReady}},
+		{"sticky-short", func(s *corev1.Service) {
+			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptrTo(int32(60))}}
+		}, []kubeEP{local, remote}},
+	} {
+		svc := webService(c.name)
+		if c.mut != nil {
+			c.mut(svc)
+		}
+		e.createService(svc)
+		e.setSlice(c.name, c.name+"-1", "http", c.slice...)
+	}
+	// LoadBalancers: ingress IPs with ipMode Proxy (not captured on the
+	// node) and VIP, externalTrafficPolicy Local with only remote
+	// endpoints, no NodePorts allocated, an ingress with a hostname only.
+	for _, lbc := range []struct {
+		name    string
+		local   bool
+		ingress []corev1.LoadBalancerIngress
+	}{
+		{"lb-modes", false, []corev1.LoadBalancerIngress{{IP: "203.0.113.30", IPMode: ptrTo(corev1.LoadBalancerIPModeProxy)}, {IP: "203.0.113.31", IPMode: ptrTo(corev1.LoadBalancerIPModeVIP)}}},
+		{"lb-remote", true, []corev1.LoadBalancerIngress{{IP: "203.0.113.32"}}},
+		{"lb-hostname", false, []corev1.LoadBalancerIngress{{Hostname: "lb.example.com"}}},
+	} {
+		svc := webService(lbc.name)
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		if lbc.local {
+			svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}
+		if lbc.name == "lb-hostname" {
+			svc.Spec.AllocateLoadBalancerNodePorts = ptrTo(false)
+		}
+		svc = e.createService(svc)
+		svc.Status.LoadBalancer.Ingress = lbc.ingress
+		if _, err := c.Client.CoreV1().Services("default").UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.setSlice(lbc.name, lbc.name+"-1", "http", remote)
+	}
+	// IPv6 (the API server is dual-stack): a NodePort Service with IPv6
+	// endpoints, one on this node.
+	v6 := webService("web6")
+	v6.Spec.IPFamilies, v6.Spec.IPFamilyPolicy = []corev1.IPFamily{corev1.IPv6Protocol}, ptrTo(corev1.IPFamilyPolicySingleStack)
+	e.createService(v6)
+	e.setSliceOf("web6", "web6-1", discoveryv1.AddressTypeIPv6, "http", readyEP("fd00:244::5"), kubeEP{ip: "fd00:244:1::6", node: "node-b", ready: true, serving: true})
+	// Ignored by both: a headless Service and an ExternalName.
+	e.createService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "headless"},
+		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}})
+	e.setSlice("headless", "headless-1", "http", local)
+	e.createService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cname"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.com"}})
 
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
 	return &parityBed{e: e, kubeProxy: kubeProxy, hcnp: fmt.Sprintf("192.168.10.1:%d", lb.Spec.HealthCheckNodePort), metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
@@ -495,7 +566,8 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		kubetest.Require(t, fmt.Errorf("nft: %w", err))
 	}
 	b := newParityBed(t)
-	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "zonal/tcp/http", "nodal/tcp/http", "203.0.113.20"}
+	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "zonal/tcp/http", "nodal/tcp/http", "203.0.113.20",
+		"itp-local/tcp/http", "etp-terminating/tcp/http", "all-terminating/tcp/http", "sticky-short/udp/dns", "lb-modes/tcp/http", "lb-remote/tcp/http", "203.0.113.31", "web6/tcp/http", "fd00:244::5"}
 	want = append(want, `"family":"ip6"`)
 	dump := func() ([]string, string) {
 		var all []string
@@ -605,6 +677,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	}
 	b := newParityBed(t)
 	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "zonal:http", "nodal:http", "203.0.113.20",
+		"itp-local:http", "etp-terminating:http", "all-terminating:http", "sticky-short:dns", "lb-modes:http", "lb-remote:http", "203.0.113.31", "web6:http", "fd00:244::5",
 		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
 		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
 	dump := func() ([]string, string) {

@@ -68,7 +68,15 @@ type Cluster struct {
 // Option changes how Start configures the API server.
 type Option func(*options)
 
-type options struct{ rbac bool }
+type options struct{ rbac, dualStack bool }
+
+// ServiceCIDR6 is the IPv6 cluster IP range of a dual-stack API server
+// (WithDualStack).
+const ServiceCIDR6 = "fd00:96::/112"
+
+// WithDualStack makes the API server dual-stack: it allocates IPv6 cluster
+// IPs from ServiceCIDR6 beside the IPv4 ones.
+func WithDualStack() Option { return func(o *options) { o.dualStack = true } }
 
 // WithRBAC turns authorization on as a real cluster has it (Node,RBAC,
 // with the bootstrap roles such as system:node-proxier); the Cluster's own
@@ -175,6 +183,10 @@ func Start(t TB, opts ...Option) *Cluster {
 	if o.rbac {
 		authz = "Node,RBAC"
 	}
+	serviceCIDRs := ServiceCIDR
+	if o.dualStack {
+		serviceCIDRs += "," + ServiceCIDR6
+	}
 	etcdBin, apiBin, err := Binaries()
 	Require(t, err)
 	dir := t.TempDir()
@@ -213,7 +225,7 @@ func Start(t TB, opts ...Option) *Cluster {
 	c.apiArgs = []string{"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
 		"--cert-dir=" + filepath.Join(dir, "certs"), "--service-account-key-file=" + saPub,
 		"--service-account-signing-key-file=" + saKey, "--service-account-issuer=https://kubernetes.default.svc",
-		"--token-auth-file=" + tokens, "--authorization-mode=" + authz, "--service-cluster-ip-range=" + ServiceCIDR,
+		"--token-auth-file=" + tokens, "--authorization-mode=" + authz, "--service-cluster-ip-range=" + serviceCIDRs,
 		"--advertise-address=127.0.0.1", "--enable-priority-and-fairness=false", "--allow-privileged=true", "--v=0"}
 	c.StartAPIServer()
 
