@@ -323,6 +323,12 @@ func (m *Metrics) UpdateApplied(took time.Duration) { m.updateApply.Observe(took
 // NFTablesSyncFailed counts a failed nftables transaction of one family.
 func (m *Metrics) NFTablesSyncFailed(family string) { m.nftFails.WithLabelValues(family).Inc() }
 
+// NFTablesCleanupFailed counts a failed deletion of one family's stale
+// nftables chains.
+func (m *Metrics) NFTablesCleanupFailed(family string) {
+	m.nftCleanupFails.WithLabelValues(family).Inc()
+}
+
 // NFTablesFamilies makes the nftables failure counters exist at 0 for
 // each family (a dashboard's rate() needs the series before a failure).
 func (m *Metrics) NFTablesFamilies(families ...string) {

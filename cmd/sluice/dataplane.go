@@ -471,8 +471,9 @@ func (r *conntrackReconciler) reconcile(snap *lb.Snapshot, v6 bool, local *local
 
 // resyncLoop is a kernel plane's periodic check: every period it asks why
 // the newest state must be applied again ("" for no reason) and, if there
-// is a reason, reapplies it. It returns when stop closes.
-func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slog.Logger, why func() string, resync func() error, backoff func() time.Duration) {
+// is a reason, reapplies it: logged as a full resync unless the reason is
+// routine (stale nftables chains to delete). It returns when stop closes.
+func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slog.Logger, why func() (reason string, routine bool), resync func() error, backoff func() time.Duration) {
 	every = resyncEvery(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
@@ -492,14 +493,18 @@ func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slo
 		if d := backoff(); d > 0 {
 			continue
 		}
-		reason := why()
-		if reason == "" {
+		reason, routine := why()
+		switch {
+		case reason == "":
 			continue
+		case routine:
+			log.Debug(mode+": sync", "why", reason)
+		default:
+			log.Warn(mode+": full resync", "why", reason)
 		}
-		log.Warn(mode+": full resync", "why", reason)
 		if err := resync(); err != nil {
 			log.Error(mode+" resync failed", "err", err)
-		} else {
+		} else if !routine {
 			log.Info(mode + ": resynced")
 		}
 	}
@@ -507,7 +512,7 @@ func resyncLoop(every time.Duration, stop <-chan struct{}, mode string, log *slo
 
 func (p *iptablesPlane) loop(every time.Duration) {
 	defer close(p.done)
-	resyncLoop(every, p.stop, "iptables", p.log, p.resyncReason, func() error { return p.reapplyNewest(p.applyLocked) }, p.backoffWait)
+	resyncLoop(every, p.stop, "iptables", p.log, func() (string, bool) { return p.resyncReason(), false }, func() error { return p.reapplyNewest(p.applyLocked) }, p.backoffWait)
 }
 
 // resyncEvery is a plane's resync period (kube-proxy's default 30 s).

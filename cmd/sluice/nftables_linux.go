@@ -122,6 +122,15 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 		px.Options.ServiceCIDRs = cidrs
 		start := time.Now()
 		st, err := px.SyncStats(ctx, snap)
+		if st.StaleDeleted > 0 {
+			p.log.Info("Deleting stale nftables chains", "family", familyName(px.Options.IPv6), "numChains", st.StaleDeleted)
+		}
+		if st.CleanupErr != nil {
+			// As kube-proxy: the chains are found and flushed again by
+			// the sync, which went on full, and deleted by a later one.
+			p.metrics.NFTablesCleanupFailed(familyName(px.Options.IPv6))
+			p.log.Error("Unable to delete stale chains; will retry later", "family", familyName(px.Options.IPv6), "err", st.CleanupErr)
+		}
 		if err != nil {
 			p.metrics.NFTablesSyncFailed(familyName(px.Options.IPv6))
 			errs = append(errs, err)
@@ -137,13 +146,20 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 
 func (p *nftablesPlane) loop(every time.Duration) {
 	defer close(p.done)
-	why := func() string {
+	why := func() (string, bool) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.failed {
-			return "the last sync failed"
+			return "the last sync failed", false
 		}
-		return ""
+		// Flushed chains are deleted by a sync after them: the periodic
+		// one, as kube-proxy's, when no change brings one.
+		for _, px := range p.proxiers {
+			if px.StaleChains() {
+				return "stale chains to delete", true
+			}
+		}
+		return "", false
 	}
 	backoff := func() time.Duration {
 		p.mu.Lock()

@@ -21,7 +21,8 @@ func TestNFTablesModeInNetns(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "svc6.yaml"), ipv6Manifest)
 	writeFile(t, filepath.Join(dir, "lb.yaml"), strings.Replace(lbManifest, "RANGE", "192.168.10.0/24", 1))
 	p := b.start(b.node, nil, sluiceBin, "--proxy-mode=nftables", "--mode-fallback=false", "--hostname-override=node-a", "--manifests", dir,
-		"--cluster-cidr=10.244.0.0/16,fd00:244::/64", "--nodeport-addresses=192.168.10.0/24,fd00:10::/64", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249")
+		"--cluster-cidr=10.244.0.0/16,fd00:244::/64", "--nodeport-addresses=192.168.10.0/24,fd00:10::/64", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+		"--iptables-sync-period=1s") // the periodic sync that deletes stale chains (below), every second
 	p.waitLog("nftables mode", "families=2")
 	p.waitLog("state applied")
 
@@ -58,12 +59,18 @@ func TestNFTablesModeInNetns(t *testing.T) {
 	if got := b.tries("tcp", "203.0.113.20:80", 1)[0]; !strings.Contains(got, "Timeout") {
 		t.Fatalf("LB IP from a source outside the ranges: %q, want a timeout (dropped)", got)
 	}
-	// A removed endpoint's chains go in the same transaction.
+	// A removed endpoint's chains are flushed by the sync, and deleted by
+	// one a second or more later, as kube-proxy's (the periodic one here).
 	writeFile(t, filepath.Join(dir, "svc.yaml"), strings.Replace(iptablesManifest, "- addresses: [10.244.0.5]\n- addresses: [10.244.0.6]", "- addresses: [10.244.0.6]", 1))
 	p.waitLog("state applied", "e2e/web:http")
+	table0 := b.in(b.node, "nft", "list", "table", "ip", "kube-proxy")
+	if _, body, ok := strings.Cut(table0, "e2e/web/tcp/http__10.244.0.5/8080 {"); !ok || !strings.HasPrefix(strings.TrimSpace(body), "}") {
+		t.Fatalf("the removed endpoint's chain is not there, flushed:\n%s", table0)
+	}
 	if d := distinct(b.tries("tcp", "10.96.0.10:80", 10)); d["b@10.244.0.6"] != 10 {
 		t.Fatalf("after 10.244.0.5 left: %v", d)
 	}
+	p.waitLog("Deleting stale nftables chains", "family=IPv4")
 	if table := b.in(b.node, "nft", "list", "table", "ip", "kube-proxy"); strings.Contains(table, "e2e/web/tcp/http__10.244.0.5/8080") {
 		t.Fatalf("the removed endpoint's chain is still there:\n%s", table)
 	}

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -431,8 +431,12 @@ func newParityBed(t *testing.T) *parityBed {
 		mut   func(*corev1.Service)
 		slice []kubeEP
 	}{
-		{"itp-local", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal) }, []kubeEP{local, remote}},
-		{"itp-remote", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal) }, []kubeEP{remote}},
+		{"itp-local", func(s *corev1.Service) {
+			s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
+		}, []kubeEP{local, remote}},
+		{"itp-remote", func(s *corev1.Service) {
+			s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
+		}, []kubeEP{remote}},
 		{"etp-terminating", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }, []kubeEP{terminatingHere, remote}},
 		{"etp-remote", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }, []kubeEP{remote}},
 		{"all-terminating", nil, []kubeEP{terminatingHere, {ip: "10.244.1.10", node: "node-b", serving: true, terminating: true}}},
@@ -625,6 +629,20 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 			t.Errorf("NodeCIDR and primary: no %q in sluice's rules", w)
 		}
 	}
+	// Partial syncs: the rules after changes made while each runs.
+	b.stopOurs(t, "nftables")
+	up, us := b.compareAfterChurn(t, "nftables", want, [2][]string{{"10.244.1.21", "churn-new/tcp/http"}, {"10.244.1.22"}}, dump, reset)
+	for i := range up {
+		checkDifferences(t, up[i], us[i], knownNFTablesDifferences)
+	}
+	// The first change left the chains it no longer used, flushed (a
+	// kernel before 6.2 cannot delete them in that transaction); the
+	// second deleted them.
+	stale := `"name":"service-` // of churn-gone's ports, among others
+	if !slices.ContainsFunc(us[0], func(l string) bool { return strings.Contains(l, stale) && strings.Contains(l, "/churn-gone/") }) ||
+		slices.ContainsFunc(us[1], func(l string) bool { return strings.Contains(l, "/churn-gone/") }) {
+		t.Errorf("churn-gone's chains: not left flushed after the first change, or not deleted after the second")
+	}
 }
 
 // waitForDump waits until the dump holds every string in want and has
@@ -727,6 +745,12 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 			t.Errorf("InterfaceNamePrefix: no %q in sluice's rules", w)
 		}
 	}
+	// Partial syncs: the rules after changes made while each runs.
+	b.stopOurs(t, "iptables")
+	up, us := b.compareAfterChurn(t, "iptables", want, [2][]string{{"10.244.1.21", "churn-new:http"}, {"10.244.1.22"}}, dump, reset)
+	for i := range up {
+		checkDifferences(t, up[i], us[i], knownIPTablesDifferences)
+	}
 }
 
 var sharedChains = map[string]bool{"KUBE-SERVICES": true, "KUBE-NODEPORTS": true, "KUBE-EXTERNAL-SERVICES": true, "KUBE-PROXY-FIREWALL": true}
@@ -763,4 +787,113 @@ func canonicalIPTables(family, save string) []string {
 		}
 	}
 	return lines
+}
+
+// The churn Services' fixed cluster IPs and NodePorts, so that each
+// program's run starts from the same objects, made anew.
+const (
+	churnIP, churnGoneIP, churnTypeIP, churnNewIP = "10.96.200.10", "10.96.200.11", "10.96.200.12", "10.96.200.13"
+	churnNodePort, churnTypeNodePort              = 30100, 30102
+)
+
+var churnServices = []string{"churn", "churn-gone", "churn-type", "churn-new"}
+
+// churnReset deletes the churn Services and their slices, and waits until
+// their cluster IPs are free again.
+func (b *parityBed) churnReset(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	for _, name := range churnServices {
+		b.e.client.CoreV1().Services("default").Delete(ctx, name, metav1.DeleteOptions{})
+		b.e.client.DiscoveryV1().EndpointSlices("default").Delete(ctx, name+"-1", metav1.DeleteOptions{})
+	}
+	b.e.eventually("the churn Services' cluster IPs freed", func() (bool, string) {
+		for _, ip := range []string{churnIP, churnGoneIP, churnTypeIP, churnNewIP} {
+			if _, err := b.e.client.NetworkingV1().IPAddresses().Get(ctx, ip, metav1.GetOptions{}); err == nil {
+				return false, ip + " still allocated"
+			}
+		}
+		return true, ""
+	})
+}
+
+// churnService is webService with a fixed cluster IP and, for a NodePort
+// Service, fixed NodePorts (nodePort for http, the next for dns).
+func churnService(name, ip string, nodePort int32) *corev1.Service {
+	svc := webService(name)
+	svc.Spec.ClusterIP = ip
+	svc.Spec.Type = corev1.ServiceTypeClusterIP
+	if nodePort != 0 {
+		svc.Spec.Type = corev1.ServiceTypeNodePort
+		svc.Spec.Ports[0].NodePort, svc.Spec.Ports[1].NodePort = nodePort, nodePort+1
+	}
+	return svc
+}
+
+// churnStart makes the churn Services as each program first sees them.
+func (b *parityBed) churnStart(t *testing.T) {
+	t.Helper()
+	b.e.createService(churnService("churn", churnIP, churnNodePort))
+	b.e.setSlice("churn", "churn-1", "http", readyEP("10.244.0.20"), kubeEP{ip: "10.244.1.20", node: "node-b", ready: true, serving: true})
+	b.e.createService(churnService("churn-gone", churnGoneIP, 0))
+	b.e.setSlice("churn-gone", "churn-gone-1", "http", readyEP("10.244.0.21"))
+	b.e.createService(churnService("churn-type", churnTypeIP, churnTypeNodePort))
+	b.e.setSlice("churn-type", "churn-type-1", "http", kubeEP{ip: "10.244.1.23", node: "node-b", ready: true, serving: true})
+}
+
+// churnChange changes them while the program runs: endpoints replaced, a
+// Service deleted, one turned from NodePort to ClusterIP with affinity,
+// one added.
+func (b *parityBed) churnChange(t *testing.T) {
+	t.Helper()
+	b.e.setSlice("churn", "churn-1", "http", kubeEP{ip: "10.244.1.20", node: "node-b", ready: true, serving: true}, kubeEP{ip: "10.244.1.21", node: "node-b", ready: true, serving: true})
+	if err := b.e.client.CoreV1().Services("default").Delete(context.Background(), "churn-gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.e.updateService("default", "churn-type", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+		s.Spec.Ports[0].NodePort, s.Spec.Ports[1].NodePort = 0, 0
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	})
+	b.e.createService(churnService("churn-new", churnNewIP, 0))
+	b.e.setSlice("churn-new", "churn-new-1", "http", readyEP("10.244.0.22"))
+}
+
+// compareAfterChurn runs kube-proxy, then sluice, in mode, each from the
+// churn Services' first state, then changes them twice while it runs
+// (churnChange, then one more endpoint, more than a second later), and
+// returns both dumps after each change: what partial syncs leave. After
+// the first, kube-proxy's nftables table still holds the chains no longer
+// used, flushed; the second change's sync deletes them, a second on. want
+// is waited for at start; wantChanged after each change.
+func (b *parityBed) compareAfterChurn(t *testing.T, mode string, want []string, wantChanged [2][]string, dump func() ([]string, string), reset func()) (upstream, ours [2][]string) {
+	t.Helper()
+	flags := append([]string{"--proxy-mode=" + mode}, b.flags...)
+	run := func(p *proc) (out [2][]string) {
+		waitForDump(t, b.e, append(slices.Clone(want), "10.244.0.20", churnGoneIP, fmt.Sprint(churnTypeNodePort)), p, dump)
+		b.churnChange(t)
+		out[0] = waitForDump(t, b.e, append(slices.Clone(want), wantChanged[0]...), p, dump)
+		b.e.setSlice("churn", "churn-1", "http", kubeEP{ip: "10.244.1.20", node: "node-b", ready: true, serving: true},
+			kubeEP{ip: "10.244.1.21", node: "node-b", ready: true, serving: true}, kubeEP{ip: "10.244.1.22", node: "node-b", ready: true, serving: true})
+		out[1] = waitForDump(t, b.e, append(slices.Clone(want), wantChanged[1]...), p, dump)
+		return out
+	}
+	b.churnReset(t)
+	reset()
+	b.churnStart(t)
+	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
+	upstream = run(kp)
+	kp.cmd.Process.Signal(os.Interrupt)
+	kp.exitCode()
+	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
+	}
+	b.churnReset(t)
+	reset()
+	b.churnStart(t)
+	sl := start(t, append(flags, "--mode-fallback=false")...)
+	b.ours = sl
+	ours = run(sl)
+	keepLog(t, sl)
+	return upstream, ours
 }

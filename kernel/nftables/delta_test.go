@@ -138,7 +138,8 @@ func TestDeltaSyncsLeaveWhatFullComparisonsLeave(t *testing.T) {
 			if err := (&Proxier{NFT: fresh, Options: opts(), FullSyncBatch: -1}).Sync(ctx, cur); err != nil {
 				t.Fatal(err)
 			}
-			if got, want := normalized(withDelta.Dump()), normalized(fresh.Dump()); got != want {
+			settle(t, pc, compared, &lb.Snapshot{Ports: cur.Ports})
+			if got, want := settle(t, pd, withDelta, cur), normalized(fresh.Dump()); got != want {
 				t.Fatalf("round %d step %d: the table differs from a full sync's:\n%s\nwant:\n%s", round, step, got, want)
 			}
 			if len(pd.from) != cur.Ports.Len() {
@@ -226,7 +227,7 @@ func TestAppliedPortsAreKeptSlimAndRemadeWhenChanged(t *testing.T) {
 	if b := p.applied[moved.Name]; !b.slimmed {
 		t.Fatalf("the changed port is kept whole: %+v", b)
 	}
-	if got, want := normalized(fake.Dump()), oneTransaction(t, next); got != want {
+	if got, want := settle(t, p, fake, next), oneTransaction(t, next); got != want {
 		t.Fatalf("after the partial sync:\n%s\nwant:\n%s", got, want)
 	}
 	// What was applied of a port no longer renders from it (as if its
@@ -239,7 +240,7 @@ func TestAppliedPortsAreKeptSlimAndRemadeWhenChanged(t *testing.T) {
 	if st, err := p.SyncStats(ctx, last); err != nil || !st.Full {
 		t.Fatalf("%+v %v, want a full sync", st, err)
 	}
-	if got, want := normalized(fake.Dump()), oneTransaction(t, last); got != want {
+	if got, want := settle(t, p, fake, last), oneTransaction(t, last); got != want {
 		t.Fatalf("after the full sync:\n%s\nwant:\n%s", got, want)
 	}
 	if st, err := p.SyncStats(ctx, last); err != nil || st.Full || st.Changed != 0 {

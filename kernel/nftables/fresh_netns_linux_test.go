@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -68,8 +69,19 @@ func TestFullSyncBatchesOnRealNFTables(t *testing.T) {
 		if st, err := p.SyncStats(ctx, freshPorts(24)); err != nil || st.Full {
 			return fmt.Errorf("partial sync after the batched one: %+v %v", st, err)
 		}
-		if err := (&Proxier{NFT: nft, Options: opts(), FullSyncBatch: 4}).Sync(ctx, restart); err != nil {
+		restarted := &Proxier{NFT: nft, Options: opts(), FullSyncBatch: 4}
+		if err := restarted.Sync(ctx, restart); err != nil {
 			return fmt.Errorf("a restart's full sync in batches: %w", err)
+		}
+		// The chains no service uses any more were flushed; a sync a
+		// second later deletes them, in a transaction of its own.
+		if !restarted.StaleChains() {
+			return fmt.Errorf("the restart's full sync flushed no chain")
+		}
+		later := time.Now().Add(StaleChainDelay)
+		restarted.Now = func() time.Time { return later }
+		if st, err := restarted.SyncStats(ctx, restart); err != nil || st.CleanupErr != nil || restarted.StaleChains() {
+			return fmt.Errorf("the sync a second later: %v, %v, stale chains left: %v", err, st.CleanupErr, restarted.StaleChains())
 		}
 		if got, err := tableLines(); err != nil || !slices.Equal(got, wantRestart) {
 			return fmt.Errorf("after the restart, the table differs from one transaction's (%v):\n%s\nwant:\n%s", err, strings.Join(got, "\n"), strings.Join(wantRestart, "\n"))

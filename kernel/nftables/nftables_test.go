@@ -112,6 +112,7 @@ func TestSyncDeletesWhatIsNoLongerUsed(t *testing.T) {
 	if err := p2.Sync(ctx, snapOf(web)); err != nil {
 		t.Fatal(err)
 	}
+	settle(t, p2, fake, snapOf(web))
 	dump = fake.Dump()
 	for _, gone := range []string{ServiceChain(sticky.Name), EndpointChain(sticky.Name, netip.MustParseAddrPort("10.244.1.1:8080")), set} {
 		if strings.Contains(dump, gone) {
@@ -167,13 +168,14 @@ func states(rng *rand.Rand, n int) []*lb.Snapshot {
 }
 
 // One long-lived proxier syncs random states, mostly partially; after
-// every sync its table equals what a fresh full sync of that state makes.
+// every sync its table equals what a fresh full sync of that state makes,
+// and no sync deletes a chain the table referred to when it began.
 func TestPartialSyncsConverge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	ctx := context.Background()
 	partial := 0
 	for round := 0; round < 8; round++ {
-		fake := knftables.NewFake(knftables.IPv4Family, Table)
+		fake := &busyNFT{Fake: knftables.NewFake(knftables.IPv4Family, Table)} // as a kernel before 6.2
 		// Its first sync goes in batches (FullSyncBatch), the fresh ones.
 		// in one transaction.
 		p := &Proxier{NFT: fake, Options: opts(), FullSyncBatch: 1 + round%3}
@@ -189,7 +191,7 @@ func TestPartialSyncsConverge(t *testing.T) {
 			if err := (&Proxier{NFT: fresh, Options: opts(), FullSyncBatch: -1}).Sync(ctx, s); err != nil {
 				t.Fatal(err)
 			}
-			if got, want := normalized(fake.Dump()), normalized(fresh.Dump()); got != want {
+			if got, want := settle(t, p, fake, s), normalized(fresh.Dump()); got != want {
 				t.Fatalf("round %d step %d (full=%v): the table differs from a full sync's:\n%s\nwant:\n%s", round, step, st.Full, got, want)
 			}
 		}
@@ -433,7 +435,7 @@ func TestLegacyBaseChainsAreRemoved(t *testing.T) {
 func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	ctx := context.Background()
-	fake := knftables.NewFake(knftables.IPv4Family, Table)
+	fake := &busyNFT{Fake: knftables.NewFake(knftables.IPv4Family, Table)} // as a kernel before 6.2
 	p := &Proxier{NFT: fake, Options: opts()}
 	prev := snapOf()
 	skipped := 0
@@ -455,7 +457,7 @@ func TestPartialSyncsConvergeWithSharedPorts(t *testing.T) {
 		if err := (&Proxier{NFT: full, Options: opts()}).Sync(ctx, next); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := normalized(fake.Dump()), normalized(full.Dump()); got != want {
+		if got, want := settle(t, p, fake, next), normalized(full.Dump()); got != want {
 			t.Fatalf("step %d: the table differs from a full sync's:\n%s\nwant:\n%s", step, got, want)
 		}
 		prev = next
@@ -520,4 +522,38 @@ func TestNodePortChecksMatchAllAsKubeProxy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// settle runs the sync that deletes the chains p's syncs flushed (the same
+// state, StaleChainDelay later) and returns fake's table after it,
+// normalized. It fails unless those chains, each empty, were all the table
+// held beyond it.
+func settle(t *testing.T, p *Proxier, fake interface{ Dump() string }, snap *lb.Snapshot) string {
+	t.Helper()
+	before := normalized(fake.Dump())
+	stale := slices.Collect(maps.Keys(p.stale))
+	now, was := time.Now(), p.Now
+	if was != nil {
+		now = was()
+	}
+	p.Now = func() time.Time { return now.Add(StaleChainDelay) }
+	st, err := p.SyncStats(context.Background(), snap)
+	p.Now = was
+	if err != nil || st.CleanupErr != nil {
+		t.Fatalf("the sync after the stale chains' delay: %v, %v", err, st.CleanupErr)
+	}
+	if p.StaleChains() {
+		t.Fatalf("stale chains left after their delay: %v", slices.Collect(maps.Keys(p.stale)))
+	}
+	after := normalized(fake.Dump())
+	var kept []string
+	for _, l := range strings.Split(before, "\n") {
+		if !slices.ContainsFunc(stale, func(c string) bool { return l == "add chain ip "+Table+" "+c }) {
+			kept = append(kept, l)
+		}
+	}
+	if got := strings.Join(kept, "\n"); got != after {
+		t.Fatalf("before the stale chains %v went, the table was not the one after with them empty:\n%s\nafter:\n%s", stale, before, after)
+	}
+	return after
 }

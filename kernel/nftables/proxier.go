@@ -15,9 +15,13 @@ import (
 
 // Proxier keeps one family's kube-proxy table in step with the snapshots
 // it is given: each Sync is one transaction that rewrites the table's
-// chains, refills its maps and sets, and deletes the per-service chains
-// and affinity sets no longer used (flushed first, so nothing refers to
-// them when they go).
+// chains, refills its maps and sets, deletes the affinity sets no longer
+// used and flushes the per-service chains no longer used. Those chains are
+// deleted by a later sync, at least StaleChainDelay after, in a
+// transaction of their own, as kube-proxy does: before Linux 6.2 a chain
+// a map element pointed to stays referenced for a while after the element
+// is deleted, so deleting both in one transaction can fail it (EBUSY), and
+// with it the sync.
 type Proxier struct {
 	NFT     knftables.Interface
 	Options Options
@@ -59,6 +63,56 @@ type Proxier struct {
 	// the table with those timeouts, which the next full sync must replace
 	// when they changed, as it does from applied.
 	kept map[lb.ServicePortName]*portBundle
+	// stale are the per-service chains flushed because nothing uses them
+	// any more, each with the start of the sync that flushed it: a sync at
+	// least StaleChainDelay later deletes them.
+	stale map[string]time.Time
+}
+
+// StaleChainDelay is how long a flushed chain waits before a sync deletes
+// it (kube-proxy's one second).
+const StaleChainDelay = time.Second
+
+// StaleChains says whether flushed chains wait for a later sync to delete
+// them.
+func (p *Proxier) StaleChains() bool { return len(p.stale) > 0 }
+
+// markStale records chains as flushed by the sync that started at start.
+func (p *Proxier) markStale(chains []string, start time.Time) {
+	if len(chains) == 0 {
+		return
+	}
+	if p.stale == nil {
+		p.stale = map[string]time.Time{}
+	}
+	for _, c := range chains {
+		p.stale[c] = start
+	}
+}
+
+// deleteStale deletes, in a transaction of its own, the flushed chains
+// that have waited StaleChainDelay by now. A failure (a chain still
+// referenced) is reported and makes the sync full, whose listing finds the
+// chains again and flushes and marks them anew, as kube-proxy's.
+func (p *Proxier) deleteStale(ctx context.Context, now time.Time) (int, error) {
+	tx := p.NFT.NewTransaction()
+	n := 0
+	for c, since := range p.stale {
+		if now.Sub(since) >= StaleChainDelay {
+			tx.Delete(&knftables.Chain{Name: c})
+			delete(p.stale, c)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if err := p.NFT.Run(ctx, tx); err != nil {
+		p.forget()
+		p.snapID = 0
+		return 0, fmt.Errorf("nftables transaction (%s, deleting %d stale chains): %w", p.familyName(), n, err)
+	}
+	return n, nil
 }
 
 // forget drops what is known of the table after a failed transaction, so
@@ -84,6 +138,11 @@ func (p *Proxier) prior() map[lb.ServicePortName]*portBundle {
 type SyncStats struct {
 	Full    bool
 	Changed int // service ports rewritten (every one on a full sync)
+	// StaleDeleted is how many stale chains were deleted before the sync;
+	// CleanupErr is why they could not be (kube-proxy's nftables cleanup
+	// failure): the sync went on, full.
+	StaleDeleted int
+	CleanupErr   error
 }
 
 // Sync makes the table match snap: fully on the first sync, after a
@@ -106,25 +165,29 @@ func (p *Proxier) SyncStats(ctx context.Context, snap *lb.Snapshot) (SyncStats, 
 	if period <= 0 {
 		period = time.Hour
 	}
+	start := now()
+	deleted, cleanupErr := p.deleteStale(ctx, start)
 	key := fmt.Sprint(p.Options)
-	if p.applied != nil && key == p.optsKey && now().Sub(p.lastFull) < period {
-		return p.partial(ctx, snap)
+	if p.applied != nil && key == p.optsKey && start.Sub(p.lastFull) < period {
+		st, err := p.partial(ctx, snap, start)
+		st.StaleDeleted, st.CleanupErr = deleted, cleanupErr
+		return st, err
 	}
 	// The table holds what was applied when nothing failed since and the
 	// options are those it was applied with (the hourly full sync): its
 	// objects are known without listing it.
-	err := p.full(ctx, snap, p.applied != nil && key == p.optsKey)
+	err := p.full(ctx, snap, p.applied != nil && key == p.optsKey, start)
 	if err == nil {
-		p.optsKey, p.lastFull = key, now()
+		p.optsKey, p.lastFull = key, start
 	}
-	return SyncStats{Full: true, Changed: len(p.applied)}, err
+	return SyncStats{Full: true, Changed: len(p.applied), StaleDeleted: deleted, CleanupErr: cleanupErr}, err
 }
 
 // partial writes only what changed since the last sync. When snap says
 // it is the snapshot applied last with some ports changed, only those are
 // rendered and compared (issue 16: O(changed) per update); otherwise every
 // port is, its pointer first.
-func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, error) {
+func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot, start time.Time) (SyncStats, error) {
 	tx := p.NFT.NewTransaction()
 	type change struct {
 		name     lb.ServicePortName
@@ -248,7 +311,7 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 		// written instead.
 		p.forget()
 		p.snapID = 0
-		err := p.full(ctx, snap, false)
+		err := p.full(ctx, snap, false, start)
 		return SyncStats{Full: true, Changed: len(p.applied)}, err
 	}
 	if len(changes) == 0 && len(addIPs) == 0 && len(delIPs) == 0 {
@@ -279,7 +342,8 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 			c.new.addElements(tx, c.old)
 		}
 	}
-	// 3. Chains and sets no longer used: flushed, then deleted.
+	// 3. Sets no longer used: deleted; chains: flushed, for a later sync
+	// to delete.
 	var staleChains []string
 	for _, c := range changes {
 		if c.old == nil {
@@ -306,9 +370,6 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 			}
 		}
 	}
-	for _, ch := range staleChains {
-		tx.Delete(&knftables.Chain{Name: ch})
-	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
 		p.forget() // a full sync next
 		p.snapID = 0
@@ -316,9 +377,13 @@ func (p *Proxier) partial(ctx context.Context, snap *lb.Snapshot) (SyncStats, er
 	}
 	for _, c := range changes {
 		if c.new != nil {
+			for _, ch := range c.new.chains {
+				delete(p.stale, ch) // in use again
+			}
 			next[c.name] = c.new.slim()
 		}
 	}
+	p.markStale(staleChains, start)
 	p.applied, p.clusterIPRefs, p.from, p.snapID = next, cips, from, snap.ID
 	return SyncStats{Changed: len(changes)}, nil
 }
@@ -371,7 +436,7 @@ var legacyBaseChains = map[string]bool{"filter-prerouting": true, "filter-output
 // names every object by dumping the whole table as JSON, rules included:
 // at 10,000 Services x 10 endpoints 82 MB, which knftables took 20 s and
 // 1.2 GB of allocations to read here.
-func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool) error {
+func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool, start time.Time) error {
 	if p.chains == nil && known {
 		p.chains, p.sets = p.appliedObjects()
 	}
@@ -381,6 +446,11 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool) error
 			return err
 		}
 		p.chains, p.sets = chains, sets
+		for c := range p.stale {
+			if !chains[c] {
+				delete(p.stale, c) // gone behind sluice's back
+			}
+		}
 	}
 	var written map[lb.ServicePortName]*portBundle
 	if batch := p.fullSyncBatch(); batch > 0 && snap.Ports.Len() > batch && !p.unbatched {
@@ -402,15 +472,19 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool) error
 		}
 	}
 	d := render(snap, p.Options, tx, phaseWhole, written)
+	// The earlier layout's base chains go at once (no map element points
+	// to them); per-service chains no longer used are flushed, for a later
+	// sync to delete.
 	var stale []string
 	for c := range p.chains {
-		if legacyBaseChains[c] || isServiceObject(c) && !d.Chains[c] {
+		switch {
+		case legacyBaseChains[c]:
+			tx.Flush(&knftables.Chain{Name: c})
+			tx.Delete(&knftables.Chain{Name: c})
+		case isServiceObject(c) && !d.Chains[c]:
 			stale = append(stale, c)
 			tx.Flush(&knftables.Chain{Name: c})
 		}
-	}
-	for _, c := range stale {
-		tx.Delete(&knftables.Chain{Name: c})
 	}
 	for s := range p.sets {
 		if isServiceObject(s) && !d.Sets[s] {
@@ -418,10 +492,17 @@ func (p *Proxier) full(ctx context.Context, snap *lb.Snapshot, known bool) error
 		}
 	}
 	if err := p.NFT.Run(ctx, tx); err != nil {
-		p.forget() // list again: the table is as it was
+		p.forget()    // list again: the table is as it was
+		p.stale = nil // what the listing finds unused is flushed again
 		p.unbatched = written != nil
 		return fmt.Errorf("nftables transaction (%s): %w", p.familyName(), err)
 	}
+	for c := range p.stale {
+		if d.Chains[c] {
+			delete(p.stale, c) // in use again
+		}
+	}
+	p.markStale(stale, start)
 	p.record(snap, d)
 	p.unbatched = false
 	return nil

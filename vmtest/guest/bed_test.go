@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -373,6 +374,13 @@ func (p *proc) waitLog(subs ...string) {
 			p.t.Fatalf("no log line with %q in 60s", subs)
 		}
 	}
+}
+
+// logged is every line sluice has printed so far.
+func (p *proc) logged() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.all)
 }
 
 // dump logs what sluice has printed so far (for a failure's context).
