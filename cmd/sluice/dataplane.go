@@ -651,6 +651,40 @@ func restoreRouteLocalnet(log *slog.Logger) {
 	log.Info("cleanup: net.ipv4.conf.all.route_localnet restored", "value", strings.TrimSpace(string(was)))
 }
 
+// cleanupOtherModes removes what the other kernel modes leave behind, as
+// kube-proxy does when it starts (platformCleanup): a kernel mode's rules
+// stay after its process exits, so a node switched from one mode to
+// another (or from kube-proxy in one mode to sluice in another) would go
+// on serving the old mode's rules, with endpoints that no longer change,
+// beside the new ones. In nftables mode that is iptables mode's and IPVS
+// mode's rules; in iptables and IPVS mode, nftables mode's table. Best
+// effort, as kube-proxy's: a failure is logged and the mode starts.
+func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
+	l := log.With("while", "removing other proxy modes' leftover rules")
+	var errs []error
+	switch mode {
+	case config.ModeNFTables:
+		if err := cleanupIPVS(cfg, slog.New(slog.DiscardHandler)); err != nil {
+			errs = append(errs, fmt.Errorf("IPVS mode's: %w", err))
+		}
+		for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+			if fam.err != nil {
+				continue // no usable iptables: no iptables mode's rules
+			}
+			if err := iptables.CleanupLeftovers(fam.runner, iptablesOptions(cfg, fam.v6, nodeFacts{})); err != nil {
+				errs = append(errs, fmt.Errorf("iptables mode's (%s): %w", fam.runner.Command, err))
+			}
+		}
+	case config.ModeIPTables, config.ModeIPVS:
+		if err := cleanupNFTables(slog.New(slog.DiscardHandler)); err != nil {
+			errs = append(errs, fmt.Errorf("nftables mode's: %w", err))
+		}
+	}
+	for _, err := range errs {
+		l.Warn("cannot remove another proxy mode's leftover rules", "err", err)
+	}
+}
+
 func cleanup(cfg *config.Config, log *slog.Logger) error {
 	var errs []error
 	if runtime.GOOS == "linux" {

@@ -351,6 +351,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		// The kernel modes' NAT lives in conntrack; set before the planes
 		// read it (nf_conntrack_tcp_be_liberal decides the INVALID drop).
 		applyConntrack(cfg, log)
+		cleanupOtherModes(cfg, mode, log)
 	}
 	if mode == config.ModeNFTables {
 		pn, err := newNFTablesPlane(cfg, local, metrics, log)

@@ -573,22 +573,7 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "zonal/tcp/http", "nodal/tcp/http", "203.0.113.20",
 		"itp-local/tcp/http", "etp-terminating/tcp/http", "all-terminating/tcp/http", "sticky-short/udp/dns", "lb-modes/tcp/http", "lb-remote/tcp/http", "203.0.113.31", "web6/tcp/http", "fd00:244::5"}
 	want = append(want, `"family":"ip6"`)
-	dump := func() ([]string, string) {
-		var all []string
-		for _, family := range []string{"ip", "ip6"} {
-			out, err := exec.Command("nft", "-j", "list", "table", family, "kube-proxy").Output()
-			if err != nil {
-				return nil, err.Error()
-			}
-			lines, err := nftables.CanonicalDump(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, lines...)
-		}
-		slices.Sort(all)
-		return all, ""
-	}
+	dump := func() ([]string, string) { return nftablesDump(t) }
 	reset := func() {
 		if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
 			t.Fatalf("a kube-proxy table is left: %s", out)
@@ -631,7 +616,8 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	}
 	// Partial syncs: the rules after changes made while each runs.
 	b.stopOurs(t, "nftables")
-	up, us := b.compareAfterChurn(t, "nftables", want, [2][]string{{"10.244.1.21", "churn-new/tcp/http"}, {"10.244.1.22"}}, dump, reset)
+	changed := [2][]string{{"10.244.1.21", "churn-new/tcp/http"}, {"10.244.1.22"}}
+	up, us := b.compareAfterChurn(t, "nftables", false, want, changed, dump, reset)
 	for i := range up {
 		checkDifferences(t, up[i], us[i], knownNFTablesDifferences)
 	}
@@ -643,6 +629,103 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		slices.ContainsFunc(us[1], func(l string) bool { return strings.Contains(l, "/churn-gone/") }) {
 		t.Errorf("churn-gone's chains: not left flushed after the first change, or not deleted after the second")
 	}
+	// The binary swapped: each started over kube-proxy's rules, left on
+	// its exit, for objects that changed meanwhile.
+	b.stopOurs(t, "nftables")
+	up, us = b.compareAfterChurn(t, "nftables", true, want, changed, dump, reset)
+	for i := range up {
+		checkDifferences(t, up[i], us[i], knownNFTablesDifferences)
+	}
+	// From iptables mode to nftables mode: what is left of iptables
+	// mode's rules once nftables mode runs.
+	b.stopOurs(t, "nftables")
+	leftUp, leftUs := b.compareModeSwitch(t, "iptables", "nftables", []string{"KUBE-SVC-", "web:http"}, want, iptablesDump, dump, reset)
+	checkDifferences(t, leftUp, leftUs, nil)
+	if slices.ContainsFunc(leftUs, func(l string) bool { return strings.Contains(l, "KUBE-SVC-") }) {
+		t.Errorf("iptables mode's service chains left in nftables mode:\n%s", strings.Join(leftUs, "\n"))
+	}
+}
+
+// nftablesDump is the kube-proxy table of both families, canonical
+// (nftables.CanonicalDump), sorted; or why not (no table).
+func nftablesDump(t *testing.T) ([]string, string) {
+	var all []string
+	for _, family := range []string{"ip", "ip6"} {
+		out, err := exec.Command("nft", "-j", "list", "table", family, "kube-proxy").Output()
+		if err != nil {
+			return nil, err.Error()
+		}
+		lines, err := nftables.CanonicalDump(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, lines...)
+	}
+	slices.Sort(all)
+	return all, ""
+}
+
+// iptablesDump is iptables-save's and ip6tables-save's every table,
+// canonical (canonicalIPTables), sorted.
+func iptablesDump() ([]string, string) {
+	var lines []string
+	for _, bin := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := exec.Command(bin).Output()
+		if err != nil {
+			return nil, err.Error()
+		}
+		lines = append(lines, canonicalIPTables(strings.TrimSuffix(bin, "-save"), string(out))...)
+	}
+	slices.Sort(lines)
+	return lines, ""
+}
+
+// compareModeSwitch runs kube-proxy in mode from and stops it (its rules
+// stay, as on any exit), then starts kube-proxy, then sluice, in mode to
+// over those rules, and returns what of from's rules each left once its
+// own (dumpTo, holding wantTo) settled: kube-proxy removes the other
+// modes' rules when it starts. Each begins from no rules of either mode
+// (kube-proxy's --cleanup, which removes every mode's, then reset).
+func (b *parityBed) compareModeSwitch(t *testing.T, from, to string, wantFrom, wantTo []string, dumpFrom, dumpTo func() ([]string, string), reset func()) (upstream, ours []string) {
+	t.Helper()
+	kubeProxy := func(mode string) *proc {
+		return startCmd(t, exec.Command(b.kubeProxy, append([]string{"--proxy-mode=" + mode, "--v=2"}, b.flags...)...))
+	}
+	stop := func(p *proc) {
+		p.cmd.Process.Signal(os.Interrupt)
+		p.exitCode()
+	}
+	left := func() []string {
+		lines, why := dumpFrom()
+		if why != "" {
+			return []string{"(none: " + why + ")"}
+		}
+		return lines
+	}
+	leave := func() {
+		if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+from).CombinedOutput(); err != nil {
+			t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
+		}
+		reset()
+		kp := kubeProxy(from)
+		waitForDump(t, b.e, wantFrom, kp, dumpFrom)
+		stop(kp)
+		if lines, _ := dumpFrom(); len(lines) == 0 {
+			t.Fatalf("kube-proxy in %s mode left no rules on exit", from)
+		}
+	}
+	leave()
+	kp := kubeProxy(to)
+	waitForDump(t, b.e, wantTo, kp, dumpTo)
+	upstream = left()
+	stop(kp)
+	leave()
+	sl := start(t, append([]string{"--proxy-mode=" + to, "--mode-fallback=false"}, b.flags...)...)
+	b.ours = sl
+	waitForDump(t, b.e, wantTo, sl, dumpTo)
+	ours = left()
+	keepLog(t, sl)
+	return upstream, ours
 }
 
 // waitForDump waits until the dump holds every string in want and has
@@ -698,18 +781,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 		"itp-local:http", "etp-terminating:http", "all-terminating:http", "sticky-short:dns", "lb-modes:http", "lb-remote:http", "203.0.113.31", "web6:http", "fd00:244::5",
 		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
 		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
-	dump := func() ([]string, string) {
-		var lines []string
-		for _, bin := range []string{"iptables-save", "ip6tables-save"} {
-			out, err := exec.Command(bin).Output()
-			if err != nil {
-				return nil, err.Error()
-			}
-			lines = append(lines, canonicalIPTables(strings.TrimSuffix(bin, "-save"), string(out))...)
-		}
-		slices.Sort(lines)
-		return lines, ""
-	}
+	dump := iptablesDump
 	reset := func() {
 		// Start each from no rules at all: earlier tests in this namespace
 		// leave chains (the userspace capture keeps its own across
@@ -747,9 +819,24 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	}
 	// Partial syncs: the rules after changes made while each runs.
 	b.stopOurs(t, "iptables")
-	up, us := b.compareAfterChurn(t, "iptables", want, [2][]string{{"10.244.1.21", "churn-new:http"}, {"10.244.1.22"}}, dump, reset)
+	changed := [2][]string{{"10.244.1.21", "churn-new:http"}, {"10.244.1.22"}}
+	up, us := b.compareAfterChurn(t, "iptables", false, want, changed, dump, reset)
 	for i := range up {
 		checkDifferences(t, up[i], us[i], knownIPTablesDifferences)
+	}
+	// The binary swapped (see the nftables test).
+	b.stopOurs(t, "iptables")
+	up, us = b.compareAfterChurn(t, "iptables", true, want, changed, dump, reset)
+	for i := range up {
+		checkDifferences(t, up[i], us[i], knownIPTablesDifferences)
+	}
+	// From nftables mode to iptables mode: nftables mode's table goes.
+	b.stopOurs(t, "iptables")
+	leftUp, leftUs := b.compareModeSwitch(t, "nftables", "iptables", []string{"service-", "web/tcp/http"}, want,
+		func() ([]string, string) { return nftablesDump(t) }, dump, reset)
+	checkDifferences(t, leftUp, leftUs, nil)
+	if len(leftUs) != 1 || !strings.HasPrefix(leftUs[0], "(none: ") {
+		t.Errorf("nftables mode's table left in iptables mode:\n%s", strings.Join(leftUs, "\n"))
 	}
 }
 
@@ -866,34 +953,50 @@ func (b *parityBed) churnChange(t *testing.T) {
 // the first, kube-proxy's nftables table still holds the chains no longer
 // used, flushed; the second change's sync deletes them, a second on. want
 // is waited for at start; wantChanged after each change.
-func (b *parityBed) compareAfterChurn(t *testing.T, mode string, want []string, wantChanged [2][]string, dump func() ([]string, string), reset func()) (upstream, ours [2][]string) {
+//
+// With takeover, each starts instead over the rules a kube-proxy run on
+// the first state left when it stopped (kube-proxy leaves them on exit),
+// the first change made while nothing ran: the binary swapped on a node.
+func (b *parityBed) compareAfterChurn(t *testing.T, mode string, takeover bool, want []string, wantChanged [2][]string, dump func() ([]string, string), reset func()) (upstream, ours [2][]string) {
 	t.Helper()
 	flags := append([]string{"--proxy-mode=" + mode}, b.flags...)
-	run := func(p *proc) (out [2][]string) {
-		waitForDump(t, b.e, append(slices.Clone(want), "10.244.0.20", churnGoneIP, fmt.Sprint(churnTypeNodePort)), p, dump)
-		b.churnChange(t)
+	startKubeProxy := func() *proc { return startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...)) }
+	stopKubeProxy := func(kp *proc, cleanup bool) {
+		kp.cmd.Process.Signal(os.Interrupt)
+		kp.exitCode()
+		if !cleanup {
+			return
+		}
+		if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
+			t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
+		}
+	}
+	first := append(slices.Clone(want), "10.244.0.20", churnGoneIP, fmt.Sprint(churnTypeNodePort))
+	run := func(start func() *proc) (out [2][]string, p *proc) {
+		b.churnReset(t)
+		reset()
+		b.churnStart(t)
+		if takeover {
+			kp := startKubeProxy()
+			waitForDump(t, b.e, first, kp, dump)
+			stopKubeProxy(kp, false)
+			b.churnChange(t)
+			p = start()
+		} else {
+			p = start()
+			waitForDump(t, b.e, first, p, dump)
+			b.churnChange(t)
+		}
 		out[0] = waitForDump(t, b.e, append(slices.Clone(want), wantChanged[0]...), p, dump)
 		b.e.setSlice("churn", "churn-1", "http", kubeEP{ip: "10.244.1.20", node: "node-b", ready: true, serving: true},
 			kubeEP{ip: "10.244.1.21", node: "node-b", ready: true, serving: true}, kubeEP{ip: "10.244.1.22", node: "node-b", ready: true, serving: true})
 		out[1] = waitForDump(t, b.e, append(slices.Clone(want), wantChanged[1]...), p, dump)
-		return out
+		return out, p
 	}
-	b.churnReset(t)
-	reset()
-	b.churnStart(t)
-	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
-	upstream = run(kp)
-	kp.cmd.Process.Signal(os.Interrupt)
-	kp.exitCode()
-	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
-		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
-	}
-	b.churnReset(t)
-	reset()
-	b.churnStart(t)
-	sl := start(t, append(flags, "--mode-fallback=false")...)
+	upstream, kp := run(startKubeProxy)
+	stopKubeProxy(kp, true)
+	ours, sl := run(func() *proc { return start(t, append(flags, "--mode-fallback=false")...) })
 	b.ours = sl
-	ours = run(sl)
 	keepLog(t, sl)
 	return upstream, ours
 }

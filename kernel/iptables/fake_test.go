@@ -256,6 +256,23 @@ func TestCanaryAndCleanup(t *testing.T) {
 	if got := dnats(f.Trace("PREROUTING", pkt)); !slices.Equal(got, []string{"10.244.1.1:8080"}) {
 		t.Fatalf("after resync: %v", got)
 	}
+	// Another mode's start-up, as kube-proxy's: everything but the
+	// kubelet's KUBE-FIREWALL and its jumps goes.
+	if err := CleanupLeftovers(f, opts()); err != nil {
+		t.Fatal(err)
+	}
+	kept, _ := f.Chains("filter")
+	if !slices.Contains(kept, ChainFirewall) {
+		t.Fatalf("CleanupLeftovers took %s: %v", ChainFirewall, kept)
+	}
+	for _, table := range []string{"filter", "nat", "mangle"} {
+		chains, _ := f.Chains(table)
+		for _, c := range chains {
+			if strings.HasPrefix(c, "KUBE-") && c != ChainFirewall {
+				t.Fatalf("CleanupLeftovers left %s %s:\n%s", table, c, f.Dump())
+			}
+		}
+	}
 	for i := 0; i < 2; i++ { // idempotent
 		if err := Cleanup(f, opts()); err != nil {
 			t.Fatal(err)

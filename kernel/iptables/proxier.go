@@ -248,7 +248,14 @@ const canaryEveryTable = 10
 
 // Cleanup removes every jump rule and chain the iptables mode installs,
 // in every table, and nothing else. It is idempotent.
-func Cleanup(r Runner, o Options) error {
+func Cleanup(r Runner, o Options) error { return cleanup(r, o, false) }
+
+// CleanupLeftovers is Cleanup as kube-proxy's CleanupLeftovers does it
+// when another mode starts: KUBE-FIREWALL and its jumps from INPUT and
+// OUTPUT stay, since kubelets before v1.28 make and own that chain too.
+func CleanupLeftovers(r Runner, o Options) error { return cleanup(r, o, true) }
+
+func cleanup(r Runner, o Options, keepKubelets bool) error {
 	var errs []error
 	o.LocalhostNodePorts = true // remove the KUBE-FIREWALL hooks too, if any
 	have := map[string][]string{}
@@ -262,7 +269,7 @@ func Cleanup(r Runner, o Options) error {
 	for _, j := range Jumps(o) {
 		// A jump to a chain that does not exist cannot exist either; not
 		// asking keeps an unused legacy table from being loaded.
-		if !slices.Contains(have[j.Table], target(j.Args)) {
+		if !slices.Contains(have[j.Table], target(j.Args)) || keepKubelets && target(j.Args) == ChainFirewall {
 			continue
 		}
 		if err := r.DeleteRule(j.Table, j.Chain, j.Args...); err != nil {
@@ -278,6 +285,9 @@ func Cleanup(r Runner, o Options) error {
 		existing := have[table]
 		var del []string
 		for _, c := range existing {
+			if keepKubelets && c == ChainFirewall {
+				continue
+			}
 			if slices.Contains(ours[table], c) || (table == "nat" && IsServiceChain(c)) {
 				del = append(del, c)
 			}
