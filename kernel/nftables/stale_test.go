@@ -26,7 +26,7 @@ type busyNFT struct {
 	refuseDelete bool
 }
 
-var errBusy = errors.New("Could not process rule: Device or resource busy")
+var errBusy = errors.New("could not process rule: device or resource busy")
 
 func (b *busyNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	b.runs++
