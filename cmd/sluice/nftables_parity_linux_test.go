@@ -343,6 +343,15 @@ func (b *parityBed) checkMetrics(t *testing.T) {
 			t.Errorf("a known metric difference is gone (take it off the list): %s", m)
 		}
 	}
+	// Series whose values the same objects decide, once the rules settled:
+	// the Services with a Local policy and no local endpoint, per family
+	// and policy, and nothing pending.
+	for _, name := range []string{"kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+		"kubeproxy_sync_proxy_rules_service_changes_pending", "kubeproxy_sync_proxy_rules_endpoint_changes_pending"} {
+		if up, us := series(b.upstreamPage, name), series(b.ourPage, name); len(up) == 0 || !slices.Equal(up, us) {
+			t.Errorf("%s: kube-proxy\n%s\nsluice\n%s", name, strings.Join(up, "\n"), strings.Join(us, "\n"))
+		}
+	}
 	t.Logf("kube-proxy exported %d kubeproxy_* series shapes, sluice %d:\n%s\n%s", len(b.upstreamMetrics), len(b.ourMetrics),
 		strings.Join(b.upstreamMetrics, " "), strings.Join(b.ourMetrics, " "))
 }
