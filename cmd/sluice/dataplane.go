@@ -659,11 +659,33 @@ func restoreRouteLocalnet(log *slog.Logger) {
 // beside the new ones. In nftables mode that is iptables mode's and IPVS
 // mode's rules; in iptables and IPVS mode, nftables mode's table. Best
 // effort, as kube-proxy's: a failure is logged and the mode starts.
+//
+// kube-proxy has no userspace mode. There every kernel mode's rules are in
+// the way (their filter rules reject Services that had no endpoints when
+// they stopped, their NAT rules send traffic to the endpoints of then):
+// as the node's proxy, with the Kubernetes API for its source, sluice
+// removes them all; standalone, on manifests, it may share the host with
+// a cluster's own kube-proxy, and only warns.
 func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
 	l := log.With("while", "removing other proxy modes' leftover rules")
 	var errs []error
+	if mode == config.ModeUserspace && !apiConfigured(cfg) {
+		var found []string
+		for _, fam := range probeFamilies(cfg.IPTablesBackend) {
+			if chains, err := fam.runner.Chains("nat"); err == nil && slices.Contains(chains, iptables.ChainServices) {
+				found = append(found, fam.runner.Command)
+			}
+		}
+		for _, fam := range nftablesLeftover() {
+			found = append(found, "nftables "+fam)
+		}
+		if len(found) > 0 {
+			log.Warn("kube-proxy rules on this host (another proxy's, or left by one) may take Service traffic before sluice's capture; sluice --cleanup removes them", "in", strings.Join(found, ", "))
+		}
+		return
+	}
 	switch mode {
-	case config.ModeNFTables:
+	case config.ModeNFTables, config.ModeUserspace:
 		if err := cleanupIPVS(cfg, slog.New(slog.DiscardHandler)); err != nil {
 			errs = append(errs, fmt.Errorf("IPVS mode's: %w", err))
 		}
@@ -675,7 +697,9 @@ func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
 				errs = append(errs, fmt.Errorf("iptables mode's (%s): %w", fam.runner.Command, err))
 			}
 		}
-	case config.ModeIPTables, config.ModeIPVS:
+	}
+	switch mode {
+	case config.ModeIPTables, config.ModeIPVS, config.ModeUserspace:
 		if err := cleanupNFTables(slog.New(slog.DiscardHandler)); err != nil {
 			errs = append(errs, fmt.Errorf("nftables mode's: %w", err))
 		}

@@ -568,7 +568,9 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	if d := distinct(b.tries("tcp", "203.0.113.20:80", 6)); d["b@10.244.0.5"] != 6 {
 		t.Fatalf("LB IP from an allowed source: %v, want the local endpoint only", d)
 	}
-	if got := b.tries("tcp", "192.168.10.1:32100", 1)[0]; !strings.Contains(got, `"localEndpoints":1`) || !strings.Contains(got, `"name":"guarded"`) {
+	// (kube-proxy's body is indented over lines, which the client prints
+	// as they come.)
+	if got := strings.Join(b.tries("tcp", "192.168.10.1:32100", 1), "\n"); !strings.Contains(got, `"localEndpoints": 1`) || !strings.Contains(got, `"name": "guarded"`) {
 		t.Fatalf("health check node port: %q", got)
 	}
 	// The range no longer admits the client: its packets are dropped.

@@ -387,6 +387,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		}
 	}
 	if mode == config.ModeUserspace {
+		if runtime.GOOS == "linux" {
+			cleanupOtherModes(cfg, mode, log)
+		}
 		// A container's CPU limit bounds the default number of event loops
 		// (an explicit --event-loops is kept as given).
 		var cpuLimit float64
@@ -1202,11 +1205,16 @@ func (l *localAddrs) listExcept(skip func(netip.Addr) bool) []netip.Addr {
 
 // selectNodePortAddrs applies --nodeport-addresses, its "primary"
 // resolved (nodeFacts.nodePortAddresses): the local addresses inside any
-// of the CIDRs. Empty means "not restricted" (nil).
+// of the CIDRs. Empty means "not restricted" (nil). IPv6 link-local
+// addresses are never selected, as kube-proxy's IPVS mode leaves them out
+// of its node addresses: one is bound only with its interface (a zone),
+// so a NodePort or health check listener on one failed, and with it the
+// state's apply, on every node with IPv6 whose flag named only IPv4 CIDRs.
 func selectNodePortAddrs(spec []string, local []netip.Addr) []netip.Addr {
 	if len(spec) == 0 {
 		return nil
 	}
+	local = slices.DeleteFunc(slices.Clone(local), func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() && a.IsLinkLocalUnicast() })
 	picked := map[netip.Addr]bool{}
 	for _, s := range spec {
 		p, err := netip.ParsePrefix(s)

@@ -34,7 +34,9 @@ func addrs(ss ...string) []netip.Addr {
 }
 
 func TestSelectNodePortAddrs(t *testing.T) {
-	local := addrs("127.0.0.1", "10.0.0.5", "192.168.1.7", "::1", "fd00::5")
+	// fe80::5 is left out every time: it cannot be bound without its
+	// interface (found by TestIPTablesParityWithKubeProxy's userspace run).
+	local := addrs("127.0.0.1", "10.0.0.5", "192.168.1.7", "::1", "fd00::5", "fe80::5")
 	cases := []struct {
 		spec []string
 		want []netip.Addr
@@ -46,6 +48,7 @@ func TestSelectNodePortAddrs(t *testing.T) {
 		{[]string{"10.0.0.0/8"}, addrs("10.0.0.5", "::1", "fd00::5")},
 		{[]string{"127.0.0.0/8", "fd00::/8"}, addrs("127.0.0.1", "fd00::5")},
 		{[]string{"172.16.0.0/12", "fc00::/8"}, addrs()},
+		{[]string{"fe80::/10"}, addrs("10.0.0.5", "127.0.0.1", "192.168.1.7")},
 		{[]string{"fd00::/8"}, addrs("10.0.0.5", "127.0.0.1", "192.168.1.7", "fd00::5")},
 	}
 	for _, tc := range cases {

@@ -188,6 +188,21 @@ func (p *nftablesPlane) Dump() any {
 
 func (p *nftablesPlane) Tick() {}
 
+// nftablesLeftover names the families that hold a kube-proxy table.
+func nftablesLeftover() []string {
+	var out []string
+	for _, fam := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
+		nft, err := knftables.New(fam, nftables.Table)
+		if err != nil {
+			continue
+		}
+		if _, err := nft.List(context.Background(), "sets"); err == nil {
+			out = append(out, string(fam))
+		}
+	}
+	return out
+}
+
 // cleanupNFTables deletes the kube-proxy table in both families, where
 // nftables is there at all.
 func cleanupNFTables(log *slog.Logger) error {

@@ -25,3 +25,5 @@ func newNFTablesPlane(*config.Config, *localAddrs, *admin.Metrics, *slog.Logger)
 }
 
 func cleanupNFTables(*slog.Logger) error { return nil }
+
+func nftablesLeftover() []string { return nil }

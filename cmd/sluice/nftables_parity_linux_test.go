@@ -847,6 +847,29 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	if len(leftUs) != 1 || !strings.HasPrefix(leftUs[0], "(none: ") {
 		t.Errorf("nftables mode's table left in iptables mode:\n%s", strings.Join(leftUs, "\n"))
 	}
+	// To sluice's userspace mode (no kube-proxy mode), as the node's proxy:
+	// kube-proxy's iptables rules would reject or DNAT Service traffic
+	// before the capture, so they go too; kubelet's KUBE-FIREWALL stays.
+	b.stopOurs(t, "iptables")
+	reset()
+	kp := startCmd(t, exec.Command(b.kubeProxy, append([]string{"--proxy-mode=iptables", "--v=2"}, b.flags...)...))
+	waitForDump(t, b.e, want, kp, dump)
+	kp.cmd.Process.Signal(os.Interrupt)
+	kp.exitCode()
+	sl := start(t, append([]string{"--proxy-mode=userspace"}, b.flags...)...)
+	sl.waitLog("state applied")
+	left, _ := iptablesDump()
+	for _, l := range left {
+		if strings.Contains(l, "KUBE-") && !strings.Contains(l, "KUBE-FIREWALL") && !strings.Contains(l, "KUBE-PORTALS-") {
+			t.Errorf("kube-proxy's iptables rules left in userspace mode: %s", l)
+		}
+	}
+	if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); !strings.Contains(string(out), "sluice-portals") &&
+		!slices.ContainsFunc(left, func(l string) bool { return strings.Contains(l, "KUBE-PORTALS-") }) {
+		t.Errorf("no userspace capture, in nftables or iptables:\n%s\n%s", out, strings.Join(left, "\n"))
+	}
+	sl.cmd.Process.Signal(os.Interrupt)
+	sl.exitCode()
 }
 
 var sharedChains = map[string]bool{"KUBE-SERVICES": true, "KUBE-NODEPORTS": true, "KUBE-EXTERNAL-SERVICES": true, "KUBE-PROXY-FIREWALL": true}
