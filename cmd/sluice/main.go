@@ -529,7 +529,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		if err != nil {
 			return err
 		}
-		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg),
+		// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
+		// default): off, the node hints are not read.
+		preferSame, set := cfg.KubeProxy.FeatureGates["PreferSameTrafficDistribution"]
+		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg), IgnoreNodeHints: set && !preferSame,
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible, Changes: metrics,
 			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),

@@ -815,10 +815,12 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 		t.Errorf("no %q in sluice's metrics", invalid)
 	}
 	// Again with the pods' interfaces for the local traffic
-	// (--detect-local-mode=InterfaceNamePrefix).
+	// (--detect-local-mode=InterfaceNamePrefix), and with the node hints
+	// turned off (the nodal Service's zone hints then send its cluster
+	// traffic to both its endpoints).
 	b.stopOurs(t, "iptables")
-	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"),
-		append(want, "veth+"), dump, reset)
+	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth",
+		"--feature-gates=PreferSameTrafficDistribution=false"), append(want, "veth+"), dump, reset)
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
 	b.checkSurface(t)
 	for _, w := range []string{"! -i veth+", "-i veth+ "} {

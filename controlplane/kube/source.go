@@ -58,6 +58,10 @@ type Source struct {
 	// NodeName is this node (--hostname-override or the host name): its
 	// endpoints are local, and its Node object decides eligibility.
 	NodeName string
+	// IgnoreNodeHints drops the EndpointSlices' node hints as they arrive
+	// (trafficDistribution PreferSameNode), as kube-proxy does with its
+	// PreferSameTrafficDistribution gate off; zone hints are still read.
+	IgnoreNodeHints bool
 	// Resync is the Node and ServiceCIDR informers' resync period
 	// (--config-sync-period). Services and EndpointSlices are not resynced:
 	// see reflectorStore.Resync.
@@ -262,6 +266,7 @@ func (s *Source) Run(ctx context.Context) error {
 	// after it (at 10k Services a second build of every Service once made
 	// the first real update wait 150-250 ms behind it).
 	trim := newProxyTrim(s.NodeName)
+	trim.ignoreNodeHints = s.IgnoreNodeHints
 	svcStore, sliceStore := newReflectorStore(s, trim, false), newReflectorStore(s, trim, true)
 	reflectCtx, stopReflectors := context.WithCancel(ctx)
 	var reflectors sync.WaitGroup
@@ -426,9 +431,10 @@ func proxyListWatch[L kruntime.Object](list func(context.Context, metav1.ListOpt
 // heap once they went (BenchmarkInitialListHeapInUse, 1115 -> 1014 B;
 // issue 16).
 type proxyTrim struct {
-	node string // the node whose endpoints the cached slices mark Local
-	mu   sync.Mutex
-	strs map[string]*string // interned; at most maxInterned
+	node            string // the node whose endpoints the cached slices mark Local
+	ignoreNodeHints bool   // Source.IgnoreNodeHints
+	mu              sync.Mutex
+	strs            map[string]*string // interned; at most maxInterned
 }
 
 // maxInterned bounds the intern table: names past it keep their own copy.
@@ -595,6 +601,13 @@ func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
 	for i := range sl.Ports {
 		if p := &sl.Ports[i]; p.Name != nil {
 			p.Name = t.intern(p.Name)
+		}
+	}
+	if t.ignoreNodeHints {
+		for i := range sl.Endpoints {
+			if h := sl.Endpoints[i].Hints; h != nil {
+				h.ForNodes = nil
+			}
 		}
 	}
 }

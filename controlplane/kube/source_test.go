@@ -900,3 +900,39 @@ func TestSlicesFollowTheEvents(t *testing.T) {
 		t.Fatalf("an entry whose ports went, with no slices, was kept: %v", s.bySvc.byNS)
 	}
 }
+
+// With IgnoreNodeHints (kube-proxy's PreferSameTrafficDistribution gate
+// off), the node hints are dropped as slices arrive and the zone hints
+// decide: every endpoint here is for this node's zone, so cluster traffic
+// goes to all of them; with the hints read, only to this node's.
+func TestIgnoreNodeHintsLeavesTheZoneHints(t *testing.T) {
+	web := service("web", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}
+	})
+	slice := func() *discoveryv1.EndpointSlice {
+		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+			AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}}}
+		for i, node := range []string{"node-1", "node-2"} {
+			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.%d.5", i)}, NodeName: ptr(node),
+				Hints: &discoveryv1.EndpointHints{ForNodes: []discoveryv1.ForNode{{Name: node}}, ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}})
+		}
+		return sl
+	}
+	for _, ignore := range []bool{false, true} {
+		trim := newProxyTrim("node-1")
+		trim.ignoreNodeHints = ignore
+		cw, _ := trim.transform(web.DeepCopy())
+		cs, err := trim.transform(slice())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports, errs := controlplane.BuildService(&cw.(*cachedService).Service, []*controlplane.Slice{&cs.(*cachedSlice).Slice}, "node-1", "zone-a")
+		if len(errs) > 0 || len(ports) != 1 {
+			t.Fatalf("ignore %v: %v %v", ignore, ports, errs)
+		}
+		out := ports[0].OutOfTopology()
+		if ignore && len(out) != 0 || !ignore && (len(out) != 1 || out[0].Addr() != netip.MustParseAddr("10.244.1.5")) {
+			t.Errorf("ignore node hints %v: out of topology %v", ignore, out)
+		}
+	}
+}
