@@ -911,10 +911,14 @@ func canonicalIPTables(family, save string) []string {
 }
 
 // The churn Services' fixed cluster IPs and NodePorts, so that each
-// program's run starts from the same objects, made anew.
+// program's run starts from the same objects, made anew. Both are in the
+// API server's static bands (the first 256 addresses of the /16, the
+// first 86 ports of 30000-32767), which it allocates from only when the
+// rest is full: a fixed NodePort of the dynamic band collided with one
+// given to another Service now and then.
 const (
-	churnIP, churnGoneIP, churnTypeIP, churnNewIP = "10.96.200.10", "10.96.200.11", "10.96.200.12", "10.96.200.13"
-	churnNodePort, churnTypeNodePort              = 30100, 30102
+	churnIP, churnGoneIP, churnTypeIP, churnNewIP = "10.96.0.210", "10.96.0.211", "10.96.0.212", "10.96.0.213"
+	churnNodePort, churnTypeNodePort              = 30010, 30012
 )
 
 var churnServices = []string{"churn", "churn-gone", "churn-type", "churn-new"}
