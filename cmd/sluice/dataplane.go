@@ -96,11 +96,13 @@ func iptablesCommands(backend string) (v4, v6 string) {
 }
 
 // ipFamily is one address family's iptables binary (of --iptables-backend)
-// and whether its nat table can be read (err nil).
+// and whether its nat table can be read (err nil), with that table's
+// chains.
 type ipFamily struct {
 	v6     bool
 	runner *iptables.Exec
 	err    error
+	nat    []string
 }
 
 // probeFamilies returns IPv4, then IPv6, probed.
@@ -112,8 +114,8 @@ func probeFamilies(backend string) []ipFamily {
 		v6  bool
 	}{{v4, false}, {v6, true}} {
 		r := &iptables.Exec{Command: f.cmd}
-		_, err := r.Chains("nat")
-		out = append(out, ipFamily{v6: f.v6, runner: r, err: err})
+		nat, err := r.Chains("nat")
+		out = append(out, ipFamily{v6: f.v6, runner: r, err: err, nat: nat})
 	}
 	return out
 }
@@ -667,12 +669,10 @@ func restoreRouteLocalnet(log *slog.Logger) {
 // removes them all; standalone, on manifests, it may share the host with
 // a cluster's own kube-proxy, and only warns.
 func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
-	l := log.With("while", "removing other proxy modes' leftover rules")
-	var errs []error
 	if mode == config.ModeUserspace && !apiConfigured(cfg) {
 		var found []string
 		for _, fam := range probeFamilies(cfg.IPTablesBackend) {
-			if chains, err := fam.runner.Chains("nat"); err == nil && slices.Contains(chains, iptables.ChainServices) {
+			if slices.Contains(fam.nat, iptables.ChainServices) {
 				found = append(found, fam.runner.Command)
 			}
 		}
@@ -684,9 +684,10 @@ func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
 		}
 		return
 	}
-	switch mode {
-	case config.ModeNFTables, config.ModeUserspace:
-		if err := cleanupIPVS(cfg, slog.New(slog.DiscardHandler)); err != nil {
+	quiet := slog.New(slog.DiscardHandler) // the clean-ups' own lines are --cleanup's
+	var errs []error
+	if mode == config.ModeNFTables || mode == config.ModeUserspace {
+		if err := cleanupIPVS(cfg, quiet); err != nil {
 			errs = append(errs, fmt.Errorf("IPVS mode's: %w", err))
 		}
 		for _, fam := range probeFamilies(cfg.IPTablesBackend) {
@@ -698,14 +699,13 @@ func cleanupOtherModes(cfg *config.Config, mode string, log *slog.Logger) {
 			}
 		}
 	}
-	switch mode {
-	case config.ModeIPTables, config.ModeIPVS, config.ModeUserspace:
-		if err := cleanupNFTables(slog.New(slog.DiscardHandler)); err != nil {
+	if mode != config.ModeNFTables {
+		if err := cleanupNFTables(quiet); err != nil {
 			errs = append(errs, fmt.Errorf("nftables mode's: %w", err))
 		}
 	}
 	for _, err := range errs {
-		l.Warn("cannot remove another proxy mode's leftover rules", "err", err)
+		log.Warn("cannot remove another proxy mode's leftover rules", "err", err)
 	}
 }
 

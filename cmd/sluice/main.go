@@ -351,7 +351,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		// The kernel modes' NAT lives in conntrack; set before the planes
 		// read it (nf_conntrack_tcp_be_liberal decides the INVALID drop).
 		applyConntrack(cfg, log)
-		cleanupOtherModes(cfg, mode, log)
 	}
 	if mode == config.ModeNFTables {
 		pn, err := newNFTablesPlane(cfg, local, metrics, log)
@@ -386,10 +385,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 			defer ipt.Close()
 		}
 	}
+	// The mode is settled, fall-backs included (no plane has synced yet):
+	// what the other modes left goes, as kube-proxy's start-up removes it.
+	if runtime.GOOS == "linux" {
+		cleanupOtherModes(cfg, mode, log)
+	}
 	if mode == config.ModeUserspace {
-		if runtime.GOOS == "linux" {
-			cleanupOtherModes(cfg, mode, log)
-		}
 		// A container's CPU limit bounds the default number of event loops
 		// (an explicit --event-loops is kept as given).
 		var cpuLimit float64

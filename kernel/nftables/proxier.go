@@ -18,10 +18,10 @@ import (
 // chains, refills its maps and sets, deletes the affinity sets no longer
 // used and flushes the per-service chains no longer used. Those chains are
 // deleted by a later sync, at least StaleChainDelay after, in a
-// transaction of their own after that sync's, as kube-proxy does (before): before Linux 6.2 a chain
-// a map element pointed to stays referenced for a while after the element
-// is deleted, so deleting both in one transaction can fail it (EBUSY), and
-// with it the sync.
+// transaction of their own (after that sync's; kube-proxy's comes before):
+// before Linux 6.2 a chain a map element pointed to stays referenced for
+// a while after the element is deleted, so deleting both in one
+// transaction can fail it (EBUSY), and with it the sync.
 type Proxier struct {
 	NFT     knftables.Interface
 	Options Options
