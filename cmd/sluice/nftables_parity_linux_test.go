@@ -580,7 +580,8 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	}
 	b := newParityBed(t)
 	want := []string{"service-", "web/tcp/http", "sticky/tcp/http", "ext/tcp/http", "guarded/tcp/http", "zonal/tcp/http", "nodal/tcp/http", "203.0.113.20",
-		"itp-local/tcp/http", "etp-terminating/tcp/http", "all-terminating/tcp/http", "sticky-short/udp/dns", "lb-modes/tcp/http", "lb-remote/tcp/http", "203.0.113.31", "web6/tcp/http", "fd00:244::5"}
+		"itp-local/tcp/http", "etp-terminating/tcp/http", "all-terminating/tcp/http", "sticky-short/udp/dns", "lb-modes/tcp/http", "lb-remote/tcp/http", "203.0.113.31", "web6/tcp/http", "fd00:244::5",
+		zoneApplied}
 	want = append(want, `"family":"ip6"`)
 	dump := func() ([]string, string) { return nftablesDump(t) }
 	reset := func() {
@@ -654,6 +655,13 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 		t.Errorf("iptables mode's service chains left in nftables mode:\n%s", strings.Join(leftUs, "\n"))
 	}
 }
+
+// zoneApplied, in a want list, waits for the Node's zone: the zonal
+// Service's endpoint for another zone is in no rule once the zone hints
+// apply. kube-proxy may sync first without the zone, then again (its
+// minimum sync period, a second, later) when its Node watch brings it:
+// under load the rules were still that first sync's after a quiet second.
+const zoneApplied = "!10.244.2.8"
 
 // nftablesDump is the kube-proxy table of both families, canonical
 // (nftables.CanonicalDump), sorted; or why not (no table).
@@ -737,10 +745,11 @@ func (b *parityBed) compareModeSwitch(t *testing.T, from, to string, wantFrom, w
 	return upstream, ours
 }
 
-// waitForDump waits until the dump holds every string in want and has
-// not changed for a second (a family's sync is one transaction, but the
-// families sync one after the other and the first syncs follow each
-// other), then returns its canonical lines.
+// waitForDump waits until the dump holds every string in want (and none
+// of those written "!string") and has not changed for a second (a
+// family's sync is one transaction, but the families sync one after the
+// other and the first syncs follow each other), then returns its
+// canonical lines.
 func waitForDump(t *testing.T, e *kubeEnv, want []string, p *proc, dump func() ([]string, string)) []string {
 	t.Helper()
 	var last []string
@@ -762,7 +771,11 @@ func waitForDump(t *testing.T, e *kubeEnv, want []string, p *proc, dump func() (
 		}
 		all := strings.Join(lines, "\n")
 		for _, w := range want {
-			if !strings.Contains(all, w) {
+			if unwanted, ok := strings.CutPrefix(w, "!"); ok {
+				if strings.Contains(all, unwanted) {
+					return false, "still " + unwanted
+				}
+			} else if !strings.Contains(all, w) {
 				return false, "no " + w
 			}
 		}
@@ -787,7 +800,7 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	}
 	b := newParityBed(t)
 	want := []string{"KUBE-SVC-", "web:http", "sticky:http", "ext:http", "guarded:http", "zonal:http", "nodal:http", "203.0.113.20",
-		"itp-local:http", "etp-terminating:http", "all-terminating:http", "sticky-short:dns", "lb-modes:http", "lb-remote:http", "203.0.113.31", "web6:http", "fd00:244::5",
+		"itp-local:http", "etp-terminating:http", "all-terminating:http", "sticky-short:dns", "lb-modes:http", "lb-remote:http", "203.0.113.31", "web6:http", "fd00:244::5", zoneApplied,
 		"ip6tables nat rule PREROUTING", "ip6tables filter rule OUTPUT", "ip6tables mangle chain KUBE-PROXY-CANARY",
 		"ip6tables nat rule KUBE-SERVICES", "iptables filter rule KUBE-FORWARD"}
 	dump := iptablesDump
