@@ -437,6 +437,10 @@ const NodePortAddressesPrimary = "primary"
 var ipvsSchedulers = []string{"", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"}
 
 // Validate checks every setting and reports all problems at once.
+// showHiddenMetricsVersion is the one value kube-proxy v1.34 takes for
+// --show-hidden-metrics-for-version: the minor release before its own.
+const showHiddenMetricsVersion = "1.33"
+
 func (c *Config) Validate() error {
 	var p problems
 	kp := &c.KubeProxy
@@ -513,6 +517,12 @@ func (c *Config) Validate() error {
 	}
 	if o := kp.OOMScoreAdj; o != nil && (*o < -1000 || *o > 1000) {
 		p.add("oom-score-adj", "oomScoreAdj", *o, "must be within [-1000, 1000]")
+	}
+	// kube-proxy takes only the release before its own here
+	// (component-base's ValidateShowHiddenMetricsVersion), in a flag or a
+	// file; v1.34 has no hidden metrics, so that is all the value does.
+	if v := kp.ShowHiddenMetricsForVersion; v != "" && v != showHiddenMetricsVersion {
+		p.add("show-hidden-metrics-for-version", "showHiddenMetricsForVersion", v, "must be omitted or have the value '%s': only the previous minor version is allowed", showHiddenMetricsVersion)
 	}
 	if v := kp.Conntrack.MaxPerCore; v != nil && *v < 0 {
 		p.add("conntrack-max-per-core", "conntrack.maxPerCore", *v, "must not be negative")

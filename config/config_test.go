@@ -40,24 +40,25 @@ func TestDefaultsMatchKubeProxy(t *testing.T) {
 
 func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 	cases := map[string][]string{
-		"--proxy-mode":               {"--proxy-mode=kernelspace"},
-		"--bind-address":             {"--bind-address=300.1.1.1"},
-		"--udp-timeout":              {"--udp-timeout=soon"},
-		"--iptables-masquerade-bit":  {"--iptables-masquerade-bit=40"},
-		"--healthz-bind-address":     {"--healthz-bind-address=localhost:x"},
-		"--proxy-port-range":         {"--proxy-port-range=10-5"},
-		"--cluster-cidr":             {"--cluster-cidr=10.0.0.0/33"},
-		"--oom-score-adj":            {"--oom-score-adj=5000"},
-		"--engine":                   {"--engine=turbo"},
-		"--userspace-capture":        {"--userspace-capture=magic"},
-		"--iptables-backend":         {"--iptables-backend=ebpf"},
-		"--ipvs-scheduler":           {"--ipvs-scheduler=fastest", "--proxy-mode=ipvs"},
-		"--iptables-min-sync-period": {"--iptables-min-sync-period=1m"},
-		"--feature-gates":            {"--feature-gates=Foo=maybe"},
-		"--connect-timeouts":         {"--connect-timeouts=-2s"},
-		"--busy-poll":                {"--busy-poll=2s"},
-		"--event-loops":              {"--event-loops=-1"},
-		"--userspace-capture-port":   {"--userspace-capture-port=70000"},
+		"--proxy-mode":                      {"--proxy-mode=kernelspace"},
+		"--bind-address":                    {"--bind-address=300.1.1.1"},
+		"--udp-timeout":                     {"--udp-timeout=soon"},
+		"--iptables-masquerade-bit":         {"--iptables-masquerade-bit=40"},
+		"--healthz-bind-address":            {"--healthz-bind-address=localhost:x"},
+		"--proxy-port-range":                {"--proxy-port-range=10-5"},
+		"--cluster-cidr":                    {"--cluster-cidr=10.0.0.0/33"},
+		"--oom-score-adj":                   {"--oom-score-adj=5000"},
+		"--engine":                          {"--engine=turbo"},
+		"--userspace-capture":               {"--userspace-capture=magic"},
+		"--iptables-backend":                {"--iptables-backend=ebpf"},
+		"--ipvs-scheduler":                  {"--ipvs-scheduler=fastest", "--proxy-mode=ipvs"},
+		"--iptables-min-sync-period":        {"--iptables-min-sync-period=1m"},
+		"--feature-gates":                   {"--feature-gates=Foo=maybe"},
+		"--connect-timeouts":                {"--connect-timeouts=-2s"},
+		"--busy-poll":                       {"--busy-poll=2s"},
+		"--event-loops":                     {"--event-loops=-1"},
+		"--userspace-capture-port":          {"--userspace-capture-port=70000"},
+		"--show-hidden-metrics-for-version": {"--show-hidden-metrics-for-version=1.32"},
 	}
 	for flag, args := range cases {
 		_, _, err := Parse(args)
@@ -84,6 +85,10 @@ func TestInvalidFlagValuesNameTheFlagAndValue(t *testing.T) {
 		if _, _, err := Parse(tc.args); err == nil || !strings.Contains(err.Error(), "userspace-capture-port") || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("%v: %v, want an error naming the flag and %q", tc.args, err, tc.why)
 		}
+	}
+	// The release before kube-proxy's own is the one value taken.
+	if c, _, err := Parse([]string{"--show-hidden-metrics-for-version=1.33"}); err != nil || c.KubeProxy.ShowHiddenMetricsForVersion != "1.33" {
+		t.Errorf("--show-hidden-metrics-for-version=1.33: %v", err)
 	}
 	if c, _, err := Parse([]string{"--userspace-capture-port=15001", "--userspace-capture=nftables"}); err != nil || c.UserspaceCapturePort != 15001 {
 		t.Errorf("a capture port with the nftables capture: %v", err)
