@@ -461,12 +461,15 @@ func nodeUplink(t *testing.T, name string, then ...[]string) {
 
 // keepLog keeps p's log lines from now on and shows their tail if the test
 // fails.
-func keepLog(t *testing.T, p *proc) *lineLog {
+func keepLog(t *testing.T, p *proc) *lineLog { return keepLogOf(t, p, "sluice") }
+
+// keepLogOf is keepLog for a process named name in the failure.
+func keepLogOf(t *testing.T, p *proc, name string) *lineLog {
 	logs := &lineLog{}
 	go logs.drain(p.lines)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("sluice log (tail):\n%s", logs.tail(60))
+			t.Logf("%s log (tail):\n%s", name, logs.tail(60))
 		}
 	})
 	return logs

@@ -204,7 +204,13 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 		}
 		close(ch)
 	}
-	go scan(stderr, p.lines)
+	// Nothing a test has not read yet ever blocks the process's writes to
+	// stderr: kube-proxy at --v=2 logs thousands of lines that no test
+	// reads, and once a bounded buffer and the pipe filled, it stopped
+	// syncing mid-test.
+	unread := make(chan string)
+	go relay(unread, p.lines)
+	go scan(stderr, unread)
 	go scan(stdout, p.stdout)
 	go func() {
 		// Wait only after both pipes are drained.
@@ -217,6 +223,30 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 		<-p.done
 	})
 	return p
+}
+
+// relay passes src's lines on to dst in order, queueing without bound
+// the ones dst has no room for, and closes dst after src.
+func relay(src <-chan string, dst chan<- string) {
+	var queue []string
+	for src != nil || len(queue) > 0 {
+		var out chan<- string
+		var next string
+		if len(queue) > 0 {
+			out, next = dst, queue[0]
+		}
+		select {
+		case l, ok := <-src:
+			if !ok {
+				src = nil
+				continue
+			}
+			queue = append(queue, l)
+		case out <- next:
+			queue = queue[1:]
+		}
+	}
+	close(dst)
 }
 
 // waitLog consumes log lines until one contains all of subs.

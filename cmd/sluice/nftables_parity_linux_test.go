@@ -1011,7 +1011,11 @@ func (b *parityBed) churnChange(t *testing.T) {
 func (b *parityBed) compareAfterChurn(t *testing.T, mode string, takeover bool, want []string, wantChanged [2][]string, dump func() ([]string, string), reset func()) (upstream, ours [2][]string) {
 	t.Helper()
 	flags := append([]string{"--proxy-mode=" + mode}, b.flags...)
-	startKubeProxy := func() *proc { return startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...)) }
+	startKubeProxy := func() *proc {
+		kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
+		keepLogOf(t, kp, "kube-proxy")
+		return kp
+	}
 	stopKubeProxy := func(kp *proc, cleanup bool) {
 		kp.cmd.Process.Signal(os.Interrupt)
 		kp.exitCode()
@@ -1046,8 +1050,11 @@ func (b *parityBed) compareAfterChurn(t *testing.T, mode string, takeover bool, 
 	}
 	upstream, kp := run(startKubeProxy)
 	stopKubeProxy(kp, true)
-	ours, sl := run(func() *proc { return start(t, append(flags, "--mode-fallback=false")...) })
+	ours, sl := run(func() *proc {
+		p := start(t, append(flags, "--mode-fallback=false")...)
+		keepLog(t, p)
+		return p
+	})
 	b.ours = sl
-	keepLog(t, sl)
 	return upstream, ours
 }
