@@ -731,7 +731,8 @@ func cleanup(cfg *config.Config, log *slog.Logger) error {
 			log.Info("cleanup: skipping a family with no usable iptables", "command", r.Command, "err", err)
 			continue
 		}
-		if err := errors.Join(iptables.Cleanup(r, iptablesOptions(cfg, fam.v6, nodeFacts{})), portals.CleanupIPTables(r)); err != nil {
+		// kubelet's KUBE-FIREWALL stays, as kube-proxy's --cleanup leaves it.
+		if err := errors.Join(iptables.CleanupLeftovers(r, iptablesOptions(cfg, fam.v6, nodeFacts{})), portals.CleanupIPTables(r)); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.Command, err))
 			continue
 		}

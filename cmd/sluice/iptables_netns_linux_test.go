@@ -518,8 +518,22 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 		b.in(b.node, cmd, "-A", "INPUT", "-p", "tcp", "--dport", "2222", "-j", "ACCEPT")
 		b.in(b.node, cmd, "-t", "nat", "-A", "POSTROUTING", "-o", "c0", "-p", "udp", "--dport", "4444", "-j", "MASQUERADE")
 		b.in(b.node, cmd, "-t", "mangle", "-A", "PREROUTING", "-p", "tcp", "--dport", "2222", "-j", "ACCEPT")
+		// kubelet's KUBE-FIREWALL, as kubelet v1.34 makes it (the drop in
+		// IPv4 only): iptables mode writes the same rule into it, and
+		// --cleanup leaves it, as kube-proxy's does; kubelet would not put
+		// it back.
+		b.in(b.node, cmd, "-N", "KUBE-FIREWALL")
+		if cmd == "iptables-"+backend {
+			b.in(b.node, cmd, "-A", "KUBE-FIREWALL", "-m", "comment", "--comment", "block incoming localnet connections",
+				"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
+		}
+		b.in(b.node, cmd, "-I", "OUTPUT", "-j", "KUBE-FIREWALL")
+		b.in(b.node, cmd, "-I", "INPUT", "-j", "KUBE-FIREWALL")
 	}
 	before := b.saveState(backend)
+	if !strings.Contains(before, "-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8") {
+		t.Fatalf("no kubelet rule in KUBE-FIREWALL:\n%s", before)
+	}
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), iptablesManifest)
@@ -607,7 +621,8 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 		t.Fatalf("UDP from the same source port after %s left: %v, want %s only", gone, d, keep)
 	}
 
-	// --cleanup after sluice stops restores the tables exactly; twice is fine.
+	// --cleanup after sluice stops restores the tables exactly, kubelet's
+	// KUBE-FIREWALL included; twice is fine.
 	p.cmd.Process.Signal(os.Interrupt)
 	if code := p.exitCode(); code != 0 {
 		t.Fatalf("sluice exit %d", code)

@@ -63,6 +63,42 @@ type parityBed struct {
 	// The Kubernetes Events each recorded (events), kube-proxy's first.
 	upstreamEvents, ourEvents []string
 	ours                      *proc // the sluice the last compare left running
+	// What kube-proxy's --cleanup left after its run in the last compare
+	// (leftAfterCleanup), for checkCleanup.
+	upstreamLeft []string
+}
+
+// checkCleanup stops the sluice the last compare left running, runs
+// sluice --cleanup, and wants the node's rules left as kube-proxy's
+// --cleanup left them after its run on the same objects with the same
+// flags: kubelet's KUBE-FIREWALL stays, and nothing else of either mode.
+func (b *parityBed) checkCleanup(t *testing.T, mode string) {
+	t.Helper()
+	b.ours.cmd.Process.Signal(os.Interrupt)
+	b.ours.exitCode()
+	if out, err := exec.Command(sluiceBin, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
+		t.Fatalf("sluice --cleanup: %v\n%s", err, out)
+	}
+	if b.upstreamLeft == nil {
+		t.Fatal("no record of what kube-proxy's --cleanup left")
+	}
+	checkDifferences(t, b.upstreamLeft, leftAfterCleanup(t), nil)
+}
+
+// leftAfterCleanup is what rules a node holds: every iptables table of
+// both families (iptablesDump) and the nftables tables' names.
+func leftAfterCleanup(t *testing.T) []string {
+	t.Helper()
+	lines, why := iptablesDump()
+	if why != "" {
+		t.Fatalf("iptables-save: %s", why)
+	}
+	out, err := exec.Command("nft", "list", "tables").Output()
+	if err != nil {
+		t.Fatalf("nft list tables: %v", err)
+	}
+	tables := strings.Fields(strings.ReplaceAll(strings.TrimSpace(string(out)), " ", "_"))
+	return append(append([]string{}, lines...), tables...) // not nil: checkCleanup tells "none" from "not recorded"
 }
 
 // stopOurs stops the sluice the last compare left running, and removes
@@ -535,6 +571,7 @@ func (b *parityBed) compareWith(t *testing.T, mode string, flags []string, want 
 	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
 		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
 	}
+	b.upstreamLeft = leftAfterCleanup(t)
 	reset()
 	sl := start(t, append(flags, "--mode-fallback=false")...)
 	b.ours = sl
@@ -607,8 +644,9 @@ func TestNFTablesParityWithKubeProxy(t *testing.T) {
 	// Again with the Node's pod CIDRs for the local traffic
 	// (--detect-local-mode=NodeCIDR) and nftables mode's default
 	// --nodeport-addresses, "primary": the Node's InternalIP; and with
-	// --profiling, whose paths checkSurface tries.
-	b.stopOurs(t, "nftables")
+	// --profiling, whose paths checkSurface tries. First, sluice's
+	// --cleanup leaves what kube-proxy's left.
+	b.checkCleanup(t, "nftables")
 	var flags []string
 	for _, f := range b.flags {
 		if !strings.HasPrefix(f, "--nodeport-addresses=") {
@@ -830,8 +868,9 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	// Again with the pods' interfaces for the local traffic
 	// (--detect-local-mode=InterfaceNamePrefix), and with the node hints
 	// turned off (the nodal Service's zone hints then send its cluster
-	// traffic to both its endpoints).
-	b.stopOurs(t, "iptables")
+	// traffic to both its endpoints). First, sluice's --cleanup leaves
+	// what kube-proxy's left: kubelet's KUBE-FIREWALL.
+	b.checkCleanup(t, "iptables")
 	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth",
 		"--feature-gates=PreferSameTrafficDistribution=false"), append(want, "veth+"), dump, reset)
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)

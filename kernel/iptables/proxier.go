@@ -247,12 +247,16 @@ func (p *Proxier) CanaryGone() bool {
 const canaryEveryTable = 10
 
 // Cleanup removes every jump rule and chain the iptables mode installs,
-// in every table, and nothing else. It is idempotent.
+// in every table, KUBE-FIREWALL included, and nothing else. It is
+// idempotent. It is for tables sluice alone uses (tests, the sync bench);
+// on a node, CleanupLeftovers.
 func Cleanup(r Runner, o Options) error { return cleanup(r, o, false) }
 
-// CleanupLeftovers is Cleanup as kube-proxy's CleanupLeftovers does it
-// when another mode starts: KUBE-FIREWALL and its jumps from INPUT and
-// OUTPUT stay, since kubelets before v1.28 make and own that chain too.
+// CleanupLeftovers is Cleanup as kube-proxy's CleanupLeftovers does it,
+// for --cleanup and when another mode starts: KUBE-FIREWALL and its jumps
+// from INPUT and OUTPUT stay, since kubelet makes and owns that chain too
+// (its martian-packet drop for route_localnet, CVE-2020-8558), and does not
+// put it back when it is deleted.
 func CleanupLeftovers(r Runner, o Options) error { return cleanup(r, o, true) }
 
 func cleanup(r Runner, o Options, keepKubelets bool) error {
