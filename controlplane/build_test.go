@@ -956,7 +956,7 @@ endpoints:
 	name := lb.ServicePortName{Namespace: "x", Name: "web", Port: "a", Protocol: lb.TCP}
 	var c DocCache
 	for _, node := range []string{"n1", "n1", "n2"} {
-		c.forNode(node)
+		c.forNode(node, false)
 		objs, err := loadCached(dir, &c)
 		if err != nil {
 			t.Fatal(err)

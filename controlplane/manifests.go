@@ -58,6 +58,9 @@ type Objects struct {
 	// form to be parsed again for whichever node a build is for.
 	forNode bool
 	node    string
+	// ignoreNodeHints drops the slices' node hints as they are decoded
+	// (kube-proxy's PreferSameTrafficDistribution gate off).
+	ignoreNodeHints bool
 }
 
 // SkippedKind is a kind of object the manifests hold and sluice does not
@@ -341,7 +344,7 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		// map look-up (a look-up and an insert per object were a fifth of
 		// a reload of a 10k-Service file).
 		objs.origin, objs.gen = &cache.origins, cache.gen
-		objs.forNode, objs.node = true, cache.node
+		objs.forNode, objs.node, objs.ignoreNodeHints = true, cache.node, cache.ignoreNodeHints
 		// Sized as last time: grown by appends they were 0.6 MB more.
 		objs.Services = make([]*Service, 0, cache.services)
 		objs.EndpointSlices = make([]*Slice, 0, cache.slices)
@@ -563,6 +566,9 @@ type DocCache struct {
 	// node is the node the cached slices mark endpoints Local for
 	// (forNode); see forNode.
 	node string
+	// ignoreNodeHints: the cached slices were decoded without their node
+	// hints; see forNode.
+	ignoreNodeHints bool
 	// reads, stats, listings and patched count the files read and
 	// stat'ed, the directory listings and the names patched into the last
 	// one, for tests.
@@ -637,12 +643,13 @@ type docEntry struct {
 // docKey is a document's text hashed under the cache's two seeds.
 type docKey [2]uint64
 
-// forNode makes the cache's slices those of the node named nodeName: a
-// cache of another node's is emptied first (a source's node does not
-// change; this keeps a cache from ever handing a slice to the wrong one).
-func (c *DocCache) forNode(nodeName string) {
-	if c.node != nodeName {
-		*c = DocCache{node: nodeName}
+// forNode makes the cache's slices those of the node named nodeName, with
+// or without their node hints: a cache of another node's, or decoded the
+// other way, is emptied first (neither changes for a source; this keeps a
+// cache from ever handing a slice to the wrong one).
+func (c *DocCache) forNode(nodeName string, ignoreNodeHints bool) {
+	if c.node != nodeName || c.ignoreNodeHints != ignoreNodeHints {
+		*c = DocCache{node: nodeName, ignoreNodeHints: ignoreNodeHints}
 	}
 }
 
@@ -1204,6 +1211,13 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 			if p.Name != nil {
 				name := o.origin.name(*p.Name)
 				sl.Ports[i].Name = &name
+			}
+		}
+		if o.ignoreNodeHints {
+			for i := range sl.Endpoints {
+				if h := sl.Endpoints[i].Hints; h != nil {
+					h.ForNodes = nil
+				}
 			}
 		}
 		if o.forNode {

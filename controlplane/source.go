@@ -73,6 +73,10 @@ type ManifestSource struct {
 	Log  *slog.Logger
 	// NodeName marks endpoints on this node local (see BuildFor).
 	NodeName string
+	// IgnoreNodeHints drops the EndpointSlices' node hints as they are
+	// read, as kube-proxy does with its PreferSameTrafficDistribution gate
+	// off; zone hints are still read.
+	IgnoreNodeHints bool
 	// Coalesce is how long to wait after a file event for more, so that an
 	// editor's burst of writes becomes one reload. Default 100ms.
 	Coalesce time.Duration
@@ -246,7 +250,7 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	case limit < 0:
 		limit = 0
 	}
-	s.cache.forNode(s.NodeName)
+	s.cache.forNode(s.NodeName, s.IgnoreNodeHints)
 	s.cache.now = s.Now
 	s.cache.Touched, s.cache.SameListing, s.cache.Renamed = s.readPlan()
 	objs, n, err := loadManifests(s.Path, &s.cache, limit)

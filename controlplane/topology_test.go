@@ -1,9 +1,13 @@
 package controlplane
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluice-proxy/sluice/lb"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,5 +99,58 @@ func TestTopologyHintsAsKubeProxyReadsThem(t *testing.T) {
 	build("n1", "z1", ep{ip: "10.0.0.1", ready: true, zones: "z1"}, ep{ip: "10.0.0.2", ready: true, zones: "z2"})
 	if got := build("n1", "z1", ep{ip: "10.0.0.1", ready: true}, ep{ip: "10.0.0.2", ready: true}); !slices.Equal(got, []string{"10.0.0.1", "10.0.0.2"}) {
 		t.Errorf("after a build with hints: %v", got)
+	}
+}
+
+// A manifest source reads the node hints unless told to ignore them
+// (kube-proxy's PreferSameTrafficDistribution gate off), and reads the
+// zone hints either way.
+func TestManifestSourceIgnoresNodeHintsWhenTold(t *testing.T) {
+	const manifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: x}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: a, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: x, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: a, port: 8080}]
+endpoints:
+- addresses: [10.0.0.1]
+  hints: {forNodes: [{name: node-a}], forZones: [{name: z1}]}
+- addresses: [10.0.0.2]
+  hints: {forNodes: [{name: node-b}], forZones: [{name: z1}]}
+`
+	for _, tc := range []struct {
+		ignore bool
+		want   string
+	}{
+		{false, "10.0.0.1"},         // node hints: this node's endpoint only
+		{true, "10.0.0.1,10.0.0.2"}, // zone hints (no zone here): all
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sink := &recordingSink{snaps: make(chan *lb.Snapshot, 1), rejects: make(chan error, 1)}
+		src := &ManifestSource{Path: dir, Sink: sink, NodeName: "node-a", IgnoreNodeHints: tc.ignore}
+		if err := src.Load(); err != nil {
+			t.Fatal(err)
+		}
+		sp := (<-sink.snaps).Ports.Get(lb.ServicePortName{Namespace: "x", Name: "web", Port: "a", Protocol: lb.TCP})
+		if sp == nil {
+			t.Fatal("no port x/web:a")
+		}
+		var got []string
+		for _, a := range sp.Select(false) {
+			got = append(got, a.Addr().String())
+		}
+		slices.Sort(got)
+		if strings.Join(got, ",") != tc.want {
+			t.Errorf("IgnoreNodeHints=%v: cluster traffic to %v, want %s", tc.ignore, got, tc.want)
+		}
 	}
 }

@@ -635,6 +635,63 @@ func iptablesModeInNetns(t *testing.T, backend string) {
 	}
 }
 
+// With --manifests, the node hints count unless the
+// PreferSameTrafficDistribution gate is off, as with the API source (whose
+// test is the parity bed's): KUBE-SVC- jumps to this node's endpoint only,
+// or to both.
+func TestManifestNodeHintsFollowTheGate(t *testing.T) {
+	b := newNetnsBed(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), `apiVersion: v1
+kind: Service
+metadata: {name: hinted, namespace: e2e}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: hinted-1, namespace: e2e, labels: {kubernetes.io/service-name: hinted}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.244.0.5]
+  hints: {forNodes: [{name: node-a}]}
+- addresses: [10.244.1.6]
+  hints: {forNodes: [{name: node-b}]}
+`)
+	for _, tc := range []struct {
+		gate string
+		want []string
+	}{
+		{"", []string{"10.244.0.5:8080"}},
+		{"--feature-gates=PreferSameTrafficDistribution=false", []string{"10.244.0.5:8080", "10.244.1.6:8080"}},
+	} {
+		args := []string{sluiceBin, "--proxy-mode=iptables", "--iptables-backend=nft", "--hostname-override=node-a", "--manifests", dir,
+			"--healthz-bind-address=", "--metrics-bind-address=", "--cluster-cidr=10.244.0.0/16"}
+		if tc.gate != "" {
+			args = append(args, tc.gate)
+		}
+		p := b.start(b.node, nil, args...)
+		p.waitLog("state applied")
+		var got []string
+		for _, l := range strings.Split(b.in(b.node, "iptables-nft-save", "-t", "nat"), "\n") {
+			if strings.HasPrefix(l, "-A KUBE-SVC-") && strings.Contains(l, "-j KUBE-SEP-") {
+				if _, ep, ok := strings.Cut(l, "e2e/hinted:http -> "); ok {
+					got = append(got, strings.Trim(strings.Fields(ep)[0], `"`))
+				}
+			}
+		}
+		slices.Sort(got)
+		p.cmd.Process.Signal(os.Interrupt)
+		p.exitCode()
+		b.in(b.node, sluiceBin, "--cleanup", "--iptables-backend=nft")
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%q: the Service's chain jumps to %q, want %q", tc.gate, got, tc.want)
+		}
+	}
+}
+
 // route_localnet (node-wide, and what CVE-2020-8558 was about) is set only
 // when NodePorts answer on 127.0.0.1, as kube-proxy decides, and --cleanup
 // puts back the value it had (issue 18).

@@ -515,9 +515,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		run    func(context.Context) error
 		source string
 	)
+	// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
+	// default): off, the node hints are not read.
+	preferSame, set := cfg.KubeProxy.FeatureGates["PreferSameTrafficDistribution"]
+	ignoreNodeHints := set && !preferSame
 	if cfg.Manifests != "" {
 		sink.source = "manifests"
-		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration,
+		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, IgnoreNodeHints: ignoreNodeHints,
 			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode)}
 		if err := src.Load(); err != nil {
 			drain()
@@ -530,10 +534,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		if err != nil {
 			return err
 		}
-		// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
-		// default): off, the node hints are not read.
-		preferSame, set := cfg.KubeProxy.FeatureGates["PreferSameTrafficDistribution"]
-		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg), IgnoreNodeHints: set && !preferSame,
+		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg), IgnoreNodeHints: ignoreNodeHints,
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
 			NodeEligible: health.SetNodeEligible, Changes: metrics,
 			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),
