@@ -451,7 +451,11 @@ func Machine() string {
 			fmt.Fprintf(&b, "%s: not available\n", name)
 			return
 		}
-		fmt.Fprintf(&b, "%s\n", strings.TrimSpace(string(out)))
+		text := string(out)
+		if before, _, ok := strings.Cut(text, "\nUsage:"); ok {
+			text = before // wrk -v prints its usage after the version
+		}
+		fmt.Fprintf(&b, "%s\n", strings.TrimSpace(text))
 	}
 	fmt.Fprintf(&b, "go: %s %s/%s, NumCPU %d\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	run("uname", "-srm")
