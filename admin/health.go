@@ -13,8 +13,9 @@ import (
 )
 
 // Health tracks whether applied state is fresh, as kube-proxy's
-// ProxyHealthServer does: unhealthy until the first update has been applied,
-// and unhealthy while a queued update has waited longer than the timeout.
+// ProxyHealthServer does: unhealthy while a queued update has waited longer
+// than the timeout. Unlike kube-proxy v1.34, which is healthy from the start,
+// it is also unhealthy until the first update has been applied.
 type Health struct {
 	now     func() time.Time
 	timeout time.Duration
