@@ -860,6 +860,17 @@ type slicePort struct {
 	eps []lb.Endpoint
 }
 
+// DropNodeHints removes sl's node hints, as kube-proxy reads slices with
+// its PreferSameTrafficDistribution gate off; the zone hints stay. Both
+// sources call it as a slice arrives.
+func DropNodeHints(sl *discoveryv1.EndpointSlice) {
+	for i := range sl.Endpoints {
+		if h := sl.Endpoints[i].Hints; h != nil {
+			h.ForNodes = nil
+		}
+	}
+}
+
 // NewSlice parses and checks sl for the build, which reports what it
 // found wrong (when the slice's Service is known) and uses nothing of a
 // slice with a problem. What is kept is sized exactly: it lives as long

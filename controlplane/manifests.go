@@ -1214,11 +1214,7 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 			}
 		}
 		if o.ignoreNodeHints {
-			for i := range sl.Endpoints {
-				if h := sl.Endpoints[i].Hints; h != nil {
-					h.ForNodes = nil
-				}
-			}
+			DropNodeHints(sl)
 		}
 		if o.forNode {
 			obj = NewSliceFor(sl, o.node) // what the build reads; the decoded slice is garbage now

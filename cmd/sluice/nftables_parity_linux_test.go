@@ -75,8 +75,7 @@ type parityBed struct {
 // flags: kubelet's KUBE-FIREWALL stays, and nothing else of either mode.
 func (b *parityBed) checkCleanup(t *testing.T, mode string) {
 	t.Helper()
-	b.ours.cmd.Process.Signal(os.Interrupt)
-	b.ours.exitCode()
+	b.stopOursOnly()
 	if out, err := exec.Command(sluiceBin, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
 		t.Fatalf("sluice --cleanup: %v\n%s", err, out)
 	}
@@ -114,11 +113,17 @@ func leftAfterCleanup(t *testing.T) []string {
 // compare.
 func (b *parityBed) stopOurs(t *testing.T, mode string) {
 	t.Helper()
-	b.ours.cmd.Process.Signal(os.Interrupt)
-	b.ours.exitCode()
+	b.stopOursOnly()
 	if out, err := exec.Command(b.kubeProxy, "--cleanup", "--proxy-mode="+mode).CombinedOutput(); err != nil {
 		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
 	}
+}
+
+// stopOursOnly stops the sluice the last compare left running; its rules
+// stay, as on any exit.
+func (b *parityBed) stopOursOnly() {
+	b.ours.cmd.Process.Signal(os.Interrupt)
+	b.ours.exitCode()
 }
 
 // events returns the Events the proxy that ran recorded (its "Starting"

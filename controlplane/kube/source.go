@@ -604,11 +604,7 @@ func (t *proxyTrim) slice(sl *discoveryv1.EndpointSlice) {
 		}
 	}
 	if t.ignoreNodeHints {
-		for i := range sl.Endpoints {
-			if h := sl.Endpoints[i].Hints; h != nil {
-				h.ForNodes = nil
-			}
-		}
+		controlplane.DropNodeHints(sl)
 	}
 }
 
