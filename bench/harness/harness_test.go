@@ -452,45 +452,93 @@ func TestWriteGivesEachSystemsPerRoundRatioToTheBestPeer(t *testing.T) {
 	}
 }
 
-// Past the measured rounds, the extra cost rounds run only the cost
-// workloads, and only of the systems the per-unit targets compare.
-func TestExtraCostRoundsRunOnlyTheTargetsCostWorkloads(t *testing.T) {
+// Past the measured rounds, the extra target rounds run only the
+// workloads the targets judge, and only of the systems they compare.
+func TestExtraTargetRoundsRunOnlyTheTargetsWorkloads(t *testing.T) {
 	for _, c := range []struct {
 		round            int
 		system, workload string
 		want             bool
 	}{
 		{3, "sluice-goroutine", "tcp-rr", true}, // within the rounds: everything
+		{3, "sluice-iptables", "iperf3-up", true},
 		{4, "sluice-eventloop", "cost-keepalive", true},
 		{4, "sluice-eventloop-base", "cost-crr", true},
 		{4, "haproxy", "cost-crr", true},
 		{4, "nginx", "cost-udp-rr", true},
 		{4, "floor-c", "cost-rr", true},
-		{4, "sluice-eventloop", "http-keepalive", false},
+		{4, "sluice-eventloop", "http-keepalive", true},
+		{4, "haproxy", "conn-per-request", true},
+		{4, "sluice-eventloop-base", "capped-crr", true},
+		{4, "nginx", "udp-flows", true},
+		{4, "sluice-eventloop", "udp-rr", true},
+		{4, "naive-go", "tcp-rr", true}, // TCP RR's target is the best peer, any of them
+		{4, "haproxy-splice", "tcp-rr", true},
 		{4, "sluice-goroutine", "cost-crr", false},
+		{4, "sluice-goroutine", "http-keepalive", false},
+		{4, "sluice-goroutine", "tcp-rr", false},
+		{4, "sluice-iptables", "tcp-rr", false},
+		{4, "direct", "tcp-rr", false},
 		{4, "haproxy-splice", "cost-keepalive", false},
+		{4, "haproxy-splice", "http-keepalive", false},
 		{4, "naive-go", "cost-rr", false},
+		{4, "naive-go", "conn-per-request", false},
+		{4, "sluice-eventloop", "iperf3-up", false},
+		{4, "sluice-eventloop", "idle-conns", false},
+		{4, "sluice-eventloop", "churn-10k", false},
+		{4, "sluice-eventloop", "connect-retry", false},
 	} {
 		if got := inRound(c.round, 3, c.system, c.workload); got != c.want {
 			t.Errorf("round %d of 3, %s %s: %v, want %v", c.round, c.system, c.workload, got, c.want)
 		}
 	}
-	dir := t.TempDir()
-	runs := []Run{{Round: 1, System: "haproxy", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": 1}}}
-	for _, cost := range []int{0, 7} {
-		md, err := Write(dir, Options{Mode: "short", Rounds: 3, CostRounds: cost, NoWarmup: true, LBCPU: -1, Topology: Loopback()}, runs, []System{haproxy{}}, "m\n")
+	const said = "`http-keepalive` and `cost-crr` ran 7 rounds"
+	for _, extra := range []bool{false, true} {
+		dir := t.TempDir()
+		runs := []Run{
+			{Round: 1, System: "haproxy", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": 1}},
+			{Round: 1, System: "haproxy", Workload: "http-keepalive", Metrics: Metrics{"req_per_s": 1}},
+		}
+		target := 0
+		if extra {
+			target = 7
+			runs = append(runs,
+				Run{Round: 7, System: "haproxy", Workload: "cost-crr", Metrics: Metrics{"cpu_us_per_unit": 1}},
+				Run{Round: 7, System: "haproxy", Workload: "http-keepalive", Metrics: Metrics{"req_per_s": 1}},
+				Run{Round: 7, System: "haproxy", Workload: "udp-rr", NA: true}) // not run: not named
+		}
+		md, err := Write(dir, Options{Mode: "short", Rounds: 3, TargetRounds: target, NoWarmup: true, LBCPU: -1, Topology: Loopback()}, runs, []System{haproxy{}}, "m\n")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if said := strings.Contains(md, "ran 7 rounds"); said != (cost == 7) {
-			t.Errorf("cost rounds %d: the report says 7 cost rounds: %v", cost, said)
+		if got := strings.Contains(md, said); got != extra {
+			t.Errorf("extra rounds %v: the report says %q: %v\n%s", extra, said, got, md)
 		}
 		if err := Rerender(dir); err != nil {
 			t.Fatal(err)
 		}
 		again, _ := os.ReadFile(filepath.Join(dir, "results.md"))
 		if string(again) != md {
-			t.Errorf("cost rounds %d: the re-rendered report differs:\n%s\nfrom:\n%s", cost, again, md)
+			t.Errorf("extra rounds %v: the re-rendered report differs:\n%s\nfrom:\n%s", extra, again, md)
+		}
+		if !extra {
+			continue
+		}
+		// A record from before this option had its name, cost_rounds,
+		// re-renders with the same count.
+		js, _ := os.ReadFile(filepath.Join(dir, "results.json"))
+		old := strings.Replace(string(js), `"target_rounds"`, `"cost_rounds"`, 1)
+		if old == string(js) {
+			t.Fatal("results.json has no target_rounds")
+		}
+		if err := os.WriteFile(filepath.Join(dir, "results.json"), []byte(old), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := Rerender(dir); err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := os.ReadFile(filepath.Join(dir, "results.md")); string(again) != md {
+			t.Errorf("a cost_rounds record re-renders differently:\n%s\nfrom:\n%s", again, md)
 		}
 	}
 }

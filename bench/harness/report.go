@@ -161,6 +161,38 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2f×", a/b)
 }
 
+// extraRoundWorkloads are the workloads that ran past the measured
+// rounds (Options.TargetRounds), in the order they are reported, read
+// from the runs themselves so that a re-rendered older record says what
+// it ran.
+func extraRoundWorkloads(rounds int, runs []Run) []string {
+	ran := map[string]bool{}
+	for _, r := range runs {
+		if r.Round > rounds && !r.NA {
+			ran[r.Workload] = true
+		}
+	}
+	var out []string
+	for _, w := range Workloads() {
+		if ran[w.Name] {
+			out = append(out, w.Name)
+		}
+	}
+	return out
+}
+
+// backquoted joins names as Markdown code, with commas and a final "and".
+func backquoted(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = "`" + n + "`"
+	}
+	if len(q) < 2 {
+		return strings.Join(q, "")
+	}
+	return strings.Join(q[:len(q)-1], ", ") + " and " + q[len(q)-1]
+}
+
 // Write writes results.md, results.json, results.csv, plots and machine.txt.
 func Write(dir string, o Options, runs []Run, systems []System, machine string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -176,8 +208,8 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if !o.NoWarmup {
 		md.WriteString(" after one warm-up round of the data-path workloads")
 	}
-	if o.CostRounds > o.Rounds {
-		fmt.Fprintf(&md, "; the cost workloads of the event loop, HAProxy and nginx (and the C floor when run) ran %d rounds, the later ones of those alone, since the per-unit targets are judged on their per-round ratios", o.CostRounds)
+	if extra := extraRoundWorkloads(o.Rounds, runs); len(extra) > 0 {
+		fmt.Fprintf(&md, "; %s ran %d rounds for the systems the targets compare (the event loop against HAProxy and nginx, every peer in tcp-rr, the C floor when run), the later ones of those alone, since the targets are judged on per-round ratios and medians", backquoted(extra), max(o.TargetRounds, o.Rounds))
 	}
 	if o.Topology != nil && o.Topology.Netns() {
 		md.WriteString(". Topology `netns`: the harness and its load generators in a client network namespace, every userspace load balancer in a node namespace (veth, routed), each kernel mode in a node namespace of its own, the backends in a backend namespace, so every system, direct included, crosses the same two veth hops. ")
@@ -281,7 +313,7 @@ func Write(dir string, o Options, runs []Run, systems []System, machine string) 
 	if o.Topology != nil {
 		topo = o.Topology.Name
 	}
-	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "cost_rounds": o.CostRounds, "lb_cpu": o.LBCPU, "topology": topo, "note": o.Note, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"mode": o.Mode, "rounds": o.Rounds, "target_rounds": o.TargetRounds, "lb_cpu": o.LBCPU, "topology": topo, "note": o.Note, "runs": runs, "summary": sum, "machine": machine}, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
 		return "", err
 	}
@@ -487,14 +519,15 @@ func Rerender(dir string) error {
 		return err
 	}
 	var saved struct {
-		Mode       string `json:"mode"`
-		Rounds     int    `json:"rounds"`
-		CostRounds int    `json:"cost_rounds"`
-		LBCPU      int    `json:"lb_cpu"`
-		Topology   string `json:"topology"`
-		Note       string `json:"note"`
-		Runs       []Run  `json:"runs"`
-		Machine    string `json:"machine"`
+		Mode         string `json:"mode"`
+		Rounds       int    `json:"rounds"`
+		TargetRounds int    `json:"target_rounds"`
+		CostRounds   int    `json:"cost_rounds"` // records before the throughput workloads had extra rounds
+		LBCPU        int    `json:"lb_cpu"`
+		Topology     string `json:"topology"`
+		Note         string `json:"note"`
+		Runs         []Run  `json:"runs"`
+		Machine      string `json:"machine"`
 	}
 	if err := json.Unmarshal(data, &saved); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -511,7 +544,7 @@ func Rerender(dir string) error {
 			systems = append(systems, s)
 		}
 	}
-	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, CostRounds: saved.CostRounds, LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback(), Note: saved.Note}
+	o := Options{Mode: saved.Mode, Rounds: saved.Rounds, TargetRounds: max(saved.TargetRounds, saved.CostRounds), LBCPU: saved.LBCPU, NoWarmup: !warm, Topology: Loopback(), Note: saved.Note}
 	if saved.Topology == "netns" {
 		o.Topology = InNetns("rerendered") // only its name and addresses are used
 	}

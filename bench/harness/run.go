@@ -20,11 +20,11 @@ type Options struct {
 	Mode   string
 	Dir    string // results directory for this run
 	Rounds int    // measured rounds; one warm-up round comes first unless NoWarmup
-	// CostRounds, when more than Rounds, runs the cost workloads of the
-	// systems the targets compare (inRound) for that many rounds: their
-	// per-unit figures are cheap to measure, and the targets are judged
-	// on their per-round ratios, which three rounds leave swinging.
-	CostRounds int
+	// TargetRounds, when more than Rounds, runs the workloads the targets
+	// judge, of the systems they compare (inRound), for that many rounds:
+	// each run is short, and the targets are judged on per-round ratios
+	// and medians, which three rounds on a shared box leave swinging.
+	TargetRounds int
 	// NoWarmup skips the warm-up round (smoke mode).
 	NoWarmup bool
 	// LBCPU pins every load balancer to this CPU (-1: no pinning).
@@ -136,7 +136,7 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 	if o.NoWarmup {
 		first = 0
 	}
-	for round := 1 - first; round <= max(o.Rounds, o.CostRounds); round++ {
+	for round := 1 - first; round <= max(o.Rounds, o.TargetRounds); round++ {
 		var pairs []pair
 		for _, in := range instances {
 			for _, w := range workloads {
@@ -199,21 +199,35 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 }
 
 // inRound reports whether a round runs workload on system: every round
-// up to rounds does; a round past it (Options.CostRounds) runs only the
-// cost workloads of the event loop engine (and its before/after
-// variants), HAProxy, nginx and the C floor, the systems the per-unit
-// targets compare.
+// up to rounds does; a round past it (Options.TargetRounds) runs only
+// the workloads the targets table judges, and of those only the systems
+// it compares: the event loop engine (and its before/after variants)
+// against HAProxy and nginx, the peers besides for TCP RR, whose targets
+// are against the best of them, and the C floor in the cost workloads.
 func inRound(round, rounds int, system, workload string) bool {
 	if round <= rounds {
 		return true
 	}
-	return strings.HasPrefix(workload, "cost-") && costRoundSystem(system)
+	eventLoop := strings.HasPrefix(system, "sluice-eventloop")
+	switch {
+	case strings.HasPrefix(workload, "cost-"):
+		return eventLoop || strings.HasPrefix(system, "floor-c") || system == "haproxy" || system == "nginx"
+	case workload == "tcp-rr":
+		return eventLoop || system == "haproxy" || system == "haproxy-splice" || system == "nginx" || system == "naive-go"
+	case throughputTarget(workload):
+		return eventLoop || system == "haproxy" || system == "nginx"
+	}
+	return false
 }
 
-// costRoundSystem is a system the extra cost rounds run.
-func costRoundSystem(system string) bool {
-	return strings.HasPrefix(system, "sluice-eventloop") || strings.HasPrefix(system, "floor-c") ||
-		system == "haproxy" || system == "nginx"
+// throughputTarget reports whether workload has a ratio target against
+// HAProxy or nginx in the targets table (report.go).
+func throughputTarget(workload string) bool {
+	switch workload {
+	case "http-keepalive", "conn-per-request", "capped-keepalive", "capped-crr", "udp-rr", "udp-flows":
+		return true
+	}
+	return false
 }
 
 // runLimit is how long one run of a workload may take: the first API

@@ -215,12 +215,13 @@ func oneOf(flagName, list string, allowed ...string) ([]string, bool) {
 }
 
 func run() int {
-	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (about 20 min with every system and the cost rounds)")
+	mode := flag.String("mode", "short", "smoke (proves the harness works, < 2 min, asserts no numbers) or short (about 25 min with every system and the target rounds)")
 	out := flag.String("out", "bench/results", "results root; each run writes <out>/<timestamp>/")
 	sluiceBin := flag.String("sluice", "bin/sluice", "the sluice binary")
 	sluiceBase := flag.String("sluice-base", "", "an earlier sluice binary, run beside --sluice as sluice-eventloop-base, and as sluice-goroutine-base when --systems names it (before and after a change, in one run)")
 	rounds := flag.Int("rounds", 0, "measured rounds (default: 1 for smoke, 3 for short)")
-	costRounds := flag.Int("cost-rounds", -1, "rounds of the cost workloads for the event loop, HAProxy, nginx and the C floor, the systems the per-unit targets compare (default: 7 in short mode with the default rounds, else --rounds)")
+	targetRounds := flag.Int("target-rounds", -1, "rounds of the workloads the targets judge (the cost workloads, and the throughput and TCP RR workloads with a target), for the systems they compare: the event loop, HAProxy, nginx, the other peers in tcp-rr and the C floor in the cost workloads (default: 7 in short mode with the default rounds, else --rounds)")
+	flag.IntVar(targetRounds, "cost-rounds", -1, "the former name of --target-rounds")
 	pin := flag.Bool("pin", false, "pin load balancers to CPU 0 and the harness to the other CPUs (needs 2+ CPUs)")
 	only := flag.String("systems", "", "comma-separated systems to run (default: all)")
 	onlyWorkloads := flag.String("workloads", "", "comma-separated workloads to run (default: all)")
@@ -270,10 +271,10 @@ func run() int {
 		topo = harness.InNetns(prefix, modes...)
 	}
 
-	if *costRounds < 0 {
-		*costRounds = 0
+	if *targetRounds < 0 {
+		*targetRounds = 0
 		if *mode == "short" && *rounds == 0 {
-			*costRounds = 7
+			*targetRounds = 7
 		}
 	}
 	if *rounds == 0 {
@@ -353,7 +354,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := harness.Options{APIServices: *apiServices, APIEndpoints: *apiEndpoints, Mode: *mode, Dir: dir, Rounds: *rounds, CostRounds: *costRounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
+	opts := harness.Options{APIServices: *apiServices, APIEndpoints: *apiEndpoints, Mode: *mode, Dir: dir, Rounds: *rounds, TargetRounds: *targetRounds, NoWarmup: *mode == "smoke", LBCPU: lbCPU,
 		Config: harness.Config{Sluice: sl, SluiceBase: base, Self: self, IPTablesBackend: *iptablesBackend}, Log: os.Stdout, Topology: topo, Note: *note}
 	if *only != "" {
 		opts.Only = map[string]bool{}
