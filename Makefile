@@ -109,7 +109,7 @@ bench-deps: ## install the peers and load generators the bench harness runs (Deb
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_PACKAGES) >/dev/null; \
 	fi
 
-bench: build bench-deps ## the benchmark, short mode (about 20 min): sluice vs naive Go, HAProxy, nginx; results in bench/results/
+bench: build bench-deps ## the benchmark, short mode (about 25 min): sluice vs naive Go, HAProxy, nginx; results in bench/results/
 	bin/sluice-bench --mode short
 
 bench-smoke: build bench-deps ## the benchmark harness end to end in < 2 min; asserts no numbers

@@ -287,7 +287,24 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 			return nil, err
 		}
 	}
+	// The node namespace holds the load balancers and nothing else that
+	// sends (the clients and the backends have namespaces of their own),
+	// and only the system being measured carries traffic: what it sent
+	// is the load balancer's packets on both of its legs.
+	var sent0 nsSent
+	countSent := in.Topo != nil && in.Topo.Netns()
+	if countSent {
+		if sent0, err = readNSSent(in.Proc.PID()); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
 	units, werr := work()
+	var sent1 nsSent
+	if countSent {
+		sent1, err = readNSSent(in.Proc.PID())
+		werr = errors.Join(werr, err)
+	}
 	derr := p.command("disable")
 	for _, r := range recorders {
 		if r != nil {
@@ -309,6 +326,10 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 	for ev, v := range c.Extra {
 		m[strings.TrimPrefix(ev, "syscalls:sys_enter_")+"_per_unit"] = v / float64(units)
 	}
+	if countSent {
+		m["lb_tcp_segs_per_unit"] = (sent1.tcpSegs - sent0.tcpSegs) / float64(units)
+		m["lb_udp_datagrams_per_unit"] = (sent1.udpDatagrams - sent0.udpDatagrams) / float64(units)
+	}
 	if user != nil {
 		user.end() // perf writes the samples out as it exits
 		user = nil
@@ -319,6 +340,62 @@ func countWork(in *Instance, work func() (int, error)) (Metrics, error) {
 		m["user_us_per_unit"] = us / float64(units)
 	}
 	return m, nil
+}
+
+// nsSent is what a network namespace has sent since it was made: TCP
+// segments (retransmissions included) and UDP datagrams. Counted work:
+// each is a trip through the stack that its sender pays for, and on veth
+// the receiver's softirq work lands in the sender's context too.
+type nsSent struct{ tcpSegs, udpDatagrams float64 }
+
+// readNSSent reads the counters of pid's network namespace.
+func readNSSent(pid int) (nsSent, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/snmp", pid))
+	if err != nil {
+		return nsSent{}, err
+	}
+	return parseNSSent(string(b))
+}
+
+// parseNSSent reads Tcp OutSegs and Udp OutDatagrams from the text of
+// /proc/net/snmp, where each protocol has a line of names and then a
+// line of values.
+func parseNSSent(text string) (nsSent, error) {
+	lines := strings.Split(text, "\n")
+	var s nsSent
+	found := 0
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || len(names) != len(values) || names[0] != values[0] {
+			continue
+		}
+		var field string
+		var into *float64
+		switch names[0] {
+		case "Tcp:":
+			field, into = "OutSegs", &s.tcpSegs
+		case "Udp:":
+			field, into = "OutDatagrams", &s.udpDatagrams
+		default:
+			continue
+		}
+		for j, n := range names {
+			if n != field {
+				continue
+			}
+			v, err := strconv.ParseFloat(values[j], 64)
+			if err != nil {
+				return nsSent{}, fmt.Errorf("snmp %s %s: %w", names[0], field, err)
+			}
+			*into = v
+			found++
+		}
+		i++ // the values line
+	}
+	if found != 2 {
+		return nsSent{}, errors.New("snmp: no Tcp OutSegs or Udp OutDatagrams")
+	}
+	return s, nil
 }
 
 // rrOn does n 64 B request/responses on c.

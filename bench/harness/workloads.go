@@ -51,7 +51,8 @@ type Size struct {
 }
 
 // Modes are the run sizes: smoke proves the harness works (under 2
-// minutes), short gives numbers (under 10 minutes on 2 cores).
+// minutes), short gives numbers (about 25 minutes on 2 cores, with the
+// target rounds).
 var Modes = map[string]Size{
 	"smoke": {RRMessages: 2000, CRRDuration: 500 * time.Millisecond, CRRConcurrency: 4, UDPMessages: 1000, UDPClients: 200, IperfSeconds: 1,
 		RetryConns: 30, IdleConns: 300, SlowFor: time.Second, WrkDuration: time.Second, AffinityIPs: 10, AffinityReqs: 5, MaxChurn: 1000, MaxKernelChurn: 100, APIChurn: 100, CostUnits: 4000},
