@@ -30,10 +30,22 @@ const (
 	ModeIPTables  = "iptables"
 	ModeIPVS      = "ipvs"
 	ModeNFTables  = "nftables"
+	// ModeKernelspace is kube-proxy's one mode on Windows (HNS load
+	// balancers, its default there). sluice takes it on Windows, as
+	// kube-proxy does, and serves it in userspace mode with one log line
+	// saying so, or refuses it with --mode-fallback=false.
+	ModeKernelspace = "kernelspace"
 )
 
-// Modes lists the accepted --proxy-mode values.
-var modes = []string{ModeUserspace, ModeIPTables, ModeIPVS, ModeNFTables}
+// validModes lists the --proxy-mode values taken on goos: kernelspace
+// only on Windows, where kube-proxy takes it and nothing else.
+func validModes(goos string) []string {
+	modes := []string{ModeUserspace, ModeIPTables, ModeIPVS, ModeNFTables}
+	if goos == "windows" {
+		modes = append(modes, ModeKernelspace)
+	}
+	return modes
+}
 
 // Config is everything sluice runs with.
 type Config struct {
@@ -444,8 +456,12 @@ const showHiddenMetricsVersion = "1.33"
 func (c *Config) Validate() error {
 	var p problems
 	kp := &c.KubeProxy
-	if !slices.Contains(modes, c.Mode()) {
-		p.add("proxy-mode", "mode", kp.Mode, "want one of %s", strings.Join(modes, ", "))
+	if modes := validModes(runtime.GOOS); !slices.Contains(modes, c.Mode()) {
+		hint := ""
+		if c.Mode() == ModeKernelspace {
+			hint = " (kernelspace is kube-proxy's Windows mode)"
+		}
+		p.add("proxy-mode", "mode", kp.Mode, "want one of %s%s", strings.Join(modes, ", "), hint)
 	}
 	if _, ok := parseIPSloppy(kp.BindAddress); !ok {
 		p.add("bind-address", "bindAddress", kp.BindAddress, "not an IP address")

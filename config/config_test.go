@@ -3,9 +3,13 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 )
 
 func TestDefaultsMatchKubeProxy(t *testing.T) {
@@ -232,5 +236,31 @@ func TestFeatureGatesAreValidatedAsKubeProxyDoes(t *testing.T) {
 	os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfeatureGates:\n  NoSuchGate: true\n"), 0o644)
 	if _, _, err := Parse([]string{"--config", file}); err == nil || !strings.Contains(err.Error(), "featureGates") || !strings.Contains(err.Error(), "NoSuchGate") {
 		t.Errorf("a file's unknown gate: %v", err)
+	}
+}
+
+// kernelspace is kube-proxy's Windows mode: taken there (and served in
+// userspace mode, cmd/sluice), refused elsewhere as kube-proxy refuses it,
+// with a word on why. The flags userspace mode reads are in use in it.
+func TestKernelspaceIsTakenOnWindowsOnly(t *testing.T) {
+	if !slices.Contains(validModes("windows"), ModeKernelspace) {
+		t.Errorf("windows modes %v lack kernelspace", validModes("windows"))
+	}
+	for _, goos := range []string{"linux", "darwin"} {
+		if slices.Contains(validModes(goos), ModeKernelspace) {
+			t.Errorf("%s modes %v hold kernelspace", goos, validModes(goos))
+		}
+	}
+	_, _, err := Parse([]string{"--proxy-mode=kernelspace"})
+	if runtime.GOOS == "windows" {
+		if err != nil {
+			t.Fatalf("kernelspace on Windows: %v", err)
+		}
+	} else if err == nil || !strings.Contains(err.Error(), "kernelspace is kube-proxy's Windows mode") {
+		t.Fatalf("kernelspace on %s: %v", runtime.GOOS, err)
+	}
+	c := &Config{KubeProxy: kpv1alpha1.KubeProxyConfiguration{Mode: ModeKernelspace}, Changed: []string{"udp-timeout", "engine", "mode-fallback", "ipvs-scheduler", "masquerade-all"}}
+	if got := strings.Join(c.UnusedFlags(), ","); got != "ipvs-scheduler,masquerade-all" {
+		t.Errorf("unused in kernelspace = %q, want ipvs-scheduler,masquerade-all", got)
 	}
 }

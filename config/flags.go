@@ -126,7 +126,7 @@ var flagModes = map[string][]string{
 	"iptables-backend":             {ModeIPTables, ModeUserspace, ModeIPVS},
 	"userspace-capture":            {ModeUserspace},
 	"userspace-capture-port":       {ModeUserspace},
-	"mode-fallback":                {ModeIPVS, ModeIPTables, ModeNFTables},
+	"mode-fallback":                {ModeIPVS, ModeIPTables, ModeNFTables, ModeKernelspace},
 	"ipvs-drain-interval":          {ModeIPVS},
 	"connect-timeouts":             {ModeUserspace},
 	"connect-attempts":             {ModeUserspace},
@@ -256,7 +256,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&kp.DetectLocal.BridgeInterface, "pod-bridge-interface", kp.DetectLocal.BridgeInterface, "A bridge interface name, used with --detect-local-mode=BridgeInterface.")
 	fs.StringVar(&kp.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", kp.DetectLocal.InterfaceNamePrefix, "An interface name prefix, used with --detect-local-mode=InterfaceNamePrefix.")
 	fs.BoolVar(&kp.EnableProfiling, "profiling", kp.EnableProfiling, "If true, serve /debug/pprof on the metrics server.")
-	fs.Var(proxyMode{&kp.Mode}, "proxy-mode", "Which proxy mode to use: userspace (default), iptables, ipvs or nftables.")
+	fs.Var(proxyMode{&kp.Mode}, "proxy-mode", "Which proxy mode to use: userspace (default), iptables, ipvs or nftables; on Windows also kernelspace, kube-proxy's mode there, which sluice serves in userspace mode.")
 	fs.StringVar(&kp.PortRange, "proxy-port-range", kp.PortRange, "Range of host ports (beginPort-endPort, single port or beginPort+offset, inclusive) for proxy ports. Empty, 0 or 0-0 means random.")
 	fs.StringVar(&kp.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", kp.ShowHiddenMetricsForVersion, "The previous version for which to show hidden metrics.")
 	fs.DurationVar(&c.UDPTimeout, "udp-timeout", c.UDPTimeout, "How long an idle UDP flow is kept (userspace mode). Must be greater than 0.")
@@ -462,7 +462,7 @@ func (c *Config) UnusedFlags() []string {
 	var out []string
 	for _, f := range c.Changed {
 		ms, ok := flagModes[f]
-		if ok && !slices.Contains(ms, c.Mode()) {
+		if ok && !slices.Contains(ms, c.Mode()) && !(c.Mode() == ModeKernelspace && slices.Contains(ms, ModeUserspace)) {
 			out = append(out, f)
 		}
 	}

@@ -329,6 +329,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		mode = to
 		return nil
 	}
+	if mode == config.ModeKernelspace { // taken on Windows only (config.Validate)
+		if ferr := fallback(errors.New("sluice has no HNS load balancers (kube-proxy's kernelspace); its userspace mode serves the Services"), config.ModeUserspace); ferr != nil {
+			return ferr
+		}
+	}
 	// What the Node says (its addresses for "primary", its pod CIDRs for
 	// NodeCIDR) is learnt before the planes read it, as kube-proxy's
 	// NodeManager does before its proxiers are made.

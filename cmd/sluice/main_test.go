@@ -570,3 +570,76 @@ func TestStartCollectionLowersTheGoalUntilTheFirstState(t *testing.T) {
 		t.Fatalf("goal set to %d with GOGC in the environment", <-set)
 	}
 }
+
+// lineSignal is a log writer that hands each line that holds want to
+// found, once.
+type lineSignal struct {
+	want  string
+	found chan string
+	buf   bytes.Buffer // the line being written
+	all   bytes.Buffer // everything written
+	sent  bool
+}
+
+func (w *lineSignal) Write(p []byte) (int, error) {
+	w.all.Write(p)
+	w.buf.Write(p)
+	for {
+		line, err := w.buf.ReadString('\n')
+		if err != nil {
+			w.buf.WriteString(line) // a partial line waits for its end
+			return len(p), nil
+		}
+		if !w.sent && strings.Contains(line, w.want) {
+			w.sent = true
+			w.found <- line
+		}
+	}
+}
+
+// A Windows node's kube-proxy configuration says mode: kernelspace (HNS
+// load balancers), which config.Validate takes on Windows only. sluice
+// serves it in userspace mode, saying why in one line, or with
+// --mode-fallback=false refuses to start. The configuration is made here
+// as Windows's validation leaves it and run in process.
+func TestKernelspaceIsServedInUserspaceMode(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "svc.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, fallback := range []bool{true, false} {
+		cfg, _, err := config.Parse([]string{"--manifests", file, "--healthz-bind-address=", "--metrics-bind-address=", "--userspace-capture=none",
+			"--handover-socket=", fmt.Sprintf("--mode-fallback=%v", fallback)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.KubeProxy.Mode = config.ModeKernelspace
+		fellBack := &lineSignal{want: "proxy mode kernelspace is unavailable; falling back to userspace mode", found: make(chan string, 1)}
+		ctx, cancel := context.WithCancel(context.Background())
+		code := make(chan int, 1)
+		go func() { code <- runConfigured(ctx, cfg, nil, fellBack, fellBack) }()
+		if fallback {
+			var line string
+			select {
+			case line = <-fellBack.found:
+			case c := <-code:
+				cancel()
+				t.Fatalf("exit %d before any fall-back:\n%s", c, fellBack.all.String())
+			}
+			if !strings.Contains(line, "HNS") {
+				t.Errorf("the fall-back line does not say why: %q", line)
+			}
+			cancel()
+			if c := <-code; c != 0 {
+				t.Errorf("exit %d after the fall-back:\n%s", c, fellBack.all.String())
+			}
+			continue
+		}
+		c := <-code
+		cancel()
+		if out := fellBack.all.String(); c == 0 || fellBack.sent || !strings.Contains(out, "--proxy-mode=kernelspace") || !strings.Contains(out, "HNS") {
+			t.Errorf("--mode-fallback=false: exit %d, fell back %v, output:\n%s", c, fellBack.sent, out)
+		}
+	}
+}
