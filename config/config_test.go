@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -262,5 +263,50 @@ func TestKernelspaceIsTakenOnWindowsOnly(t *testing.T) {
 	c := &Config{KubeProxy: kpv1alpha1.KubeProxyConfiguration{Mode: ModeKernelspace}, Changed: []string{"udp-timeout", "engine", "mode-fallback", "ipvs-scheduler", "masquerade-all"}}
 	if got := strings.Join(c.UnusedFlags(), ","); got != "ipvs-scheduler,masquerade-all" {
 		t.Errorf("unused in kernelspace = %q, want ipvs-scheduler,masquerade-all", got)
+	}
+}
+
+// On Windows kube-proxy has five flags of its kernelspace mode; sluice
+// takes them there (a Windows node's command line starts as it is), and
+// reports them unused. Elsewhere they are unknown, as to kube-proxy.
+func TestWinkernelFlagsAreTakenOnWindowsOnly(t *testing.T) {
+	names := []string{"source-vip", "network-name", "enable-dsr", "root-hnsendpoint-name", "forward-healthcheck-vip"}
+	for _, goos := range []string{"linux", "darwin"} {
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		addOSFlags(fs, &kpv1alpha1.KubeProxyConfiguration{}, goos)
+		fs.VisitAll(func(f *pflag.Flag) { t.Errorf("%s has --%s", goos, f.Name) })
+	}
+	if runtime.GOOS != "windows" {
+		if _, _, err := Parse([]string{"--source-vip=10.0.0.5"}); err == nil || !strings.Contains(err.Error(), "unknown flag: --source-vip") {
+			t.Errorf("--source-vip on %s: %v", runtime.GOOS, err)
+		}
+	}
+	kp := &kpv1alpha1.KubeProxyConfiguration{}
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	addOSFlags(fs, kp, "windows")
+	if kp.Winkernel.RootHnsEndpointName != "cbr0" {
+		t.Errorf("root HNS endpoint default %q, want kube-proxy's cbr0", kp.Winkernel.RootHnsEndpointName)
+	}
+	if err := fs.Parse([]string{"--source-vip=10.0.0.5", "--network-name=vxlan0", "--enable-dsr", "--root-hnsendpoint-name=ep0", "--forward-healthcheck-vip"}); err != nil {
+		t.Fatal(err)
+	}
+	w := kp.Winkernel
+	if w.SourceVip != "10.0.0.5" || w.NetworkName != "vxlan0" || !w.EnableDSR || w.RootHnsEndpointName != "ep0" || !w.ForwardHealthCheckVip {
+		t.Errorf("winkernel settings %+v", w)
+	}
+	c := &Config{Changed: names}
+	if got := c.UnusedFlags(); len(got) != len(names) {
+		t.Errorf("unused %v, want all of %v", got, names)
+	}
+	for _, n := range names {
+		if fs.Lookup(n) == nil {
+			t.Errorf("no --%s on Windows", n)
+		}
+		if !FileHoldsFlag(n) {
+			t.Errorf("--%s: a --config file holds it in kube-proxy", n)
+		}
+		if g := slices.IndexFunc(helpGroups(), func(g helpGroup) bool { return g.match(n) }); g < 0 {
+			t.Errorf("--%s is in no --help group", n)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -168,6 +169,11 @@ var flagModes = map[string][]string{
 	"boot-id-file":                      {},
 	"machine-id-file":                   {},
 	"windows-service":                   {},
+	"source-vip":                        {},
+	"network-name":                      {},
+	"enable-dsr":                        {},
+	"root-hnsendpoint-name":             {},
+	"forward-healthcheck-vip":           {},
 }
 
 // newFlagSet binds every flag to c, so the values already in c (defaults,
@@ -288,7 +294,29 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.ManifestCoalesce, "manifest-coalesce", c.ManifestCoalesce, "How long a burst of --manifests edits is gathered into one reload.")
 	fs.StringVar(&c.HandoverSocket, "handover-socket", c.HandoverSocket, "Unix socket through which a new sluice started with the same command line takes the running one's listening sockets (hitless restart); auto: derived from the command line under /run/sluice; empty: off.")
 	fs.Int64Var(&c.ManifestMaxBytes, "manifest-max-bytes", c.ManifestMaxBytes, "Largest total size of the --manifests files one load reads; a larger load is refused (0: no limit).")
+	addOSFlags(fs, kp, runtime.GOOS)
 	return fs
+}
+
+// addOSFlags adds the flags kube-proxy has on goos alone: on Windows its
+// kernelspace mode's, which sluice takes there and does not use (it
+// serves kernelspace in userspace mode), so that a Windows node's
+// kube-proxy command line starts as it is. Elsewhere they are unknown, as
+// to kube-proxy.
+func addOSFlags(fs *pflag.FlagSet, kp *kpv1alpha1.KubeProxyConfiguration, goos string) {
+	if goos != "windows" {
+		return
+	}
+	w := &kp.Winkernel
+	if w.RootHnsEndpointName == "" {
+		w.RootHnsEndpointName = "cbr0" // kube-proxy's default on Windows
+	}
+	const unused = " kernelspace mode (HNS); taken and unused: sluice serves kernelspace in userspace mode."
+	fs.StringVar(&w.SourceVip, "source-vip", w.SourceVip, "The IP address of the source VIP for non-DSR."+unused)
+	fs.StringVar(&w.NetworkName, "network-name", w.NetworkName, "The name of the cluster network."+unused)
+	fs.BoolVar(&w.EnableDSR, "enable-dsr", w.EnableDSR, "Apply DSR policies for service VIPs."+unused)
+	fs.StringVar(&w.RootHnsEndpointName, "root-hnsendpoint-name", w.RootHnsEndpointName, "The name of the HNS endpoint for the root namespace attached to l2bridge."+unused)
+	fs.BoolVar(&w.ForwardHealthCheckVip, "forward-healthcheck-vip", w.ForwardHealthCheckVip, "Forward the service VIP for the health check port."+unused)
 }
 
 // fileHoldsFlag lists kube-proxy's flags whose settings a --config file
@@ -314,6 +342,9 @@ var fileHoldsFlag = map[string]bool{
 	"metrics-bind-address": true, "metrics-port": true, "nodeport-addresses": true, "oom-score-adj": true,
 	"pod-bridge-interface": true, "pod-interface-name-prefix": true, "profiling": true, "proxy-mode": true,
 	"show-hidden-metrics-for-version": true,
+	// Windows only (kube-proxy's source: its Complete replaces the
+	// configuration these filled, o.config.Winkernel, with the file's).
+	"source-vip": true, "network-name": true, "enable-dsr": true, "root-hnsendpoint-name": true, "forward-healthcheck-vip": true,
 }
 
 // FileHoldsFlag reports whether a --config file replaces the flag's

@@ -30,7 +30,8 @@ func named(names ...string) func(string) bool {
 func helpGroups() []helpGroup {
 	return []helpGroup{
 		{"Mode and where Services come from", named("proxy-mode", "mode-fallback", "manifests", "manifest-*", "kubeconfig", "master", "kube-api-*",
-			"config", "write-config-to", "config-sync-period", "hostname-override", "cleanup", "init-only", "version", "feature-gates", "windows-service")},
+			"config", "write-config-to", "config-sync-period", "hostname-override", "cleanup", "init-only", "version", "feature-gates", "windows-service",
+			"source-vip", "network-name", "enable-dsr", "root-hnsendpoint-name", "forward-healthcheck-vip")},
 		{"Userspace mode (sluice's load balancer)", named("engine", "event-loops", "busy-poll", "io-uring", "connect-*", "eject-*", "drain-timeout", "udp-timeout",
 			"proxy-port-range", "userspace-capture", "userspace-capture-port", "handover-socket", "bind-address", "bind-address-hard-fail")},
 		{"Kernel modes (iptables, nftables, IPVS), as kube-proxy's", named("iptables-*", "ipvs-*", "masquerade-all", "cluster-cidr",

@@ -36,7 +36,8 @@ func TestHelpGroupsEveryFlagOnce(t *testing.T) {
 }
 
 // The README's Flags section names every flag (literally, or by a prefix
-// such as --iptables-*), and names no flag that does not exist.
+// such as --iptables-*), Windows's own included, and names no flag that
+// does not exist.
 func TestREADMEFlagsMatchTheFlagSet(t *testing.T) {
 	data, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -62,7 +63,11 @@ func TestREADMEFlagsMatchTheFlagSet(t *testing.T) {
 		mentioned[name] = true
 	}
 	names := map[string]bool{}
-	newFlagSet(Defaults()).VisitAll(func(f *pflag.Flag) {
+	all := newFlagSet(Defaults()) // with the flags of every OS
+	if all.Lookup("source-vip") == nil {
+		addOSFlags(all, &Defaults().KubeProxy, "windows")
+	}
+	all.VisitAll(func(f *pflag.Flag) {
 		names[f.Name] = true
 		if !mentioned[f.Name] && !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(f.Name, p) }) {
 			t.Errorf("--%s is not in the README's Flags section", f.Name)
