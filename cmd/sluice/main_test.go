@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
+	"k8s.io/klog/v2"
 
 	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/config"
@@ -608,6 +609,16 @@ func TestKernelspaceIsServedInUserspaceMode(t *testing.T) {
 	if err := os.WriteFile(file, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// runConfigured routes klog and logrus into its log: put both back
+	// for the tests after this one.
+	std := logrus.StandardLogger()
+	hooks, out, level := std.ReplaceHooks(make(logrus.LevelHooks)), std.Out, std.GetLevel()
+	t.Cleanup(func() {
+		std.ReplaceHooks(hooks)
+		std.SetOutput(out)
+		std.SetLevel(level)
+		klog.ClearLogger()
+	})
 	for _, fallback := range []bool{true, false} {
 		cfg, _, err := config.Parse([]string{"--manifests", file, "--healthz-bind-address=", "--metrics-bind-address=", "--userspace-capture=none",
 			"--handover-socket=", fmt.Sprintf("--mode-fallback=%v", fallback)})
