@@ -199,7 +199,13 @@ func Start(t TB, opts ...Option) *Cluster {
 		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
 		"--initial-cluster", fmt.Sprintf("sluice-test=http://127.0.0.1:%d", etcdPeer),
-		"--log-level", "warn")
+		"--log-level", "warn",
+		// As kubeadm runs etcd: the API server's watch cache learns how far
+		// etcd has got from these notifications when no event of its own
+		// resource says so, and serves a watch from a newer resourceVersion
+		// only once it knows (without them the watch waits and is refused:
+		// "Too large resource version").
+		"--experimental-watch-progress-notify-interval", "5s")
 
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
