@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -597,6 +598,29 @@ func costUDPBulk(gso bool) func(ctx context.Context, in *Instance, sz Size) (Met
 				}
 			}
 			return n, nil
+		})
+	}
+}
+
+// bulkBytesPerUnit is how many bytes the TCP bulk cost workloads move per
+// CostUnits: 1 GB in short mode, about 1.5 s at this box's 6-7 Gbit/s.
+const bulkBytesPerUnit = 25_000
+
+// costTCPBulk: one iperf3 stream moving a fixed number of bytes through
+// the system, client to server or (reverse) back; per MB (10^6 bytes) the
+// receiver took. Bulk throughput on a shared box moves with whatever else
+// runs; the CPU and syscalls per MB it cost the load balancer move less,
+// and show how many bytes each of its syscalls carries (a splice's pipe
+// holds one skb fragment per slot, so its size sets that).
+func costTCPBulk(reverse bool) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
+		n := int64(sz.CostUnits) * bulkBytesPerUnit
+		return countWork(in, func() (int, error) {
+			got, err := runIperf(ctx, in, reverse, "-n", strconv.FormatInt(n, 10))
+			if err != nil {
+				return 0, err
+			}
+			return int(math.Round(got.Bytes / 1e6)), nil
 		})
 	}
 }

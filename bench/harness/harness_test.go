@@ -474,6 +474,10 @@ func TestExtraTargetRoundsRunOnlyTheTargetsWorkloads(t *testing.T) {
 		{4, "sluice-eventloop", "udp-rr", true},
 		{4, "naive-go", "tcp-rr", true}, // TCP RR's target is the best peer, any of them
 		{4, "haproxy-splice", "tcp-rr", true},
+		{4, "haproxy-splice", "cost-tcp-bulk-up", true}, // bulk's peer is HAProxy with splice
+		{4, "sluice-eventloop", "cost-tcp-bulk-down", true},
+		{4, "haproxy", "cost-tcp-bulk-up", false},
+		{4, "floor-c", "cost-tcp-bulk-down", false},
 		{4, "sluice-goroutine", "cost-crr", false},
 		{4, "sluice-goroutine", "http-keepalive", false},
 		{4, "sluice-goroutine", "tcp-rr", false},

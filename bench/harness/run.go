@@ -203,13 +203,17 @@ func Execute(ctx context.Context, o Options) ([]Run, []System, error) {
 // the workloads the targets table judges, and of those only the systems
 // it compares: the event loop engine (and its before/after variants)
 // against HAProxy and nginx, the peers besides for TCP RR, whose targets
-// are against the best of them, and the C floor in the cost workloads.
+// are against the best of them, the C floor in the cost workloads, and
+// HAProxy with splice (alone) in the bulk TCP ones.
 func inRound(round, rounds int, system, workload string) bool {
 	if round <= rounds {
 		return true
 	}
 	eventLoop := strings.HasPrefix(system, "sluice-eventloop")
 	switch {
+	case strings.HasPrefix(workload, "cost-tcp-bulk"):
+		// Bulk TCP's peer is HAProxy with splice, as in the iperf3 target.
+		return eventLoop || system == "haproxy-splice"
 	case strings.HasPrefix(workload, "cost-"):
 		return eventLoop || strings.HasPrefix(system, "floor-c") || system == "haproxy" || system == "nginx"
 	case workload == "tcp-rr":

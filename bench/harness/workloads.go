@@ -98,6 +98,8 @@ func Workloads() []Workload {
 		{"cost-udp-flows", "cost: a new UDP flow per 64 B request/response (a fresh client tuple each), 4 clients, fixed count; per flow set up", "cpu_us_per_unit", true, "udp", costUDPFlows},
 		{"cost-udp-bulk", "cost: one UDP flow carrying bursts of 16 datagrams of 1,200 B, each burst's echoes read before the next, fixed count; per datagram echoed", "cpu_us_per_unit", true, "udp", costUDPBulk(false)},
 		{"cost-udp-bulk-gso", "cost: the same, each burst sent by the client in one UDP GSO send (as QUIC stacks send); per datagram echoed", "cpu_us_per_unit", true, "udp", costUDPBulk(true)},
+		{"cost-tcp-bulk-up", "cost: one TCP stream (iperf3 -n) moving a fixed number of bytes, client to server; per MB (10^6 bytes) received", "cpu_us_per_unit", true, "iperf", costTCPBulk(false)},
+		{"cost-tcp-bulk-down", "cost: the same, server to client (iperf3 -R -n); per MB received", "cpu_us_per_unit", true, "iperf", costTCPBulk(true)},
 		{"restart", "restarted 3 times under new-connection load (sluice's hand-over, HAProxy's seamless reload -x -sf)", "failed_conns", true, "echo", restartLoad},
 		{"churn-100", "endpoint update -> effect with 100 services, under new-connection load", "update_p50_ms", true, "http", churn(100)},
 		{"churn-1k", "the same with 1,000 services", "update_p50_ms", true, "http", churn(1000)},
@@ -464,31 +466,53 @@ func (s stoppedShort) Unwrap() error { return s.why }
 // reports the receiver's rate.
 func iperf(reverse bool) func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
 	return func(ctx context.Context, in *Instance, sz Size) (Metrics, error) {
-		a := in.Addr("iperf")
-		args := []string{"-c", a.Addr().String(), "-p", fmt.Sprint(a.Port()), "-t", fmt.Sprint(sz.IperfSeconds), "-J"}
-		if reverse {
-			args = append(args, "-R")
-		}
-		out, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+		got, err := runIperf(ctx, in, reverse, "-t", fmt.Sprint(sz.IperfSeconds))
 		if err != nil {
-			return nil, fmt.Errorf("iperf3 %v: %v: %s", args, err, out)
+			return nil, err
 		}
-		var res struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-			Error string `json:"error"`
-		}
-		if err := json.Unmarshal(out, &res); err != nil {
-			return nil, fmt.Errorf("iperf3 output: %v", err)
-		}
-		if res.Error != "" {
-			return nil, fmt.Errorf("iperf3: %s", res.Error)
-		}
-		return Metrics{"Gbit_per_s": res.End.SumReceived.BitsPerSecond / 1e9}, nil
+		return Metrics{"Gbit_per_s": got.BitsPerSecond / 1e9}, nil
 	}
+}
+
+// iperfReceived is what the receiving end of an iperf3 test took.
+type iperfReceived struct {
+	Bytes         float64 `json:"bytes"`
+	BitsPerSecond float64 `json:"bits_per_second"`
+}
+
+// runIperf runs one iperf3 stream through the system's "iperf" service,
+// either direction, with how long or how much (-t or -n) in limit.
+func runIperf(ctx context.Context, in *Instance, reverse bool, limit ...string) (iperfReceived, error) {
+	a := in.Addr("iperf")
+	args := append([]string{"-c", a.Addr().String(), "-p", fmt.Sprint(a.Port()), "-J"}, limit...)
+	if reverse {
+		args = append(args, "-R")
+	}
+	out, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+	if err != nil {
+		return iperfReceived{}, fmt.Errorf("iperf3 %v: %v: %s", args, err, out)
+	}
+	return parseIperf(out)
+}
+
+// parseIperf reads the receiver's sum from iperf3's -J report.
+func parseIperf(out []byte) (iperfReceived, error) {
+	var res struct {
+		End struct {
+			SumReceived *iperfReceived `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return iperfReceived{}, fmt.Errorf("iperf3 output: %v", err)
+	}
+	if res.Error != "" {
+		return iperfReceived{}, fmt.Errorf("iperf3: %s", res.Error)
+	}
+	if res.End.SumReceived == nil {
+		return iperfReceived{}, errors.New("iperf3 output: no end.sum_received")
+	}
+	return *res.End.SumReceived, nil
 }
 
 // udpPacedRate is the "moderate rate" of the UDP drop target, in
