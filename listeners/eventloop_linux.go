@@ -1515,6 +1515,12 @@ func (c *tcpConn) startSplice(p *pipe) bool {
 		p.bulk = false
 		return false
 	}
+	// A pipe's capacity is in slots, one per page or skb fragment, not in
+	// bytes: behind a 1500 B MTU a default pipe (16 slots) takes about 23
+	// KB a splice. Sized as the goroutine engine's and Go's own; a smaller
+	// pipe (past fs.pipe-max-size, or an unprivileged user's pipe quota)
+	// still works, with more splices.
+	unix.FcntlInt(uintptr(kp[0]), unix.F_SETPIPE_SZ, pipeSize)
 	p.kpipe, p.spliced = kp, true
 	return true
 }
@@ -1523,7 +1529,7 @@ const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
 
 // spliceStep moves bytes src -> kernel pipe -> dst. As with the buffer, src
 // is read only when the pipe is empty, so a slow dst pauses src and the pipe
-// (64 KiB) bounds what one direction holds.
+// (pipeSize) bounds what one direction holds.
 func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 	if p.inPipe > 0 && p.dst.writable {
 		n, err := unix.Splice(p.kpipe[0], nil, p.dst.fd, nil, p.inPipe, spliceFlags)
@@ -1540,7 +1546,7 @@ func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 	}
 	if p.inPipe == 0 && !p.eof && p.src.readable {
 		// The pipe is empty, so EAGAIN can only mean src has nothing.
-		n, err := unix.Splice(p.src.fd, nil, p.kpipe[1], nil, c.l.e.opts.BufferSize, spliceFlags)
+		n, err := unix.Splice(p.src.fd, nil, p.kpipe[1], nil, pipeSize, spliceFlags)
 		switch {
 		case errAgain(err):
 			p.src.readable = false
