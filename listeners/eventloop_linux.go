@@ -26,8 +26,8 @@ import (
 // connects are non-blocking and completed on the loop; per-try timeouts,
 // back-offs and UDP flow expiry are the loop's own deadlines, driven by its
 // poll timeout. Each direction of a connection has at most one fixed-size
-// buffer, taken only while bytes are in flight, so an idle connection holds
-// no buffer and a slow reader pauses its writer. A clean EOF is forwarded
+// buffer or splice pipe, taken only while bytes are in flight, so an idle
+// connection holds neither and a slow reader pauses its writer. A clean EOF is forwarded
 // as shutdown(SHUT_WR).
 type EventLoop struct {
 	opts  Options
@@ -55,6 +55,8 @@ type EventLoop struct {
 	// ringFailures counts rings that failed later and were given up.
 	ringErr      error
 	ringFailures atomic.Int64
+	// pipeSize is what splice pipes are grown to (splicePipeSize).
+	pipeSize int
 }
 
 // NewEventLoop starts the loops.
@@ -78,7 +80,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if runtime.GOMAXPROCS(0) <= n {
 		runtime.GOMAXPROCS(n + 1)
 	}
-	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs), registerReqs: make(chan *registerReq, 16)}
+	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs), registerReqs: make(chan *registerReq, 16), pipeSize: splicePipeSize()}
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -258,6 +260,7 @@ func (e *EventLoop) stopLoopsOnce() {
 	}
 	e.stopped.Wait()
 	for _, l := range e.loops {
+		l.trimPipes(0)
 		unix.Close(l.epfd)
 		unix.Close(l.wakefd)
 		if l.ring != nil {
@@ -290,6 +293,9 @@ type loop struct {
 	again   []func()   // UDP sockets that yielded with work left
 	timers  deadlines
 	free    [][]byte // spare copy buffers
+	// pipes are empty splice pipes kept for the next bulk burst: a
+	// direction holds one only while bytes are in flight (takePipe).
+	pipes [][2]int
 	// ring batches the turn's stream recvs and sends (nil: plain
 	// syscalls); ioOps are those queued on it, ioSpare the last batch's
 	// room (eventloop_io_linux.go).
@@ -523,6 +529,50 @@ func (l *loop) putBuf(b []byte) {
 	}
 }
 
+// takePipe returns an empty splice pipe, a kept one or a new one grown to
+// the engine's pipe size; false when the descriptor budget or the kernel
+// has none.
+func (l *loop) takePipe() ([2]int, bool) {
+	if n := len(l.pipes); n > 0 {
+		pp := l.pipes[n-1]
+		l.pipes = l.pipes[:n-1]
+		return pp, true
+	}
+	pp, ok := openPipe(l.e.fds)
+	if ok {
+		growPipe(pp, l.e.pipeSize)
+	}
+	return pp, ok
+}
+
+// givePipe takes back an empty pipe. The loop keeps at most its share of
+// maxIdlePipes, and two per open connection (none once the last has
+// ended), as the goroutine engine's pool does; the rest are closed.
+func (l *loop) givePipe(pp [2]int) {
+	if len(l.pipes) < l.keepPipes() {
+		l.pipes = append(l.pipes, pp)
+		return
+	}
+	closePipe(l.e.fds, pp)
+}
+
+// keepPipes is how many empty pipes the loop keeps now.
+func (l *loop) keepPipes() int {
+	return min(max(2, maxIdlePipes/len(l.e.loops)), 2*l.conns.n)
+}
+
+// trimPipes closes the kept pipes past keep; it returns how many.
+func (l *loop) trimPipes(keep int) int {
+	gone := 0
+	for len(l.pipes) > keep {
+		n := len(l.pipes) - 1
+		closePipe(l.e.fds, l.pipes[n])
+		l.pipes = l.pipes[:n]
+		gone++
+	}
+	return gone
+}
+
 // wait is one epoll_wait. With BusyPoll, a wait that would sleep first
 // polls without sleeping until BusyPoll has passed since the last event,
 // so a reply that comes soon is taken without the wake-up of a parked CPU.
@@ -710,9 +760,13 @@ func (l *loop) endTurn() {
 // connList is a loop's open connections, linked through the connections
 // themselves: a map from connection to nothing cost a hash insert and
 // delete per connection (about 4 % of the loop's user time in cost-crr).
-type connList struct{ head *tcpConn }
+type connList struct {
+	head *tcpConn
+	n    int
+}
 
 func (cl *connList) add(c *tcpConn) {
+	cl.n++
 	c.prev, c.next = nil, cl.head
 	if cl.head != nil {
 		cl.head.prev = c
@@ -721,6 +775,7 @@ func (cl *connList) add(c *tcpConn) {
 }
 
 func (cl *connList) remove(c *tcpConn) {
+	cl.n--
 	if c.prev != nil {
 		c.prev.next = c.next
 	} else {
@@ -989,7 +1044,8 @@ func (s *elTCPSocket) event(uint32) {
 		// A connection's two descriptors (client and backend) are taken
 		// before the accept: past the budget, clients wait in the accept
 		// queue rather than the process running out.
-		if !fds.take(2) {
+		if !fds.take(2) && (s.l.trimPipes(0) == 0 || !fds.take(2)) {
+			// The kept pipes' descriptors go first.
 			s.pause()
 			return
 		}
@@ -1095,6 +1151,7 @@ type pipe struct {
 	// space. Small request/response traffic keeps the cheaper plain copy.
 	bulk    bool
 	spliced bool
+	piped   bool   // kpipe is this direction's (while bytes are in flight)
 	kpipe   [2]int // read end, write end
 	inPipe  int    // bytes waiting in the kernel pipe
 
@@ -1440,7 +1497,10 @@ func (c *tcpConn) copyStep(p *pipe) (moved, ok bool) {
 	if p.buf != nil && p.r == p.w {
 		c.l.putBuf(p.buf)
 		p.buf, p.r, p.w = nil, 0, 0
-		if p.bulk && c.startSplice(p) {
+		if p.bulk {
+			// A drained bulk direction switches to splice(2); its pipe is
+			// taken when src has bytes (spliceStep).
+			p.spliced = true
 			return true, true
 		}
 	}
@@ -1507,29 +1567,28 @@ func (c *tcpConn) received(p *pipe, buf []byte, n int, err error) (moved, ok boo
 	return moved, true
 }
 
-// startSplice switches a drained bulk direction to splice(2). If no pipe can
-// be had (descriptor limits), the direction keeps copying.
-func (c *tcpConn) startSplice(p *pipe) bool {
-	kp, ok := openPipe(c.l.e.fds)
-	if !ok {
-		p.bulk = false
-		return false
+// dropPipe gives p's pipe back to the loop once it is empty, or closes it
+// when bytes are left in it (the connection is going).
+func (c *tcpConn) dropPipe(p *pipe) {
+	if !p.piped {
+		return
 	}
-	// A pipe's capacity is in slots, one per page or skb fragment, not in
-	// bytes: behind a 1500 B MTU a default pipe (16 slots) takes about 23
-	// KB a splice. Sized as the goroutine engine's and Go's own; a smaller
-	// pipe (past fs.pipe-max-size, or an unprivileged user's pipe quota)
-	// still works, with more splices.
-	unix.FcntlInt(uintptr(kp[0]), unix.F_SETPIPE_SZ, pipeSize)
-	p.kpipe, p.spliced = kp, true
-	return true
+	if p.inPipe == 0 {
+		c.l.givePipe(p.kpipe)
+	} else {
+		closePipe(c.l.e.fds, p.kpipe)
+	}
+	p.piped, p.inPipe = false, 0
 }
 
 const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
 
 // spliceStep moves bytes src -> kernel pipe -> dst. As with the buffer, src
 // is read only when the pipe is empty, so a slow dst pauses src and the pipe
-// (pipeSize) bounds what one direction holds.
+// bounds what one direction holds. The pipe is the direction's only while
+// bytes are in flight: once src has nothing more, it goes back to the loop,
+// so an idle connection holds none, and a burst takes one again (if none
+// can be had, the direction goes back to copying).
 func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 	if p.inPipe > 0 && p.dst.writable {
 		n, err := unix.Splice(p.kpipe[0], nil, p.dst.fd, nil, p.inPipe, spliceFlags)
@@ -1545,16 +1604,27 @@ func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 		}
 	}
 	if p.inPipe == 0 && !p.eof && p.src.readable {
+		if !p.piped {
+			kp, ok := c.l.takePipe()
+			if !ok {
+				p.spliced, p.bulk = false, false
+				m, ok := c.copyStep(p)
+				return moved || m, ok
+			}
+			p.kpipe, p.piped = kp, true
+		}
 		// The pipe is empty, so EAGAIN can only mean src has nothing.
 		n, err := unix.Splice(p.src.fd, nil, p.kpipe[1], nil, pipeSize, spliceFlags)
 		switch {
 		case errAgain(err):
 			p.src.readable = false
+			c.dropPipe(p)
 		case err != nil:
 			return moved, false
 		case n == 0:
 			p.eof = true
 			moved = true
+			c.dropPipe(p)
 		default:
 			p.inPipe = int(n)
 			moved = true
@@ -1570,15 +1640,16 @@ func (c *tcpConn) release() {
 			c.l.putBuf(p.buf)
 			p.buf = nil
 		}
-		if p.spliced {
-			closePipe(c.l.e.fds, p.kpipe)
-			p.spliced = false
-		}
+		p.spliced = false
 	}
 	c.l.e.fds.give(2) // client and backend, taken at the accept
 	c.stopTimer()
 	c.l.giveWalk(c)
 	c.l.conns.remove(c)
+	for _, p := range [2]*pipe{&c.up, &c.down} {
+		c.dropPipe(p) // after remove: kept only while connections are open
+	}
+	c.l.trimPipes(c.l.keepPipes())
 	c.l.ended = append(c.l.ended, c)
 	c.t.counters().Closed(c.up.bytes, c.down.bytes)
 	c.l.e.active.Done()

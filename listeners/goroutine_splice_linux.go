@@ -34,14 +34,15 @@ const maxIdlePipes = 64
 // collection: none once the last connection has ended. Every pipe's two
 // descriptors are taken from the engine's budget while the pipe exists.
 type pipePool struct {
-	fds *fdBudget
+	fds  *fdBudget
+	size int // what each new pipe is grown to (splicePipeSize); 0: left as made
 
 	mu     sync.Mutex
 	idle   [][2]int // read end, write end; empty, non-blocking
 	closed bool
 }
 
-func newPipePool(fds *fdBudget) *pipePool { return &pipePool{fds: fds} }
+func newPipePool(fds *fdBudget) *pipePool { return &pipePool{fds: fds, size: splicePipeSize()} }
 
 // get returns an empty pipe; false when the budget or the kernel has no
 // descriptors for one.
@@ -56,9 +57,7 @@ func (p *pipePool) get() ([2]int, bool) {
 	p.mu.Unlock()
 	pp, ok := openPipe(p.fds)
 	if ok {
-		// As Go's splice does; a smaller pipe (past fs.pipe-max-size, or
-		// an unprivileged user's pipe quota) still works, with more splices.
-		unix.FcntlInt(uintptr(pp[0]), unix.F_SETPIPE_SZ, pipeSize)
+		growPipe(pp, p.size)
 	}
 	return pp, ok
 }
@@ -121,6 +120,43 @@ func openPipe(fds *fdBudget) ([2]int, bool) {
 	return pp, true
 }
 
+// growPipe sizes a new pipe at size bytes (0: leaves it as made). A pipe's
+// capacity is in slots, one per page or skb fragment: behind a 1500 B MTU
+// a default pipe's 16 slots take about 23 KB a splice, a 1 MiB pipe's 256
+// ten times that (bench/latest-engine-bulk/pipe-size/). If the kernel
+// refuses, the pipe works as made, with more splices.
+func growPipe(pp [2]int, size int) {
+	if size > 0 {
+		unix.FcntlInt(uintptr(pp[0]), unix.F_SETPIPE_SZ, size)
+	}
+}
+
+// splicePipeSize is what the engines grow their splice pipes to: pipeSize
+// where the kernel's per-user pipe quotas spare this process, else 0, the
+// kernel's default (64 KiB). A user without CAP_SYS_RESOURCE or
+// CAP_SYS_ADMIN may hold fs.pipe-user-pages-soft pages of pipes (64 MiB by
+// default) before every pipe it makes gets 2 slots instead of 16: 64 pipes
+// of 1 MiB, the goroutine engine's idle pool alone, would use all of it.
+func splicePipeSize() int {
+	if pipeQuotaExempt() {
+		return pipeSize
+	}
+	return 0
+}
+
+// pipeQuotaExempt reports whether this process has CAP_SYS_RESOURCE or
+// CAP_SYS_ADMIN in its effective set, which the kernel's pipe quotas
+// spare (pipe_is_unprivileged_user); false if it cannot tell.
+func pipeQuotaExempt() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData // version 3: two words of 32 capabilities
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	return has(unix.CAP_SYS_RESOURCE) || has(unix.CAP_SYS_ADMIN)
+}
+
 // closePipe closes a pipe openPipe opened and gives its descriptors back.
 func closePipe(fds *fdBudget, pp [2]int) {
 	unix.Close(pp[0])
@@ -135,9 +171,10 @@ type tcpCopier struct {
 	pipes *pipePool
 }
 
-// pipeSize is what a pipe holds, and the most one splice moves: Go's own
-// splice uses 1 MiB pipes (a bulk transfer at 64 KiB ran 8 % slower, with
-// more CPU). A pipe's pages are the kernel's only while bytes are in it.
+// pipeSize is what a pipe is grown to where the pipe quotas allow it
+// (splicePipeSize), and the most one splice moves: Go's own splice uses
+// 1 MiB pipes (a bulk transfer at 64 KiB ran 8 % slower, with more CPU). A
+// pipe's pages are the kernel's only while bytes are in it.
 const pipeSize = 1 << 20
 
 func newTCPCopier(fds *fdBudget) *tcpCopier {
