@@ -188,6 +188,16 @@ type iptablesPlane struct {
 type latestState struct {
 	mu   sync.Mutex
 	last *lb.Snapshot
+	// resynced is told when a resync has applied the newest state: the
+	// proxy's health, which a failed sync leaves pending (applier.publish).
+	resynced func()
+}
+
+// setResynced sets what a successful resync tells.
+func (l *latestState) setResynced(f func()) {
+	l.mu.Lock()
+	l.resynced = f
+	l.mu.Unlock()
 }
 
 // applyNewest records snap as the newest and applies it with apply, under
@@ -206,7 +216,13 @@ func (l *latestState) reapplyNewest(apply func(*lb.Snapshot) error) error {
 	if l.last == nil {
 		return nil
 	}
-	return apply(l.last)
+	if err := apply(l.last); err != nil {
+		return err
+	}
+	if l.resynced != nil {
+		l.resynced()
+	}
+	return nil
 }
 
 func iptablesOptions(cfg *config.Config, v6 bool, node nodeFacts) iptables.Options {

@@ -501,6 +501,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 	defer svcHealth.Close()
 	sink := &applier{plane: plane, local: local, health: health, metrics: metrics, log: log, first: make(chan struct{}), svcHealth: svcHealth,
 		release: make(chan struct{}, 1)}
+	sink.followResyncs()
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
 		SetVerbosity: verbosity.Set, Dump: plane.Dump, Configz: cfg.Configz()}
@@ -937,6 +938,9 @@ type applier struct {
 	clock func() time.Time
 	// events records kube-proxy's Kubernetes Events (nil: no API).
 	events *kubeEvents
+	// staleOnFailure: a failed apply leaves health pending, not updated
+	// (followResyncs).
+	staleOnFailure bool
 
 	mu        sync.Mutex
 	err       error
@@ -1006,6 +1010,20 @@ func portNames(names []lb.ServicePortName) string {
 
 func (a *applier) Publish(snap *lb.Snapshot) { a.publish(snap) }
 
+// followResyncs makes a failed sync leave the proxy's health pending when
+// the plane retries it itself (the kernel modes' resync loops), and a
+// successful resync mark it updated, as kube-proxy's syncs do: a node whose
+// rules cannot be written answers 503 on /healthz once the change has
+// waited twice the sync period. In userspace mode a listener that could not
+// be opened makes /healthz 503 at once (SetUnserved), and a failed apply
+// counts as processed.
+func (a *applier) followResyncs() {
+	if r, ok := a.plane.(interface{ setResynced(func()) }); ok {
+		r.setResynced(a.health.Updated)
+		a.staleOnFailure = true
+	}
+}
+
 // PublishTimed is Publish, then, if the state was applied, the time from
 // each change to the moment the data plane had it into kube-proxy's
 // network programming latency and sluice's update apply histogram. That
@@ -1067,7 +1085,14 @@ func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
 	}
 	a.mu.Unlock()
 	took := a.now().Sub(start) // the whole sync, as kube-proxy's duration is
-	a.health.Updated()
+	if err != nil && a.staleOnFailure {
+		// As kube-proxy: the change stays pending until a sync applies it
+		// (the plane's resync, followResyncs), and /healthz answers 503
+		// once it has waited the health timeout.
+		a.health.QueuedUpdate()
+	} else {
+		a.health.Updated()
+	}
 	if err != nil {
 		// Not "state applied", and not counted as a sync: what failed
 		// (each part logged above) is retried by the plane's resync, and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -95,6 +96,80 @@ func TestAFailedApplyIsNotReportedAsApplied(t *testing.T) {
 	}
 	if a.lastErr() == nil {
 		t.Fatal("the failure is not kept for --bind-address-hard-fail")
+	}
+}
+
+// resyncPlane is a kernel plane's sync state (latestState) whose syncs fail
+// while fail is set, as a refused iptables-restore does.
+type resyncPlane struct {
+	latestState
+	fail bool
+}
+
+func (p *resyncPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.apply) }
+func (p *resyncPlane) apply(*lb.Snapshot) error {
+	if p.fail {
+		return errors.New("iptables-restore: killed")
+	}
+	return nil
+}
+func (p *resyncPlane) Dump() any { return nil }
+func (p *resyncPlane) Tick()     {}
+
+// In the kernel modes a change that failed to apply stays pending, as in
+// kube-proxy, whose syncs mark the health server updated only when they
+// succeed: /healthz turns 503 once the change has waited the timeout, and
+// 200 again when the plane's resync applies it. A userspace plane's failed
+// apply still counts as processed (its unopened listeners make /healthz
+// 503 at once instead).
+func TestAFailedKernelSyncLeavesHealthPendingUntilAResync(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	clock := func() time.Time { return now }
+	newApplier := func(plane dataPlane) *applier {
+		a := &applier{plane: plane, local: &localAddrs{}, health: admin.NewHealth(time.Minute, clock), metrics: admin.NewMetrics(),
+			log: slog.New(slog.NewTextHandler(io.Discard, nil)), first: make(chan struct{})}
+		a.followResyncs()
+		return a
+	}
+	healthy := func(a *applier) bool { ok, _, _ := a.health.Healthy(); return ok }
+
+	p := &resyncPlane{}
+	a := newApplier(p)
+	a.Publish(lb.NewSnapshot(nil))
+	if !healthy(a) {
+		t.Fatal("unhealthy after a successful first sync")
+	}
+	p.fail = true
+	a.Queued()
+	a.Publish(lb.NewSnapshot(nil))
+	now = now.Add(59 * time.Second)
+	if !healthy(a) {
+		t.Fatal("unhealthy before the failed change has waited the timeout")
+	}
+	now = now.Add(time.Second)
+	if healthy(a) {
+		t.Fatal("healthy with a change that failed to apply a minute ago")
+	}
+	if err := p.reapplyNewest(p.apply); err == nil {
+		t.Fatal("the resync applied while syncs still fail")
+	}
+	if healthy(a) {
+		t.Fatal("healthy after a failed resync")
+	}
+	p.fail = false
+	if err := p.reapplyNewest(p.apply); err != nil {
+		t.Fatal(err)
+	}
+	if !healthy(a) {
+		t.Fatal("still unhealthy after a resync applied the change")
+	}
+
+	u := newApplier(failingPlane{errors.New("VIP capture: nft: refused")})
+	u.Queued()
+	u.Publish(lb.NewSnapshot(nil))
+	now = now.Add(time.Hour)
+	if !healthy(u) {
+		t.Fatal("a userspace plane's failed apply left health pending")
 	}
 }
 
