@@ -1100,7 +1100,7 @@ func TestGoroutineEngineHoldsSplicePipesOnlyInFlight(t *testing.T) {
 // ones back; past the budget get says no.
 func TestPipePoolIsBoundedAndBudgeted(t *testing.T) {
 	fds := newFDBudget(2 * (maxIdlePipes + 10))
-	p := newPipePool(fds)
+	p := newPipePool(fds, splicePipeSize(), maxIdlePipes)
 	// The pool's own descriptors are counted by what they link to, not
 	// every pipe of the process: another test's engine may still be
 	// closing its own (this counted 144-146 of 148 on a busy machine).

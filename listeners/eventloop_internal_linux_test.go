@@ -52,13 +52,15 @@ func (e *EventLoop) loopState() elState {
 					}
 				}
 			}
-			for _, pp := range l.pipes {
+			l.pipes.mu.Lock()
+			for _, pp := range l.pipes.idle {
 				n, err := unix.FcntlInt(uintptr(pp[0]), unix.F_GETPIPE_SZ, 0)
 				if err != nil {
 					n = -1
 				}
 				st.kept = append(st.kept, n)
 			}
+			l.pipes.mu.Unlock()
 		})
 	}
 	return st

@@ -55,8 +55,6 @@ type EventLoop struct {
 	// ringFailures counts rings that failed later and were given up.
 	ringErr      error
 	ringFailures atomic.Int64
-	// pipeSize is what splice pipes are grown to (splicePipeSize).
-	pipeSize int
 }
 
 // NewEventLoop starts the loops.
@@ -80,7 +78,8 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 	if runtime.GOMAXPROCS(0) <= n {
 		runtime.GOMAXPROCS(n + 1)
 	}
-	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs), registerReqs: make(chan *registerReq, 16), pipeSize: splicePipeSize()}
+	e := &EventLoop{opts: opts, fds: newFDBudget(opts.MaxFDs), registerReqs: make(chan *registerReq, 16)}
+	pipeSize := splicePipeSize()
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -90,6 +89,8 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 			}
 			return nil, err
 		}
+		// Each loop keeps its share of the engine's idle pipes.
+		l.pipes = newPipePool(e.fds, pipeSize, max(2, maxIdlePipes/n))
 		e.loops = append(e.loops, l)
 	}
 	e.ringErr = errIOUringOff
@@ -260,7 +261,7 @@ func (e *EventLoop) stopLoopsOnce() {
 	}
 	e.stopped.Wait()
 	for _, l := range e.loops {
-		l.trimPipes(0)
+		l.pipes.close()
 		unix.Close(l.epfd)
 		unix.Close(l.wakefd)
 		if l.ring != nil {
@@ -293,9 +294,10 @@ type loop struct {
 	again   []func()   // UDP sockets that yielded with work left
 	timers  deadlines
 	free    [][]byte // spare copy buffers
-	// pipes are empty splice pipes kept for the next bulk burst: a
-	// direction holds one only while bytes are in flight (takePipe).
-	pipes [][2]int
+	// pipes are the splice pipes kept for the next bulk burst: a
+	// direction holds one only while bytes are in flight (spliceStep).
+	// The loop alone uses it, so its lock is never contended.
+	pipes *pipePool
 	// ring batches the turn's stream recvs and sends (nil: plain
 	// syscalls); ioOps are those queued on it, ioSpare the last batch's
 	// room (eventloop_io_linux.go).
@@ -527,50 +529,6 @@ func (l *loop) putBuf(b []byte) {
 	if len(l.free) < 64 { // keep a few warm; let the GC have the rest
 		l.free = append(l.free, b)
 	}
-}
-
-// takePipe returns an empty splice pipe, a kept one or a new one grown to
-// the engine's pipe size; false when the descriptor budget or the kernel
-// has none.
-func (l *loop) takePipe() ([2]int, bool) {
-	if n := len(l.pipes); n > 0 {
-		pp := l.pipes[n-1]
-		l.pipes = l.pipes[:n-1]
-		return pp, true
-	}
-	pp, ok := openPipe(l.e.fds)
-	if ok {
-		growPipe(pp, l.e.pipeSize)
-	}
-	return pp, ok
-}
-
-// givePipe takes back an empty pipe. The loop keeps at most its share of
-// maxIdlePipes, and two per open connection (none once the last has
-// ended), as the goroutine engine's pool does; the rest are closed.
-func (l *loop) givePipe(pp [2]int) {
-	if len(l.pipes) < l.keepPipes() {
-		l.pipes = append(l.pipes, pp)
-		return
-	}
-	closePipe(l.e.fds, pp)
-}
-
-// keepPipes is how many empty pipes the loop keeps now.
-func (l *loop) keepPipes() int {
-	return min(max(2, maxIdlePipes/len(l.e.loops)), 2*l.conns.n)
-}
-
-// trimPipes closes the kept pipes past keep; it returns how many.
-func (l *loop) trimPipes(keep int) int {
-	gone := 0
-	for len(l.pipes) > keep {
-		n := len(l.pipes) - 1
-		closePipe(l.e.fds, l.pipes[n])
-		l.pipes = l.pipes[:n]
-		gone++
-	}
-	return gone
 }
 
 // wait is one epoll_wait. With BusyPoll, a wait that would sleep first
@@ -1044,7 +1002,7 @@ func (s *elTCPSocket) event(uint32) {
 		// A connection's two descriptors (client and backend) are taken
 		// before the accept: past the budget, clients wait in the accept
 		// queue rather than the process running out.
-		if !fds.take(2) && (s.l.trimPipes(0) == 0 || !fds.take(2)) {
+		if !fds.take(2) && (!s.l.pipes.shed() || !fds.take(2)) {
 			// The kept pipes' descriptors go first.
 			s.pause()
 			return
@@ -1567,18 +1525,13 @@ func (c *tcpConn) received(p *pipe, buf []byte, n int, err error) (moved, ok boo
 	return moved, true
 }
 
-// dropPipe gives p's pipe back to the loop once it is empty, or closes it
-// when bytes are left in it (the connection is going).
+// dropPipe gives p's pipe back to the loop's pool; one with bytes left in
+// it (the connection is going) is closed.
 func (c *tcpConn) dropPipe(p *pipe) {
-	if !p.piped {
-		return
+	if p.piped {
+		c.l.pipes.put(p.kpipe, p.inPipe == 0)
+		p.piped, p.inPipe = false, 0
 	}
-	if p.inPipe == 0 {
-		c.l.givePipe(p.kpipe)
-	} else {
-		closePipe(c.l.e.fds, p.kpipe)
-	}
-	p.piped, p.inPipe = false, 0
 }
 
 const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
@@ -1605,7 +1558,7 @@ func (c *tcpConn) spliceStep(p *pipe) (moved, ok bool) {
 	}
 	if p.inPipe == 0 && !p.eof && p.src.readable {
 		if !p.piped {
-			kp, ok := c.l.takePipe()
+			kp, ok := c.l.pipes.get()
 			if !ok {
 				p.spliced, p.bulk = false, false
 				m, ok := c.copyStep(p)
@@ -1640,16 +1593,14 @@ func (c *tcpConn) release() {
 			c.l.putBuf(p.buf)
 			p.buf = nil
 		}
+		c.dropPipe(p)
 		p.spliced = false
 	}
 	c.l.e.fds.give(2) // client and backend, taken at the accept
 	c.stopTimer()
 	c.l.giveWalk(c)
 	c.l.conns.remove(c)
-	for _, p := range [2]*pipe{&c.up, &c.down} {
-		c.dropPipe(p) // after remove: kept only while connections are open
-	}
-	c.l.trimPipes(c.l.keepPipes())
+	c.l.pipes.trim(2 * c.l.conns.n) // two per open connection at most
 	c.l.ended = append(c.l.ended, c)
 	c.t.counters().Closed(c.up.bytes, c.down.bytes)
 	c.l.e.active.Done()

@@ -18,31 +18,35 @@ import (
 // in flight.
 const goConnFDs = 2
 
-// maxIdlePipes bounds the pipes the pool keeps between bursts: past it a
+// maxIdlePipes bounds the pipes an engine keeps between bursts: past it a
 // pipe given back is closed. HAProxy keeps at most maxconn/4 pipes.
 const maxIdlePipes = 64
 
-// pipePool is the goroutine engine's own pool of splice pipes (issue 12).
-// io.Copy's splice takes a pipe from Go's pool for each direction and
+// pipePool is a pool of splice pipes: the goroutine engine's (issue 12),
+// and each event loop's. io.Copy's splice takes a pipe from Go's pool for each direction and
 // keeps it for the connection's whole life, idle time included: four
 // descriptors per connection, which only a garbage collection gives back
 // after a peak. Here a direction takes a pipe when its source has bytes,
 // keeps it while the next read finds more, and gives it back when its
 // source has nothing, so an idle connection holds none, and what stays
 // after a peak is at most
-// maxIdlePipes and two per connection still open, at once, without any
-// collection: none once the last connection has ended. Every pipe's two
-// descriptors are taken from the engine's budget while the pipe exists.
+// max (maxIdlePipes, or a loop's share of it) and two per connection
+// still open, at once, without any collection: none once the last
+// connection has ended (the engine trims it). Every pipe's two descriptors
+// are taken from the engine's budget while the pipe exists.
 type pipePool struct {
 	fds  *fdBudget
 	size int // what each new pipe is grown to (splicePipeSize); 0: left as made
+	max  int // the most idle pipes kept
 
 	mu     sync.Mutex
 	idle   [][2]int // read end, write end; empty, non-blocking
 	closed bool
 }
 
-func newPipePool(fds *fdBudget) *pipePool { return &pipePool{fds: fds, size: splicePipeSize()} }
+func newPipePool(fds *fdBudget, size, max int) *pipePool {
+	return &pipePool{fds: fds, size: size, max: max}
+}
 
 // get returns an empty pipe; false when the budget or the kernel has no
 // descriptors for one.
@@ -63,11 +67,11 @@ func (p *pipePool) get() ([2]int, bool) {
 }
 
 // put takes a pipe back. One that may still hold bytes (a write failed
-// half-way) is closed, as is one past maxIdlePipes or after close.
+// half-way) is closed, as is one past max or after close.
 func (p *pipePool) put(pp [2]int, empty bool) {
 	if empty {
 		p.mu.Lock()
-		if !p.closed && len(p.idle) < maxIdlePipes {
+		if !p.closed && len(p.idle) < p.max {
 			p.idle = append(p.idle, pp)
 			p.mu.Unlock()
 			return
@@ -178,7 +182,7 @@ type tcpCopier struct {
 const pipeSize = 1 << 20
 
 func newTCPCopier(fds *fdBudget) *tcpCopier {
-	return &tcpCopier{pipes: newPipePool(fds)}
+	return &tcpCopier{pipes: newPipePool(fds, splicePipeSize(), maxIdlePipes)}
 }
 
 func (t *tcpCopier) close() { t.pipes.close() }
