@@ -61,6 +61,67 @@ type Objects struct {
 	// ignoreNodeHints drops the slices' node hints as they are decoded
 	// (kube-proxy's PreferSameTrafficDistribution gate off).
 	ignoreNodeHints bool
+	// fast: this load carries what the last clean load (last) found where
+	// it is again, unchanged: the objects of a file not read again, and
+	// of each document read again with the same text at the same place,
+	// are taken from last's lists, without a claim of their origins (at
+	// 10k Services in one file, the claims and adds were a third of a
+	// reload, and splitting the text another). An origin entry of baseGen
+	// or later then marks where a live object is found, claimed or not.
+	// A claim that meets one at another place cannot tell whether that
+	// document is still there, so it sets aborted, and the load is made
+	// again, claiming every object (see add).
+	fast    bool
+	baseGen uint64
+	aborted bool
+	last    *lastLoad
+	// slots are the document slots the load left (the cache's, until its
+	// next load), for Origin to tell a carried object from a gone one.
+	slots map[string][]docSlot
+}
+
+// lastLoad is what the last clean load found, in load order.
+type lastLoad struct {
+	services []*Service
+	slices   []*Slice
+	//lint:ignore SA1019 v1 Endpoints are read on purpose, for older manifests
+	endpoints []*corev1.Endpoints
+}
+
+// The kinds of object a document gives, as a slot records them.
+const (
+	kindNone uint8 = iota
+	kindService
+	kindSlice
+	kindEndpoints
+)
+
+// kindOf is obj's kind.
+func kindOf(obj any) uint8 {
+	switch obj.(type) {
+	case *Service:
+		return kindService
+	case *Slice:
+		return kindSlice
+	}
+	return kindEndpoints
+}
+
+// lens are the lengths of o's lists, by kind.
+func (o *Objects) lens() [3]int32 {
+	return [3]int32{int32(len(o.Services)), int32(len(o.EndpointSlices)), int32(len(o.Endpoints))}
+}
+
+// carryOne adds the i-th object of kind of the last load.
+func (o *Objects) carryOne(kind uint8, i int32) {
+	switch kind {
+	case kindService:
+		o.Services = append(o.Services, o.last.services[i])
+	case kindSlice:
+		o.EndpointSlices = append(o.EndpointSlices, o.last.slices[i])
+	default:
+		o.Endpoints = append(o.Endpoints, o.last.endpoints[i])
+	}
 }
 
 // SkippedKind is a kind of object the manifests hold and sluice does not
@@ -336,15 +397,53 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
 		}
 	}
+	if cache == nil {
+		objs, errs, read := loadFiles(files, stats, quiet, nil, maxBytes, false)
+		if objs == nil { // over the size limit
+			return nil, read, errs[0]
+		}
+		if len(errs) > 0 {
+			return nil, objs.decoded, errors.Join(errs...)
+		}
+		return objs, objs.decoded, nil
+	}
+	cache.begin()
+	fast := cache.last != nil
+	objs, errs, read := loadFiles(files, stats, quiet, cache, maxBytes, fast)
+	if objs != nil && objs.aborted {
+		cache.abandon()
+		objs, errs, read = loadFiles(files, stats, quiet, cache, maxBytes, false)
+	}
+	cache.end()
+	cache.last = nil
+	if objs == nil { // over the size limit
+		return nil, read, errs[0]
+	}
+	cache.services, cache.slices = len(objs.Services), len(objs.EndpointSlices)
+	if len(errs) > 0 {
+		return nil, objs.decoded, errors.Join(errs...)
+	}
+	cache.last = &lastLoad{objs.Services, objs.EndpointSlices, objs.Endpoints}
+	if !objs.fast {
+		cache.baseGen = objs.gen // it claimed every object it holds
+	}
+	return objs, objs.decoded, nil
+}
+
+// loadFiles reads files (stats and quiet as loadManifests found them) into
+// a new Objects, through cache when there is one, carrying what the last
+// load found when fast (see Objects.fast). Over maxBytes, it returns no
+// Objects and the one error.
+func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *DocCache, maxBytes int64, fast bool) (*Objects, []error, int64) {
 	objs := newObjects()
 	if cache != nil {
-		cache.begin()
 		// The cache's origins, which outlive a load: an object found where
 		// it was last time takes its entry from its document's, with no
 		// map look-up (a look-up and an insert per object were a fifth of
 		// a reload of a 10k-Service file).
 		objs.origin, objs.gen = &cache.origins, cache.gen
 		objs.forNode, objs.node, objs.ignoreNodeHints = true, cache.node, cache.ignoreNodeHints
+		objs.fast, objs.baseGen, objs.last = fast, cache.baseGen, cache.last
 		// Sized as last time: grown by appends they were 0.6 MB more.
 		objs.Services = make([]*Service, 0, cache.services)
 		objs.EndpointSlices = make([]*Slice, 0, cache.slices)
@@ -352,6 +451,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 	var errs []error
 	var read int64
 	for i, f := range files {
+		if objs.aborted {
+			break // made again by the caller
+		}
 		if st := quiet[i]; st != nil {
 			errs = append(errs, objs.replay(f, st, cache)...)
 			cache.keep(f, st)
@@ -387,12 +489,11 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		}
 		read += int64(len(data))
 		if maxBytes > 0 && read > maxBytes { // grew since the check above
-			cache.end()
-			return nil, read, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}
+			return nil, []error{&ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}}, read
 		}
 		before, lists, skipped := objs.count(), objs.emptyLists, objs.skipped
 		if cache != nil {
-			objs.rec = &fileState{readAt: readAt}
+			objs.rec = &fileState{readAt: readAt, starts: objs.lens()}
 		}
 		ferrs := objs.decode(f, data, cache)
 		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped {
@@ -404,24 +505,40 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		if rec := objs.rec; rec != nil && len(ferrs) == 0 && objs.count()-before == rec.objects {
 			if id, ok := identify(fi); ok { // fi: the stat readStable took after reading
 				rec.id, rec.emptyLists = id, objs.emptyLists-lists
+				lens := objs.lens()
+				for k := range lens {
+					rec.counts[k] = lens[k] - rec.starts[k]
+				}
 				cache.nextFiles[f] = rec
 			}
 		}
 		objs.rec = nil
 	}
-	cache.end()
 	if cache != nil {
-		cache.services, cache.slices = len(objs.Services), len(objs.EndpointSlices)
+		objs.slots = cache.nextSlots
 	}
-	if len(errs) > 0 {
-		return nil, objs.decoded, errors.Join(errs...)
-	}
-	return objs, objs.decoded, nil
+	return objs, errs, read
 }
 
 // replay adds what an unchanged file gave when it was read, keeping its
 // documents in the document cache.
 func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
+	starts := o.lens()
+	defer func() { st.starts = starts }()
+	if o.fast {
+		// The same documents at the same places: the last load's objects,
+		// in one copy per kind.
+		s, n := st.starts, st.counts
+		o.Services = append(o.Services, o.last.services[s[0]:s[0]+n[0]]...)
+		o.EndpointSlices = append(o.EndpointSlices, o.last.slices[s[1]:s[1]+n[1]]...)
+		o.Endpoints = append(o.Endpoints, o.last.endpoints[s[2]:s[2]+n[2]]...)
+		cache.carriedFiles++
+		for _, sk := range st.skipped {
+			o.skip(sk.gv, sk.where)
+		}
+		o.emptyLists += st.emptyLists
+		return nil
+	}
 	var errs []error
 	for i, d := range st.docs {
 		if d.e == nil {
@@ -600,6 +717,32 @@ type DocCache struct {
 	// symlinks counts the manifest files of the last listing that are
 	// not regular files (symbolic links to them).
 	symlinks int
+	// last is what the last load found when it was clean (nil when it
+	// was not), for the next one to carry (see Objects.fast); baseGen
+	// is the oldest load whose origin entries still mark where a live
+	// object is: every object found since was claimed by it or a later
+	// load, or carried.
+	last    *lastLoad
+	baseGen uint64
+	// carried counts the documents loads carried, carriedFiles the files
+	// they carried whole, and aborts the carrying loads made again, for
+	// tests.
+	carried, carriedFiles, aborts int
+}
+
+// abandon forgets what an aborted carrying load recorded, for the load
+// to be made again as a new one. The slots of the files it read hold what
+// the files hold now (a slot is a decoding and its text's key, true of
+// any load), and the records of those files still differ from them, so
+// they are read again.
+func (c *DocCache) abandon() {
+	clear(c.nextFiles)
+	clear(c.nextSlots)
+	clear(c.pending)
+	c.pending = c.pending[:0]
+	c.gen++
+	c.origins.gen = c.gen
+	c.aborts++
 }
 
 // docSlot is the doc-th document of a file as the last load saw it:
@@ -608,6 +751,58 @@ type DocCache struct {
 type docSlot struct {
 	key docKey
 	e   *docEntry // nil when the place held no cacheable document
+	// docLen and sepLen are the lengths of the document's text and of
+	// the separator line that ended it (0: none, the file's end), for a
+	// load to find the same text at the same place without splitting the
+	// file again (carries); docLen is 0 when they did not fit.
+	docLen uint32
+	sepLen uint16
+	kind   uint8 // e's object's kind
+}
+
+// carries reports whether data at pos is the document sl holds, ended as
+// it was, and where the next document starts. Text equal to a document's
+// splits as it did (the split looks at nothing before a document's
+// start), so it is taken as that document without a look for the next
+// separator.
+func (c *DocCache) carries(data []byte, pos int, sl *docSlot) (next int, ok bool) {
+	if sl.e == nil || sl.docLen == 0 {
+		return 0, false
+	}
+	end := pos + int(sl.docLen)
+	next = end + int(sl.sepLen)
+	if next > len(data) {
+		return 0, false
+	}
+	if sl.sepLen == 0 {
+		if end != len(data) {
+			return 0, false // more text after what was the last document
+		}
+	} else if !separatorLine(data[end:next], next == len(data)) {
+		return 0, false
+	}
+	// One of the key's two hashes, for text of the same length at the
+	// same place: odds of a false match of 2^-64 a document, under a seed
+	// no one outside the process knows to aim at, for half the hashing
+	// (the hashing was half of a reload of a 10k-Service file).
+	if maphash.Bytes(c.seeds[0], data[pos:end]) != sl.key[0] {
+		return 0, false
+	}
+	return next, true
+}
+
+// separatorLine reports whether line is one whole line that ends a
+// document as yamlDocuments reads it ("---", then blanks or a comment),
+// the file's last line when atEnd.
+func separatorLine(line []byte, atEnd bool) bool {
+	if !bytes.HasPrefix(line, []byte("---")) {
+		return false
+	}
+	if i := bytes.IndexByte(line, '\n'); i != len(line)-1 && (i >= 0 || !atEnd) {
+		return false
+	}
+	rest := bytes.TrimSpace(line[3:])
+	return len(rest) == 0 || rest[0] == '#'
 }
 
 // place is where a load found a document: its file and its number there
@@ -700,10 +895,14 @@ type fileState struct {
 	// each reload's garbage); those with no object (e nil) gave
 	// none. They change only when the file is read again, and then this
 	// record is replaced.
-	docs       []docSlot
-	objects    int // the objects the documents gave
-	skipped    []skippedDoc
-	emptyLists int
+	docs    []docSlot
+	objects int // the objects the documents gave
+	// starts are where the objects of each kind the documents gave start
+	// in the lists of the last load that found them, and counts how many
+	// there are.
+	starts, counts [3]int32
+	skipped        []skippedDoc
+	emptyLists     int
 }
 
 type skippedDoc struct{ gv, where string }
@@ -842,6 +1041,14 @@ func (c *DocCache) end() {
 		}
 		if len(c.docs) > 2*live+slack || len(c.origins.m) > 2*live+slack {
 			c.sweeps++
+			// What a carrying load carried is live but unstamped.
+			for _, ss := range c.nextSlots {
+				for _, d := range ss {
+					if d.e != nil {
+						d.e.gen, d.e.origin.gen = c.gen, c.gen
+					}
+				}
+			}
 			for k, e := range c.docs {
 				if e.gen != c.gen {
 					delete(c.docs, k)
@@ -915,8 +1122,34 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		clear(pending) // the list is kept for the next file's: it must keep no decoding alive
 		pending = pending[:0]
 	}
+	// Carrying (see Objects.fast), old are where the next object of each
+	// kind the file gave in the last load is in its lists: a document
+	// found again as it was is that object.
+	var old [3]int32
+	st := cache.files[file]
+	carry := o.fast && st != nil
+	if carry {
+		old = st.starts
+	}
 	doc := 1
 	for ; ; doc++ {
+		if carry && doc <= len(ss) {
+			sl := &ss[doc-1]
+			if next, ok := cache.carries(data, split.pos, sl); ok {
+				addPending() // first, in the order of the file
+				o.carryOne(sl.kind, old[sl.kind-1])
+				old[sl.kind-1]++
+				split.pos = next
+				cache.carried++
+				if o.rec != nil {
+					o.rec.objects++
+				}
+				continue
+			}
+			if sl.e != nil {
+				old[sl.kind-1]++ // replaced: not this load's
+			}
+		}
 		raw, err := split.next()
 		if err == io.EOF {
 			break
@@ -924,6 +1157,13 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		var sl *docSlot
 		ss, sl = slot(ss, doc)
 		at := place{file, doc}
+		// Where the text was, for the next load to find it again (a text
+		// whose line ends were rewritten hashes unlike the file's bytes, so
+		// it is never carried).
+		sl.docLen, sl.sepLen = 0, 0
+		if n := split.end - split.last; n < 1<<32 && split.pos-split.end <= 0xffff {
+			sl.docLen, sl.sepLen = uint32(n), uint16(split.pos-split.end)
+		}
 		if err != nil {
 			sl.e = nil
 			addPending()
@@ -941,7 +1181,11 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			e = cache.lookup(key)
 		}
 		if e != nil {
-			sl.key, sl.e = key, e
+			sl.key, sl.e, sl.kind = key, e, kindOf(e.obj)
+			if o.unsure(e.origin, at) {
+				o.aborted = true // found early: the load is made again (a document moved)
+				break
+			}
 			pending = append(pending, pendingAdd{doc, e})
 			continue
 		}
@@ -965,7 +1209,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			// next read overwrites.
 			e := &docEntry{cachedDoc: *dc, gen: cache.gen}
 			cache.docs[key] = e
-			sl.key, sl.e = key, e
+			sl.key, sl.e, sl.kind = key, e, kindOf(e.obj)
 			if o.rec != nil {
 				o.rec.objects++
 			}
@@ -992,6 +1236,7 @@ type yamlDocuments struct {
 	data []byte
 	pos  int
 	last int // where the document next returned starts
+	end  int // and where its text ends (its separator line, if any, starts)
 }
 
 // yamlLine is the "line N" a YAML error names, relative to its document.
@@ -1042,14 +1287,14 @@ func (y *yamlDocuments) next() ([]byte, error) {
 			return nil, fmt.Errorf("invalid Yaml document separator: %s", rest)
 		}
 		if lineStart > start {
-			y.last = start
+			y.last, y.end = start, lineStart
 			return lineEnds(y.data[start:lineStart]), nil
 		}
 		// A separator that would end an empty document opens the next one
 		// instead (YAMLReader keeps it in that document's text).
 	}
 	if y.pos > start {
-		y.last = start
+		y.last, y.end = start, y.pos
 		doc := lineEnds(y.data[start:y.pos:y.pos])
 		if doc[len(doc)-1] != '\n' {
 			// YAMLReader ends the last line with a newline, which a block
@@ -1101,6 +1346,9 @@ func (o *Objects) decodeStream(file string, data []byte) []error {
 // add records one decoded object, refusing a second object of the same
 // kind, namespace and name.
 func (o *Objects) add(at place, c *docEntry) []error {
+	if o.unsure(c.origin, at) {
+		o.aborted = true
+	}
 	if first, dup := c.origin.claim(at, o.gen); dup {
 		return []error{&ManifestError{File: at.String(), Object: c.id, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", first)}}
 	}
@@ -1114,6 +1362,15 @@ func (o *Objects) add(at place, c *docEntry) []error {
 		o.Endpoints = append(o.Endpoints, obj.(*corev1.Endpoints))
 	}
 	return nil
+}
+
+// unsure reports whether a carrying load cannot claim e at at: its object
+// was found elsewhere since the load that last claimed every object, and
+// that document may have been carried (then this is a duplicate) or may
+// be gone (a move). Only a load that claims every object can tell, so the
+// load is made again as one.
+func (o *Objects) unsure(e *originEntry, at place) bool {
+	return o.fast && e.gen != o.gen && e.gen >= o.baseGen && e.at != at
 }
 
 // decodeObject decodes one document. It returns the object as a cacheable
@@ -1228,10 +1485,20 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 
 // Origin returns where this load found an object ("Kind ns/name"), or "".
 func (o *Objects) Origin(id string) string {
-	if e := o.origin.m[id]; e != nil && e.gen == o.gen {
-		return e.at.String()
+	e := o.origin.m[id]
+	if e == nil || e.gen != o.gen && !(o.fast && e.gen >= o.baseGen && o.holds(e)) {
+		return ""
 	}
-	return ""
+	return e.at.String()
+}
+
+// holds reports whether the document at e's place in this load is e's
+// object's: an entry a carrying load did not claim is live only where
+// its document was carried.
+func (o *Objects) holds(e *originEntry) bool {
+	ss := o.slots[e.at.file]
+	d := e.at.doc
+	return d >= 1 && d <= len(ss) && ss[d-1].e != nil && ss[d-1].e.origin == e
 }
 
 // strictField splits a strict decoding error (`unknown field "spec.portz"`,

@@ -113,6 +113,40 @@ func BenchmarkManifestEditAt10k(b *testing.B) {
 	}
 }
 
+// BenchmarkManifestShiftAt10k is the first Service cut from (and, the
+// next op, put back at the head of) one file of 10,000: every document
+// after it moves, so a load cannot carry them and claims every object
+// again (the worst case for a reload of one file).
+func BenchmarkManifestShiftAt10k(b *testing.B) {
+	const n = 10000
+	dir := b.TempDir()
+	var all, rest bytes.Buffer
+	for i := 0; i < n; i++ {
+		text := manifestService(i, 100)
+		all.WriteString(text)
+		if i > 0 {
+			rest.WriteString(text)
+		}
+	}
+	file := filepath.Join(dir, "all.yaml")
+	os.WriteFile(file, all.Bytes(), 0o644)
+	sink := &editSink{}
+	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	if err := src.Load(); err != nil {
+		b.Fatal(err)
+	}
+	src.setWatching(true)
+	src.takeTouched()
+	timeReloads(b, src, sink, func(i int) {
+		if i%2 == 0 {
+			os.WriteFile(file, rest.Bytes(), 0o644)
+		} else {
+			os.WriteFile(file, all.Bytes(), 0o644)
+		}
+		src.touch(file)
+	})
+}
+
 // BenchmarkManifestAddAt10k is a Service added to (and, the next op,
 // removed from) a directory of 10,000 Services in 100 files, as a file of
 // its own, reloaded as the watch reloads it.
