@@ -795,6 +795,9 @@ func (c *DocCache) carries(data []byte, pos int, sl *docSlot) (next int, ok bool
 // document as yamlDocuments reads it ("---", then blanks or a comment),
 // the file's last line when atEnd.
 func separatorLine(line []byte, atEnd bool) bool {
+	if len(line) == 4 && line[0] == '-' && line[1] == '-' && line[2] == '-' && line[3] == '\n' {
+		return true // the usual one, without a call per document
+	}
 	if !bytes.HasPrefix(line, []byte("---")) {
 		return false
 	}
