@@ -164,8 +164,11 @@ type portalCapture struct {
 	worked                bool
 	frontsSeen, localSeen uint64
 	snap                  *lb.Snapshot
-	// failed: the last sync of the portals failed (Tick tries again).
-	failed bool
+	// failed: the last sync of the portals failed (Tick tries again);
+	// resynced is told when a sync after one that failed, not an Apply's,
+	// makes the portals the last worked out.
+	failed   bool
+	resynced func()
 	// partials counts the updates worked out from the changed ports
 	// alone (for tests).
 	partials int
@@ -221,7 +224,7 @@ func (c *portalCapture) watch(every time.Duration) {
 			continue
 		}
 		c.log.Warn("VIP capture: portals are gone (rules flushed); resyncing")
-		if err := c.syncAll(); err != nil {
+		if err := c.retry(); err != nil {
 			c.log.Error("VIP capture resync failed", "err", err)
 		} else {
 			c.log.Info("VIP capture: portals resynced")
@@ -394,13 +397,36 @@ func (c *portalCapture) resync() error {
 	if !failed {
 		return nil
 	}
-	return c.syncAll()
+	return c.retry()
+}
+
+// retry syncs every family outside an Apply, and tells resynced when it
+// mends a failed sync.
+func (c *portalCapture) retry() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	failed := c.failed
+	err := c.syncAllLocked()
+	if err == nil && failed && c.resynced != nil {
+		c.resynced()
+	}
+	return err
+}
+
+func (c *portalCapture) setResynced(f func()) {
+	c.mu.Lock()
+	c.resynced = f
+	c.mu.Unlock()
 }
 
 // syncAll makes every family's portals the last worked out.
 func (c *portalCapture) syncAll() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.syncAllLocked()
+}
+
+func (c *portalCapture) syncAllLocked() error {
 	var errs []error
 	for _, f := range c.fams {
 		if err := f.sync(c.allLocked()); err != nil {
@@ -553,6 +579,16 @@ type bindCapture struct {
 	mu     sync.Mutex // Apply and Tick run on different goroutines
 	binder *portals.Binder
 	last   []netip.Addr
+	// failed: the last assignment or removal failed; resynced is told
+	// when a resync then makes the addresses last's.
+	failed   bool
+	resynced func()
+}
+
+func (c *bindCapture) setResynced(f func()) {
+	c.mu.Lock()
+	c.resynced = f
+	c.mu.Unlock()
 }
 
 func serviceIPs(snap *lb.Snapshot) []netip.Addr {
@@ -574,18 +610,33 @@ func (c *bindCapture) before(snap *lb.Snapshot) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.last = serviceIPs(snap)
-	return c.binder.Ensure(c.last)
+	err := c.binder.Ensure(c.last)
+	c.failed = err != nil
+	return err
 }
 
 func (c *bindCapture) after(*lb.Snapshot, uint64, frontendLister) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.binder.Prune(c.last)
+	err := c.binder.Prune(c.last)
+	c.failed = c.failed || err != nil
+	return err
 }
 
+// resync assigns the service IPs again (an address removed behind
+// sluice's back comes back), and after a failure removes the unused ones
+// too; one that mends a failure tells resynced.
 func (c *bindCapture) resync() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.binder.Ensure(c.last)
+	err := c.binder.Ensure(c.last)
+	if err == nil && c.failed {
+		err = c.binder.Prune(c.last)
+	}
+	if err == nil && c.failed && c.resynced != nil {
+		c.resynced()
+	}
+	c.failed = err != nil
+	return err
 }
 func (c *bindCapture) close() {}

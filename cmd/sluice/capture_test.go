@@ -2,12 +2,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
+	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/kernel/portals"
 	"github.com/sluice-proxy/sluice/lb"
 	"github.com/sluice-proxy/sluice/listeners"
@@ -156,5 +159,94 @@ func TestPortalTargetsAreHeldByNumberedIP(t *testing.T) {
 	}
 	if held[4] != (heldTargets{}) {
 		t.Errorf("no targets held as %+v", held[4])
+	}
+}
+
+// failingAddrs is an address table whose additions fail while fail is set.
+type failingAddrs struct {
+	*portals.FakeAddrTable
+	fail bool
+}
+
+func (f *failingAddrs) Add(link int, a netip.Addr) error {
+	if f.fail {
+		return errors.New("RTM_NEWADDR: operation not permitted")
+	}
+	return f.FakeAddrTable.Add(link, a)
+}
+
+// In userspace mode a VIP capture that fails leaves the change pending,
+// as a kernel mode's failed sync does (the ClusterIPs are not served as
+// the state says): /healthz turns 503 once the change has waited the
+// timeout, and 200 again when the capture's own retry (the plane's Tick)
+// captures it; a failed retry keeps it 503. Through the iptables and
+// nftables portals and through bind. A listener that could not be opened
+// is not such a failure: it makes /healthz 503 at once instead, and
+// clears it when it opens.
+func TestAFailedVIPCaptureLeavesHealthPendingUntilItsRetry(t *testing.T) {
+	fam := &recordingPortals{}
+	addrs := &failingAddrs{FakeAddrTable: portals.NewFakeAddrTable()}
+	binder := &portals.Binder{Table: addrs}
+	if _, err := binder.Init(); err != nil {
+		t.Fatal(err)
+	}
+	local := &localAddrs{}
+	local.refresh()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		name    string
+		capture vipCapture
+		fail    func(bool)
+	}{
+		{"portals", newPortalCapture([]portalFamily{fam}, local, log), func(on bool) { fam.fail = on }},
+		{"bind", &bindCapture{binder: binder}, func(on bool) { addrs.fail = on }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1e9, 0)
+			health := admin.NewHealth(time.Minute, func() time.Time { return now })
+			srv := &listeners.Server{Engine: listeners.NewGoroutine(listeners.Options{}), BindAddress: netip.MustParseAddr("127.0.0.1"),
+				ProxyPorts: listeners.NewPortAllocator(0, 0), Retry: lb.DefaultRetryPolicy()}
+			defer srv.Close()
+			plane := userspacePlane{Server: srv, capture: tc.capture, metrics: admin.NewMetrics(), health: health, log: log}
+			a := &applier{plane: plane, local: local, health: health, metrics: admin.NewMetrics(), log: log, first: make(chan struct{})}
+			a.followResyncs()
+			healthy := func() bool { ok, _, _ := health.Healthy(); return ok }
+			// Each state a new ClusterIP: the capture has something to do.
+			state := 0
+			publish := func() {
+				state++
+				sp := &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("web%d", state), Port: "http", Protocol: lb.TCP},
+					ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(state)})}, Port: 80,
+					Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrOf(netip.MustParseAddrPort("127.0.0.1:1")), Ready: true, Serving: true}}}
+				a.Queued()
+				a.Publish(lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{sp.Name: sp}))
+			}
+			publish()
+			if !healthy() {
+				t.Fatal("unhealthy after a captured first state")
+			}
+			tc.fail(true)
+			publish()
+			now = now.Add(59 * time.Second)
+			if !healthy() {
+				t.Fatal("unhealthy before the failed capture has waited the timeout")
+			}
+			now = now.Add(time.Second)
+			if healthy() {
+				t.Fatal("healthy with a state the capture failed to capture a minute ago")
+			}
+			plane.Tick() // the retry fails too
+			if healthy() {
+				t.Fatal("healthy after a failed retry")
+			}
+			tc.fail(false)
+			plane.Tick()
+			if !healthy() {
+				t.Fatal("still unhealthy after the retry captured the state")
+			}
+			if plane.pendingAfter(errors.New("listen tcp 127.0.0.1:80: address already in use")) {
+				t.Fatal("a listener's failure alone left health pending")
+			}
+		})
 	}
 }

@@ -55,10 +55,37 @@ func (u userspacePlane) RetryListeners() {
 	u.health.SetUnserved(left)
 }
 
+// captureError is a failure of the VIP capture, which the capture retries
+// itself (its resync) and, once the retry has captured the newest state,
+// tells (setResynced).
+type captureError struct{ err error }
+
+func (e *captureError) Error() string { return "VIP capture: " + e.err.Error() }
+func (e *captureError) Unwrap() error { return e.err }
+
+// setResynced passes on to the capture what its successful retry of a
+// failed sync tells: the proxy's health, as a kernel mode's resync does.
+func (u userspacePlane) setResynced(f func()) {
+	if c, ok := u.capture.(interface{ setResynced(func()) }); ok {
+		c.setResynced(f)
+	}
+}
+
+// pendingAfter reports whether a failed Apply leaves its change pending
+// until the capture's retry captures it: when the capture failed, since
+// ClusterIPs are then not served as the state says, as a kernel mode's
+// rules would not be; a listener that could not be opened makes /healthz
+// 503 at once instead (SetUnserved) and clears it when a retry opens it.
+func (u userspacePlane) pendingAfter(err error) bool {
+	var ce *captureError
+	_, tells := u.capture.(interface{ setResynced(func()) })
+	return tells && errors.As(err, &ce)
+}
+
 func (u userspacePlane) Apply(snap *lb.Snapshot) error {
 	var errs []error
 	if err := u.capture.before(snap); err != nil {
-		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
+		errs = append(errs, &captureError{err})
 	}
 	if err := u.Server.Apply(snap); err != nil {
 		for range unjoin(err) {
@@ -70,7 +97,7 @@ func (u userspacePlane) Apply(snap *lb.Snapshot) error {
 	// Frontends only when the capture asks: listing and sorting every
 	// listener costs tens of milliseconds at 10k services.
 	if err := u.capture.after(snap, u.Server.FrontendsVersion(), u.Server); err != nil {
-		errs = append(errs, fmt.Errorf("VIP capture: %w", err))
+		errs = append(errs, &captureError{err})
 	}
 	return errors.Join(errs...)
 }
@@ -199,6 +226,10 @@ func (l *latestState) setResynced(f func()) {
 	l.resynced = f
 	l.mu.Unlock()
 }
+
+// pendingAfter: every failed sync of a kernel plane is retried by its
+// resync.
+func (l *latestState) pendingAfter(error) bool { return true }
 
 // applyNewest records snap as the newest and applies it with apply, under
 // the lock.

@@ -938,9 +938,9 @@ type applier struct {
 	clock func() time.Time
 	// events records kube-proxy's Kubernetes Events (nil: no API).
 	events *kubeEvents
-	// staleOnFailure: a failed apply leaves health pending, not updated
-	// (followResyncs).
-	staleOnFailure bool
+	// staleOnFailure says whether a failed apply leaves health pending,
+	// not updated (followResyncs); nil: never.
+	staleOnFailure func(error) bool
 
 	mu        sync.Mutex
 	err       error
@@ -1011,16 +1011,19 @@ func portNames(names []lb.ServicePortName) string {
 func (a *applier) Publish(snap *lb.Snapshot) { a.publish(snap) }
 
 // followResyncs makes a failed sync leave the proxy's health pending when
-// the plane retries it itself (the kernel modes' resync loops), and a
-// successful resync mark it updated, as kube-proxy's syncs do: a node whose
-// rules cannot be written answers 503 on /healthz once the change has
-// waited twice the sync period. In userspace mode a listener that could not
-// be opened makes /healthz 503 at once (SetUnserved), and a failed apply
-// counts as processed.
+// the plane retries it itself (the kernel modes' resync loops, the
+// userspace VIP capture's), and a successful retry mark it updated, as
+// kube-proxy's syncs do: a node whose rules cannot be written answers 503
+// on /healthz once the change has waited twice the sync period. In
+// userspace mode a listener that could not be opened makes /healthz 503
+// at once (SetUnserved), and such a failure alone counts as processed.
 func (a *applier) followResyncs() {
-	if r, ok := a.plane.(interface{ setResynced(func()) }); ok {
+	if r, ok := a.plane.(interface {
+		setResynced(func())
+		pendingAfter(error) bool
+	}); ok {
 		r.setResynced(a.health.Updated)
-		a.staleOnFailure = true
+		a.staleOnFailure = r.pendingAfter
 	}
 }
 
@@ -1085,7 +1088,7 @@ func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
 	}
 	a.mu.Unlock()
 	took := a.now().Sub(start) // the whole sync, as kube-proxy's duration is
-	if err != nil && a.staleOnFailure {
+	if err != nil && a.staleOnFailure != nil && a.staleOnFailure(err) {
 		// As kube-proxy: the change stays pending until a sync applies it
 		// (the plane's resync, followResyncs), and /healthz answers 503
 		// once it has waited the health timeout.

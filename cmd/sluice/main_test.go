@@ -119,9 +119,10 @@ func (p *resyncPlane) Tick()     {}
 // In the kernel modes a change that failed to apply stays pending, as in
 // kube-proxy, whose syncs mark the health server updated only when they
 // succeed: /healthz turns 503 once the change has waited the timeout, and
-// 200 again when the plane's resync applies it. A userspace plane's failed
-// apply still counts as processed (its unopened listeners make /healthz
-// 503 at once instead).
+// 200 again when the plane's resync applies it. A plane with no retry of
+// its own that tells (here one whose every apply fails) counts a failed
+// apply as processed; userspace mode's capture retries and tells
+// (TestAFailedVIPCaptureLeavesHealthPendingUntilItsRetry).
 func TestAFailedKernelSyncLeavesHealthPendingUntilAResync(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	clock := func() time.Time { return now }
