@@ -59,8 +59,12 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 		}
 	}
 	noFinalNewline := make([]bool, len(files))
+	gone := make([]bool, len(files)) // renamed away, to a name no load reads
 	path := func(f int) string { return filepath.Join(dir, fmt.Sprintf("f%d.yaml", f)) }
 	write := func(f int) {
+		if gone[f] {
+			return
+		}
 		var b strings.Builder
 		for i, d := range files[f] {
 			b.WriteString(text(d))
@@ -82,13 +86,13 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 	// Reads an hour on: a file not written since the last load is taken
 	// from its record, unread.
 	cache := DocCache{now: func() time.Time { return time.Now().Add(time.Hour) }, sweepSlack: 4}
-	var fails, cleanAfterClean int
+	var fails, cleanAfterClean, removed int
 	lastClean := false
 	for step := 0; step < 800; step++ {
 		f := rng.IntN(len(files))
 		ds := files[f]
 		i := rng.IntN(len(ds))
-		switch op := rng.IntN(15); {
+		switch op := rng.IntN(16); {
 		case op <= 3: // an endpoint-like edit in place: the common one
 			ds[i].port = rng.IntN(5)
 		case op == 4: // renamed, often to a name another document holds
@@ -116,6 +120,12 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 			ds[i].list = !ds[i].list
 		case op == 14:
 			ds[i].affinity = !ds[i].affinity
+		case op == 15: // the file goes (its record must go with it) or comes back
+			if gone[f] = !gone[f]; gone[f] {
+				if err := os.Rename(path(f), path(f)+".away"); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		files[f] = ds
 		// Separators and duplicates are mended now and then, so that
@@ -143,6 +153,11 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 			g := rng.IntN(len(files))
 			files[g][rng.IntN(len(files[g]))].port = rng.IntN(5)
 			write(g)
+		}
+		for g := range gone {
+			if gone[g] {
+				removed++
+			}
 		}
 		got, gerr := loadCached(dir, &cache)
 		want, werr := LoadManifests(dir)
@@ -172,6 +187,9 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 				t.Fatalf("step %d: origin of %s %q through the cache, %q cold", step, id, g, w)
 			}
 		}
+	}
+	if removed == 0 {
+		t.Fatal("no file went away in the walk")
 	}
 	// The walk must have carried documents and whole files, made carrying
 	// loads again, swept, and met failures.

@@ -330,6 +330,10 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 		return nil, 0, fmt.Errorf("manifests: %w", err)
 	}
 	files := []string{path}
+	var lastPaths []string // the listing before this load's, when it changed
+	if cache != nil && !(fi.IsDir() && cache.Touched != nil && cache.SameListing) {
+		lastPaths = cache.paths
+	}
 	known := fi.IsDir() && cache != nil && cache.Touched != nil && cache.paths != nil
 	if known && cache.SameListing {
 		files = cache.paths
@@ -397,6 +401,9 @@ func loadManifests(path string, cache *DocCache, maxBytes int64) (*Objects, int6
 			return nil, 0, &ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes): %d bytes with this file and those before it", ErrManifestsTooLarge, maxBytes, total)}
 		}
 	}
+	if cache != nil {
+		cache.forget(files, lastPaths, fi.IsDir())
+	}
 	if cache == nil {
 		objs, errs, read := loadFiles(files, stats, quiet, nil, maxBytes, false)
 		if objs == nil { // over the size limit
@@ -456,14 +463,12 @@ func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *D
 		}
 		if st := quiet[i]; st != nil {
 			errs = append(errs, objs.replay(f, st, cache)...)
-			cache.keep(f, st)
 			continue
 		}
 		if cache != nil && stats[i] != nil {
 			if id, ok := identify(stats[i]); ok {
 				if st := cache.files[f]; st != nil && st.unchanged(id) {
 					errs = append(errs, objs.replay(f, st, cache)...)
-					cache.keep(f, st)
 					continue
 				}
 			}
@@ -485,6 +490,10 @@ func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *D
 		}
 		if err != nil {
 			errs = append(errs, &ManifestError{File: f, Err: err})
+			if cache != nil {
+				delete(cache.files, f)
+				delete(cache.slots, f)
+			}
 			continue
 		}
 		read += int64(len(data))
@@ -496,26 +505,30 @@ func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *D
 			objs.rec = &fileState{readAt: readAt, starts: objs.lens()}
 		}
 		ferrs := objs.decode(f, data, cache)
+		if cache != nil {
+			delete(cache.files, f) // until recorded again below
+		}
 		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped {
 			ferrs = append(ferrs, &ManifestError{File: f, Err: ErrEmptyFile})
 		}
 		errs = append(errs, ferrs...)
 		// Remember the file when all it gave is recorded (a List's items
 		// are not) and its identity is known.
-		if rec := objs.rec; rec != nil && len(ferrs) == 0 && objs.count()-before == rec.objects {
+		// (Not when the load stopped part-way through the file: aborted.)
+		if rec := objs.rec; rec != nil && !objs.aborted && len(ferrs) == 0 && objs.count()-before == rec.objects {
 			if id, ok := identify(fi); ok { // fi: the stat readStable took after reading
 				rec.id, rec.emptyLists = id, objs.emptyLists-lists
 				lens := objs.lens()
 				for k := range lens {
 					rec.counts[k] = lens[k] - rec.starts[k]
 				}
-				cache.nextFiles[f] = rec
+				cache.files[f] = rec
 			}
 		}
 		objs.rec = nil
 	}
 	if cache != nil {
-		objs.slots = cache.nextSlots
+		objs.slots = cache.slots
 	}
 	return objs, errs, read
 }
@@ -670,14 +683,13 @@ type DocCache struct {
 	// files remembers, per file read whole and cleanly, its identity and
 	// what its documents gave, so that a file whose identity has not
 	// changed is not read again (a directory of 10k files was 60k
-	// syscalls per reload).
-	files, nextFiles map[string]*fileState
-	// spareFiles and spareSlots are the maps files and slots were a load
-	// ago, emptied, to be the next load's; paths are the last load's file
+	// syscalls per reload). It and slots are updated in place: a load
+	// changes the entries of the files it reads, and forget drops those
+	// of files gone from the listing (made anew each load, they were 20k
+	// map inserts per reload at 10k files). paths are the last load's file
 	// paths, sorted.
-	spareFiles map[string]*fileState
-	spareSlots map[string][]docSlot
-	paths      []string
+	files map[string]*fileState
+	paths []string
 	// now is the clock of the reads (time.Now when nil).
 	now func() time.Time
 	// node is the node the cached slices mark endpoints Local for
@@ -695,8 +707,8 @@ type DocCache struct {
 	// next file's.
 	pending []pendingAdd
 	// slots keeps each file's documents by place.
-	slots, nextSlots map[string][]docSlot
-	buf              []byte // the read buffer, reused
+	slots map[string][]docSlot
+	buf   []byte // the read buffer, reused
 	// Touched, when set, reports whether the watch saw an event for a
 	// file of a directory since the file was last read; nil (no watch,
 	// or one that may have missed events) means every file is stat'ed.
@@ -730,14 +742,11 @@ type DocCache struct {
 	carried, carriedFiles, aborts int
 }
 
-// abandon forgets what an aborted carrying load recorded, for the load
-// to be made again as a new one. The slots of the files it read hold what
-// the files hold now (a slot is a decoding and its text's key, true of
-// any load), and the records of those files still differ from them, so
-// they are read again.
+// abandon makes a new load of an aborted carrying one, to be made again.
+// What it recorded of the files it read is true of them (their identity,
+// the decodings and keys of their documents): the load made again reads
+// them again, or replays them, claiming every object.
 func (c *DocCache) abandon() {
-	clear(c.nextFiles)
-	clear(c.nextSlots)
 	clear(c.pending)
 	c.pending = c.pending[:0]
 	c.gen++
@@ -852,12 +861,31 @@ func (c *DocCache) forNode(nodeName string, ignoreNodeHints bool) {
 }
 
 // slotsOf returns file's document slots as the last load left them, to
-// be this load's (decode stores them in nextSlots).
-func (c *DocCache) slotsOf(file string) []docSlot {
-	if ss, ok := c.nextSlots[file]; ok {
-		return ss
+// be this load's (decode stores them again).
+func (c *DocCache) slotsOf(file string) []docSlot { return c.slots[file] }
+
+// forget drops the records and slots of the files a load does not list:
+// those of lastPaths (the last listing, when this one is new) not in
+// files (both sorted), or, for a path that is a file, every other one.
+func (c *DocCache) forget(files, lastPaths []string, isDir bool) {
+	if !isDir {
+		for f := range c.slots {
+			if f != files[0] {
+				delete(c.slots, f)
+				delete(c.files, f)
+			}
+		}
+		return
 	}
-	return c.slots[file]
+	for _, p := range lastPaths {
+		for len(files) > 0 && files[0] < p {
+			files = files[1:]
+		}
+		if len(files) == 0 || files[0] != p {
+			delete(c.files, p)
+			delete(c.slots, p)
+		}
+	}
 }
 
 // slot extends ss to the doc-th document's slot and returns it.
@@ -866,15 +894,6 @@ func slot(ss []docSlot, doc int) ([]docSlot, *docSlot) {
 		ss = append(ss, docSlot{})
 	}
 	return ss, &ss[doc-1]
-}
-
-// keep carries an unchanged file's record and document slots over to
-// this load.
-func (c *DocCache) keep(file string, st *fileState) {
-	c.nextFiles[file] = st
-	if ss, ok := c.slots[file]; ok {
-		c.nextSlots[file] = ss
-	}
 }
 
 // quiet returns the record of a file of a directory that the watch saw no
@@ -1013,15 +1032,9 @@ func (c *DocCache) begin() {
 		}
 		c.gen++
 		c.origins.gen = c.gen
-		// The maps of two loads ago, emptied (new ones were 1.2 MB of a
-		// reload's garbage at 10k files).
-		c.nextFiles, c.spareFiles = c.spareFiles, nil
-		if c.nextFiles == nil {
-			c.nextFiles = make(map[string]*fileState, len(c.files))
-		}
-		c.nextSlots, c.spareSlots = c.spareSlots, nil
-		if c.nextSlots == nil {
-			c.nextSlots = make(map[string][]docSlot, len(c.slots))
+		if c.files == nil {
+			c.files = map[string]*fileState{}
+			c.slots = map[string][]docSlot{}
 		}
 	}
 }
@@ -1031,7 +1044,7 @@ func (c *DocCache) begin() {
 func (c *DocCache) end() {
 	if c != nil {
 		live := 0
-		for _, ss := range c.nextSlots {
+		for _, ss := range c.slots {
 			for _, d := range ss {
 				if d.e != nil {
 					live++
@@ -1045,7 +1058,7 @@ func (c *DocCache) end() {
 		if len(c.docs) > 2*live+slack || len(c.origins.m) > 2*live+slack {
 			c.sweeps++
 			// What a carrying load carried is live but unstamped.
-			for _, ss := range c.nextSlots {
+			for _, ss := range c.slots {
 				for _, d := range ss {
 					if d.e != nil {
 						d.e.gen, d.e.origin.gen = c.gen, c.gen
@@ -1059,16 +1072,6 @@ func (c *DocCache) end() {
 			}
 			c.origins.sweep(c.gen)
 		}
-		if c.files != nil {
-			clear(c.files)
-			c.spareFiles = c.files
-		}
-		if c.slots != nil {
-			clear(c.slots)
-			c.spareSlots = c.slots
-		}
-		c.files, c.nextFiles = c.nextFiles, nil
-		c.slots, c.nextSlots = c.nextSlots, nil
 	}
 }
 
@@ -1222,7 +1225,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 	addPending()
 	cache.pending = pending[:0]
 	ss = ss[:min(len(ss), doc-1)]
-	cache.nextSlots[file] = ss
+	cache.slots[file] = ss
 	if o.rec != nil {
 		o.rec.docs = ss
 	}
