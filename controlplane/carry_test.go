@@ -30,15 +30,21 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 		sep        string // the separator line after it ("" for the last of a file: none)
 		crlf, list bool
 		affinity   bool // a line appended to its text: what was a whole document is now its start
+		kind       int  // 0 a Service, 1 an EndpointSlice of Service s<name>, 2 v1 Endpoints
 	}
 	text := func(d doc) string {
 		var s string
-		if d.list {
+		switch {
+		case d.list:
 			s = fmt.Sprintf("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: s%d, namespace: walk}\n  spec:\n    ports: [{name: p, port: %d}]\n", d.name, 80+d.port)
-		} else {
+		case d.kind == 1:
+			s = fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s%d-x, namespace: walk, labels: {kubernetes.io/service-name: s%d}}\naddressType: IPv4\nports: [{name: p, port: %d}]\nendpoints: [{addresses: [\"10.1.0.%d\"]}]\n", d.name, d.name, 8080+d.port, d.name%250)
+		case d.kind == 2:
+			s = fmt.Sprintf("apiVersion: v1\nkind: Endpoints\nmetadata: {name: s%d, namespace: walk}\nsubsets: [{addresses: [{ip: 10.2.0.%d}], ports: [{name: p, port: %d}]}]\n", d.name, d.name%250, 8080+d.port)
+		default:
 			s = fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: walk}\nspec:\n  ports: [{name: p, port: %d}]\n", d.name, 80+d.port)
 		}
-		if d.affinity && !d.list {
+		if d.affinity && !d.list && d.kind == 0 {
 			s += "  sessionAffinity: ClientIP\n"
 		}
 		if d.crlf {
@@ -87,12 +93,13 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 	// from its record, unread.
 	cache := DocCache{now: func() time.Time { return time.Now().Add(time.Hour) }, sweepSlack: 4}
 	var fails, cleanAfterClean, removed int
+	kinds := map[bool]int{}
 	lastClean := false
 	for step := 0; step < 800; step++ {
 		f := rng.IntN(len(files))
 		ds := files[f]
 		i := rng.IntN(len(ds))
-		switch op := rng.IntN(16); {
+		switch op := rng.IntN(17); {
 		case op <= 3: // an endpoint-like edit in place: the common one
 			ds[i].port = rng.IntN(5)
 		case op == 4: // renamed, often to a name another document holds
@@ -120,6 +127,8 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 			ds[i].list = !ds[i].list
 		case op == 14:
 			ds[i].affinity = !ds[i].affinity
+		case op == 16: // another kind of object
+			ds[i].kind = rng.IntN(3)
 		case op == 15: // the file goes (its record must go with it) or comes back
 			if gone[f] = !gone[f]; gone[f] {
 				if err := os.Rename(path(f), path(f)+".away"); err != nil {
@@ -182,14 +191,17 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 			t.Fatalf("step %d: the build through the cache differs from a cold one (%v, %v)", step, aerr, berr)
 		}
 		for n := 0; n <= next; n++ {
-			id := fmt.Sprintf("Service walk/s%d", n)
-			if g, w := got.Origin(id), want.Origin(id); g != w {
-				t.Fatalf("step %d: origin of %s %q through the cache, %q cold", step, id, g, w)
+			for _, id := range []string{fmt.Sprintf("Service walk/s%d", n), fmt.Sprintf("EndpointSlice walk/s%d-x", n), fmt.Sprintf("Endpoints walk/s%d", n)} {
+				if g, w := got.Origin(id), want.Origin(id); g != w {
+					t.Fatalf("step %d: origin of %s %q through the cache, %q cold", step, id, g, w)
+				}
 			}
 		}
+		kinds[len(got.EndpointSlices) > 0]++
+		kinds[len(got.Endpoints) > 0]++
 	}
-	if removed == 0 {
-		t.Fatal("no file went away in the walk")
+	if removed == 0 || kinds[true] == 0 {
+		t.Fatalf("in the walk %d loads with a file gone, %d with slices or Endpoints", removed, kinds[true])
 	}
 	// The walk must have carried documents and whole files, made carrying
 	// loads again, swept, and met failures.
