@@ -312,4 +312,19 @@ func TestAnEditCarriesTheOtherDocuments(t *testing.T) {
 	if o := moved.Origin("Service c/s0"); !strings.HasSuffix(o, "a.yaml#50") {
 		t.Fatalf("a moved object's origin: %q", o)
 	}
+	// A path that is one file, not a directory, carries the same way.
+	file := DocCache{now: cache.now}
+	one := filepath.Join(dir, "a.yaml")
+	write("a.yaml", ports)
+	if _, err := loadCached(one, &file); err != nil {
+		t.Fatal(err)
+	}
+	ports[7]++
+	write("a.yaml", ports)
+	if _, err := loadCached(one, &file); err != nil {
+		t.Fatal(err)
+	}
+	if file.carried != 49 {
+		t.Fatalf("an edit of one document of 50 in a file given alone carried %d documents", file.carried)
+	}
 }
