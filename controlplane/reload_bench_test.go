@@ -88,19 +88,7 @@ func BenchmarkManifestEditAt10k(b *testing.B) {
 				os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%05d.yaml", edit)), []byte(manifestService(edit, v)), 0o644)
 			}
 			write(-1, 0)
-			sink := &editSink{}
-			// The reads happen "2 s after" the writes: the files untouched
-			// since the set-up are past the racy window, as files on a node
-			// are (the edited one changes identity, so it is read anyway).
-			src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
-			if err := src.Load(); err != nil {
-				b.Fatal(err)
-			}
-			// Reloads as the watch brings them: one event, for the edited
-			// file (TestAWatchedEditStatsOnlyTheEditedFile has the watch
-			// itself do so).
-			src.setWatching(true)
-			src.takeTouched()
+			src, sink := watchedSource(b, dir)
 			timeReloads(b, src, sink, func(i int) {
 				write(i%n, 101+i%2)
 				if layout == "one file" {
@@ -130,13 +118,7 @@ func BenchmarkManifestShiftAt10k(b *testing.B) {
 	}
 	file := filepath.Join(dir, "all.yaml")
 	os.WriteFile(file, all.Bytes(), 0o644)
-	sink := &editSink{}
-	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
-	if err := src.Load(); err != nil {
-		b.Fatal(err)
-	}
-	src.setWatching(true)
-	src.takeTouched()
+	src, sink := watchedSource(b, dir)
 	timeReloads(b, src, sink, func(i int) {
 		if i%2 == 0 {
 			os.WriteFile(file, rest.Bytes(), 0o644)
@@ -153,13 +135,7 @@ func BenchmarkManifestShiftAt10k(b *testing.B) {
 func BenchmarkManifestAddAt10k(b *testing.B) {
 	const n, perFile = 10000, 100
 	dir := serviceFiles(b, n, perFile)
-	sink := &editSink{}
-	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
-	if err := src.Load(); err != nil {
-		b.Fatal(err)
-	}
-	src.setWatching(true)
-	src.takeTouched()
+	src, sink := watchedSource(b, dir)
 	added := filepath.Join(dir, "f050-added.yaml")
 	timeReloads(b, src, sink, func(i int) {
 		if i%2 == 0 {
@@ -169,6 +145,23 @@ func BenchmarkManifestAddAt10k(b *testing.B) {
 		}
 		src.touchListing(added) // made or removed, as the watch reports it
 	})
+}
+
+// watchedSource is a source of dir, loaded, whose reloads come as the
+// watch brings them: one event, for the edited file
+// (TestAWatchedEditStatsOnlyTheEditedFile has the watch itself do so).
+// Its reads happen "2 s after" the writes: the files untouched since the
+// set-up are past the racy window, as files on a node are (an edited one
+// changes identity, so it is read anyway).
+func watchedSource(b *testing.B, dir string) (*ManifestSource, *editSink) {
+	sink := &editSink{}
+	src := &ManifestSource{Path: dir, Sink: sink, MaxBytes: -1, Now: func() time.Time { return time.Now().Add(2 * time.Second) }}
+	if err := src.Load(); err != nil {
+		b.Fatal(err)
+	}
+	src.setWatching(true)
+	src.takeTouched()
+	return src, sink
 }
 
 // serviceFiles is a directory of n Services (manifestService) in files
