@@ -85,6 +85,55 @@ func TestHealthzFollowsKubeProxySemantics(t *testing.T) {
 	}
 }
 
+// A family a sync left behind (the others synced) has its own status, as
+// kube-proxy's per-family proxiers each mark their own: healthy until the
+// change it waits for is older than the timeout, then unhealthy, with the
+// time it was last up to date; the other family stays healthy, the whole
+// answers 503; a sync of both clears it. A second failure keeps the first
+// one's time.
+func TestHealthzStatusPerFamilyWhenOneFamilyFails(t *testing.T) {
+	clk := affinity.NewManualClock(time.Unix(1e9, 0))
+	h := NewHealth(time.Minute, clk.Now)
+	m := NewMetrics()
+	m.SetFamilies("IPv4", "IPv6")
+	hz := (&Endpoints{Health: h, Metrics: m, ProxyMode: "iptables"}).HealthzHandler()
+	status := func() (int, map[string]map[string]any) {
+		t.Helper()
+		code, body, _ := get(t, hz, "/healthz")
+		var parsed struct {
+			Status map[string]map[string]any `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(body), &parsed); err != nil {
+			t.Fatal(err)
+		}
+		return code, parsed.Status
+	}
+	h.Updated()
+	upToDate := clk.Now()
+	clk.Step(10 * time.Second)
+	h.QueuedUpdate()
+	h.Behind("IPv6")
+	clk.Step(30 * time.Second)
+	h.QueuedUpdate() // a second change, IPv6 failing again
+	h.Behind("IPv6")
+	clk.Step(29 * time.Second)
+	if code, st := status(); code != 200 || st["IPv6"]["healthy"] != true {
+		t.Fatalf("IPv6 behind for 59 s: %d %v", code, st)
+	}
+	clk.Step(time.Second)
+	code, st := status()
+	if code != 503 || st["IPv4"]["healthy"] != true || st["IPv6"]["healthy"] != false {
+		t.Fatalf("IPv6 behind for the timeout: %d %v", code, st)
+	}
+	if last, _ := time.Parse(time.RFC3339Nano, st["IPv6"]["lastUpdated"].(string)); !last.Equal(upToDate) {
+		t.Fatalf("IPv6 last up to date at %v, want %v", st["IPv6"]["lastUpdated"], upToDate)
+	}
+	h.Updated()
+	if code, st := status(); code != 200 || st["IPv6"]["healthy"] != true {
+		t.Fatalf("after a sync of both: %d %v", code, st)
+	}
+}
+
 func TestMetricsEndpointAndPortCounters(t *testing.T) {
 	m := NewMetrics()
 	e := &Endpoints{Health: NewHealth(time.Minute, nil), Metrics: m, ProxyMode: "userspace", Dump: func() any { return map[string]int{"x": 1} }}

@@ -25,6 +25,10 @@ type Health struct {
 	oldestPending  time.Time
 	nodeIneligible bool
 	unserved       int
+	// behind are the families a sync left behind while the others caught
+	// up (Behind), each with the oldest change it waits for, and
+	// familyUpdated when each was last up to date.
+	behind, familyUpdated map[string]time.Time
 }
 
 // SetUnserved records how many listeners the applied state asks for that
@@ -67,7 +71,50 @@ func (h *Health) Updated() {
 	h.mu.Lock()
 	h.lastUpdated = h.now()
 	h.oldestPending = time.Time{}
+	clear(h.behind)
+	clear(h.familyUpdated)
 	h.mu.Unlock()
+}
+
+// Behind records that a sync processed every queued change for all the
+// IP families but failed, which still wait for them: as kube-proxy's
+// proxier of each family marks its own health updated, a family whose
+// rules could not be written turns unhealthy once the oldest change it
+// waits for is older than the timeout, and the others stay healthy.
+func (h *Health) Behind(failed ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	since := h.oldestPending
+	if since.IsZero() {
+		since = now
+	}
+	if h.behind == nil {
+		h.behind, h.familyUpdated = map[string]time.Time{}, map[string]time.Time{}
+	}
+	for _, f := range failed {
+		if _, ok := h.behind[f]; !ok {
+			h.behind[f], h.familyUpdated[f] = since, h.lastUpdated
+		}
+	}
+	h.lastUpdated = now
+	h.oldestPending = time.Time{}
+}
+
+// familyHealthy reports whether family f is healthy at now (h.mu held)
+// and when it was last up to date.
+func (h *Health) familyHealthy(f string, now time.Time, ok bool, last time.Time) (bool, time.Time) {
+	whole := ok || !h.staleLocked(now) && h.unserved == 0 && !h.lastUpdated.IsZero()
+	if t, behind := h.behind[f]; behind {
+		return whole && now.Sub(t) < h.timeout, h.familyUpdated[f]
+	}
+	return whole, last
+}
+
+// staleLocked reports whether the changes waited for by all families
+// are older than the timeout (h.mu held).
+func (h *Health) staleLocked(now time.Time) bool {
+	return !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout
 }
 
 // Healthy reports health and the times kube-proxy puts in its body.
@@ -76,10 +123,13 @@ func (h *Health) Healthy() (ok bool, lastUpdated, now time.Time) {
 	defer h.mu.Unlock()
 	now = h.now()
 	switch {
-	case h.lastUpdated.IsZero(), h.unserved > 0:
+	case h.lastUpdated.IsZero(), h.unserved > 0, h.staleLocked(now):
 		return false, h.lastUpdated, now
-	case !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout:
-		return false, h.lastUpdated, now
+	}
+	for _, t := range h.behind {
+		if now.Sub(t) >= h.timeout {
+			return false, h.lastUpdated, now
+		}
 	}
 	return true, now, now
 }
@@ -101,15 +151,18 @@ type familyHealth struct {
 }
 
 // handler serves /healthz (with nodeEligible) or /livez (without), with
-// a status for each of families. (sluice's planes apply each state
-// whole, every family at once, so the families share one status.)
+// a status for each of families: a family a sync left behind (Behind)
+// has its own, the others share the whole state's.
 func (h *Health) handler(withNode bool, families []string, count func(code int)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		ok, last, now := h.Healthy()
 		body := healthBody{LastUpdated: last, CurrentTime: now, Healthy: ok, Status: map[string]familyHealth{}}
+		h.mu.Lock()
 		for _, f := range families {
-			body.Status[f] = familyHealth{LastUpdated: last, Healthy: ok}
+			fok, flast := h.familyHealthy(f, now, ok, last)
+			body.Status[f] = familyHealth{LastUpdated: flast, Healthy: fok}
 		}
+		h.mu.Unlock()
 		if withNode {
 			h.mu.Lock()
 			eligible := !h.nodeIneligible

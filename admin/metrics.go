@@ -185,6 +185,10 @@ func (m *Metrics) servedFamilies() []string {
 	return out
 }
 
+// SyncedFamilies are the IP families a kernel mode syncs apart
+// (SetFamilies), none for a plane that applies a state whole.
+func (m *Metrics) SyncedFamilies() []string { return m.families }
+
 // SetFamilies names the IP families a kernel mode syncs apart ("IPv4",
 // "IPv6"): a queued change is stamped for each, as kube-proxy's
 // per-family proxiers stamp it. A plane that applies a state whole needs

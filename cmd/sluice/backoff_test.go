@@ -126,3 +126,19 @@ func recovers(t *testing.T, r *flakyRunner, resync func() error, wait func() tim
 		t.Fatalf("after a success: wait %v, failed %v", wait(), failed())
 	}
 }
+
+// An iptables plane whose IPv6 restore fails while IPv4's succeeds says
+// which family failed (for /healthz's status per family), and only it.
+func TestIPTablesPlaneNamesTheFamilyThatFailed(t *testing.T) {
+	cfg := config.Defaults()
+	v4 := &flakyRunner{Fake: iptables.NewFake()}
+	v6 := &flakyRunner{Fake: iptables.NewFake(), broken: true}
+	p := &iptablesPlane{cfg: cfg, local: &localAddrs{set: map[netip.Addr]bool{}}, metrics: admin.NewMetrics(),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		proxiers: []*iptables.Proxier{{Runner: v4, Options: iptablesOptions(cfg, false, nodeFacts{})},
+			{Runner: v6, Options: iptablesOptions(cfg, true, nodeFacts{})}}}
+	err := p.Apply(lb.NewSnapshot(nil))
+	if got := failedFamilies(err); !slices.Equal(got, []string{"IPv6"}) || v4.restores != 1 {
+		t.Fatalf("failed families %v (err %v), IPv4 restores %d", got, err, v4.restores)
+	}
+}

@@ -327,7 +327,7 @@ func (p *iptablesPlane) applyLocked(snap *lb.Snapshot) error {
 		st, err := px.SyncStats(snap)
 		if err != nil {
 			p.metrics.RestoreFailed(family(px), !st.Full)
-			errs = append(errs, fmt.Errorf("%s: %w", family(px), err))
+			errs = append(errs, &familyError{family(px), fmt.Errorf("%s: %w", family(px), err)})
 			continue
 		}
 		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
@@ -435,6 +435,29 @@ func (t *noLocalTally) get(v6 bool) (internal, external int) {
 }
 
 func family(px *iptables.Proxier) string { return familyName(px.Options.IPv6) }
+
+// familyError is a failed sync of one IP family of a kernel mode whose
+// families sync apart: the others may have synced (applier.publish).
+type familyError struct {
+	family string
+	err    error
+}
+
+func (e *familyError) Error() string { return e.err.Error() }
+func (e *familyError) Unwrap() error { return e.err }
+
+// failedFamilies names the families err says failed alone (familyError),
+// each once.
+func failedFamilies(err error) []string {
+	var out []string
+	for _, e := range unjoin(err) {
+		var fe *familyError
+		if errors.As(e, &fe) && !slices.Contains(out, fe.family) {
+			out = append(out, fe.family)
+		}
+	}
+	return out
+}
 
 // familyName is an IP family as the metrics and logs name it.
 func familyName(v6 bool) string {

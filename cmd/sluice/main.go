@@ -1091,8 +1091,13 @@ func (a *applier) publish(snap *lb.Snapshot) (time.Time, error) {
 	if err != nil && a.staleOnFailure != nil && a.staleOnFailure(err) {
 		// As kube-proxy: the change stays pending until a sync applies it
 		// (the plane's resync, followResyncs), and /healthz answers 503
-		// once it has waited the health timeout.
+		// once it has waited the health timeout; where only some of the
+		// families that sync apart failed, only they wait, as each of
+		// kube-proxy's per-family proxiers marks its own health.
 		a.health.QueuedUpdate()
+		if failed := failedFamilies(err); len(failed) > 0 && len(failed) < len(a.metrics.SyncedFamilies()) {
+			a.health.Behind(failed...)
+		}
 	} else {
 		a.health.Updated()
 	}

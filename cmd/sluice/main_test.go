@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -171,6 +173,78 @@ func TestAFailedKernelSyncLeavesHealthPendingUntilAResync(t *testing.T) {
 	now = now.Add(time.Hour)
 	if !healthy(u) {
 		t.Fatal("a userspace plane's failed apply left health pending")
+	}
+}
+
+// familyPlane is a kernel plane whose families sync apart, IPv6 failing
+// while failV6 is set.
+type familyPlane struct {
+	latestState
+	failV4, failV6 bool
+}
+
+func (p *familyPlane) Apply(snap *lb.Snapshot) error { return p.applyNewest(snap, p.apply) }
+func (p *familyPlane) apply(*lb.Snapshot) error {
+	var errs []error
+	if p.failV4 {
+		errs = append(errs, &familyError{"IPv4", errors.New("IPv4: iptables-restore: exit status 1")})
+	}
+	if p.failV6 {
+		errs = append(errs, &familyError{"IPv6", errors.New("IPv6: ip6tables-restore: exit status 1")})
+	}
+	return errors.Join(errs...)
+}
+func (p *familyPlane) Dump() any { return nil }
+func (p *familyPlane) Tick()     {}
+
+// Where one family of a plane whose families sync apart fails and the
+// other syncs, only the failed one waits: /healthz answers 503 once its
+// change has waited the timeout, and its status alone is unhealthy (as
+// kube-proxy's per-family proxiers each mark their own); the resync that
+// applies it clears it. When every family fails, all wait, and the state
+// was last brought up to date by the sync before.
+func TestAFamilyThatFailsAloneWaitsAlone(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	health := admin.NewHealth(time.Minute, func() time.Time { return now })
+	metrics := admin.NewMetrics()
+	metrics.SetFamilies("IPv4", "IPv6")
+	p := &familyPlane{}
+	a := &applier{plane: p, local: &localAddrs{}, health: health, metrics: metrics,
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), first: make(chan struct{})}
+	a.followResyncs()
+	hz := (&admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: "iptables"}).HealthzHandler()
+	status := func() (int, string) {
+		rec := httptest.NewRecorder()
+		hz.ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	a.Publish(lb.NewSnapshot(nil))
+	p.failV6 = true
+	a.Queued()
+	a.Publish(lb.NewSnapshot(nil))
+	now = now.Add(time.Minute)
+	code, body := status()
+	if code != 503 || !strings.Contains(body, `"IPv4":{"lastUpdated":`) || !strings.Contains(body, `"IPv6":{"lastUpdated":`) {
+		t.Fatalf("IPv6 failed a minute ago: %d %s", code, body)
+	}
+	if !regexp.MustCompile(`"IPv4":\{[^}]*"healthy":true`).MatchString(body) || !regexp.MustCompile(`"IPv6":\{[^}]*"healthy":false`).MatchString(body) {
+		t.Fatalf("IPv6 failed a minute ago, IPv4 synced: %s", body)
+	}
+	p.failV6 = false
+	if err := p.reapplyNewest(p.apply); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := status(); code != 200 {
+		t.Fatalf("after the resync: %d %s", code, body)
+	}
+	resynced := now.UTC().Format(time.RFC3339)
+	p.failV4, p.failV6 = true, true
+	now = now.Add(time.Second)
+	a.Queued()
+	a.Publish(lb.NewSnapshot(nil))
+	now = now.Add(time.Minute)
+	if code, body := status(); code != 503 || strings.Contains(body, `"healthy":true`) || !strings.HasPrefix(body, `{"lastUpdated":"`+resynced) {
+		t.Fatalf("every family failed a minute ago, up to date at %s: %d %s", resynced, code, body)
 	}
 }
 

@@ -133,7 +133,7 @@ func (p *nftablesPlane) applyLocked(snap *lb.Snapshot) error {
 		}
 		if err != nil {
 			p.metrics.NFTablesSyncFailed(familyName(px.Options.IPv6))
-			errs = append(errs, err)
+			errs = append(errs, &familyError{familyName(px.Options.IPv6), err})
 			continue
 		}
 		familySynced(p.metrics, &p.noLocal, px.Options.IPv6, st.Full, time.Since(start))
