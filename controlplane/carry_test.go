@@ -205,12 +205,12 @@ func TestCarryingLoadsMatchColdLoads(t *testing.T) {
 	}
 	// The walk must have carried documents and whole files, made carrying
 	// loads again, swept, and met failures.
-	if cache.carried == 0 || cache.carriedFiles == 0 || cache.aborts == 0 || cache.sweeps == 0 || fails == 0 || cleanAfterClean == 0 {
-		t.Fatalf("carried %d documents and %d files, %d loads made again, %d sweeps, %d failed loads, %d clean after clean",
-			cache.carried, cache.carriedFiles, cache.aborts, cache.sweeps, fails, cleanAfterClean)
+	if cache.carried == 0 || cache.moved == 0 || cache.carriedFiles == 0 || cache.aborts == 0 || cache.sweeps == 0 || fails == 0 || cleanAfterClean == 0 {
+		t.Fatalf("carried %d documents, %d to new places, and %d files, %d loads made again, %d sweeps, %d failed loads, %d clean after clean",
+			cache.carried, cache.moved, cache.carriedFiles, cache.aborts, cache.sweeps, fails, cleanAfterClean)
 	}
-	t.Logf("carried %d documents and %d files, %d loads made again, %d sweeps, %d failed loads of 800",
-		cache.carried, cache.carriedFiles, cache.aborts, cache.sweeps, fails)
+	t.Logf("carried %d documents, %d to new places, and %d files, %d loads made again, %d sweeps, %d failed loads of 800",
+		cache.carried, cache.moved, cache.carriedFiles, cache.aborts, cache.sweeps, fails)
 }
 
 // names lists a load's objects, kind and name, in their order.
@@ -326,5 +326,45 @@ func TestAnEditCarriesTheOtherDocuments(t *testing.T) {
 	}
 	if file.carried != 49 {
 		t.Fatalf("an edit of one document of 50 in a file given alone carried %d documents", file.carried)
+	}
+}
+
+// A document cut from the head of a file, then put back, moves every one
+// after it: they are carried to their new places (no split, no load made
+// again), with their origins at the new places, and the loads match cold
+// ones.
+func TestACutOrAnInsertCarriesTheDocumentsAfterIt(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.yaml")
+	svc := func(i int) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: c}\nspec:\n  ports: [{name: p, port: 80}]\n---\n", i)
+	}
+	write := func(from int) {
+		var b strings.Builder
+		for i := from; i < 40; i++ {
+			b.WriteString(svc(i))
+		}
+		if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache := DocCache{now: func() time.Time { return time.Now().Add(time.Hour) }}
+	for step, from := range []int{0, 3, 0, 1} { // all, three cut, put back, one cut
+		write(from)
+		moved, aborts := cache.moved, cache.aborts
+		got, err := loadCached(dir, &cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := LoadManifests(dir)
+		if !reflect.DeepEqual(names(got), names(want)) {
+			t.Fatalf("step %d: %v, cold %v", step, names(got), names(want))
+		}
+		if o := got.Origin("Service c/s39"); !strings.HasSuffix(o, fmt.Sprintf("a.yaml#%d", 40-from)) {
+			t.Fatalf("step %d: origin of s39 %q", step, o)
+		}
+		if step > 0 && (cache.aborts != aborts || cache.moved-moved != 40-max(from, []int{0, 3, 0, 1}[step-1])) {
+			t.Fatalf("step %d: %d documents carried to new places, %d loads made again", step, cache.moved-moved, cache.aborts-aborts)
+		}
 	}
 }

@@ -736,10 +736,10 @@ type DocCache struct {
 	// load, or carried.
 	last    *lastLoad
 	baseGen uint64
-	// carried counts the documents loads carried, carriedFiles the files
-	// they carried whole, and aborts the carrying loads made again, for
-	// tests.
-	carried, carriedFiles, aborts int
+	// carried counts the documents loads carried at their places, moved
+	// those carried to new places, carriedFiles the files carried whole,
+	// and aborts the carrying loads made again, for tests.
+	carried, carriedFiles, aborts, moved int
 }
 
 // abandon makes a new load of an aborted carrying one, to be made again.
@@ -767,6 +767,30 @@ type docSlot struct {
 	docLen uint32
 	sepLen uint16
 	kind   uint8 // e's object's kind
+}
+
+// shadowSlot is a slot of the last load's, at, kept while its place is
+// written over (decode).
+type shadowSlot struct {
+	at   int
+	slot docSlot
+}
+
+// carryWindow is how many slots past the cursor a carrying load looks
+// for the next document: a cut of up to that many documents is carried
+// past.
+const carryWindow = 8
+
+// findCarried returns the first slot of the last load's, from oi and at
+// most carryWindow past it, whose document data at pos is, and where the
+// next document starts.
+func (c *DocCache) findCarried(data []byte, pos int, at func(int) *docSlot, oi, n int) (j, next int, ok bool) {
+	for j = oi; j < n && j <= oi+carryWindow; j++ {
+		if next, ok = c.carries(data, pos, at(j)); ok {
+			return j, next, true
+		}
+	}
+	return 0, 0, false
 }
 
 // carries reports whether data at pos is the document sl holds, ended as
@@ -839,6 +863,11 @@ func (p place) String() string {
 type pendingAdd struct {
 	doc int
 	e   *docEntry
+	// from, when not 0, is the place the document was carried from
+	// (carryMoved), and kind and i its object's in the last load's lists.
+	from int
+	kind uint8
+	i    int32
 }
 
 // docEntry is a document's decoding as the cache keeps it.
@@ -1119,6 +1148,10 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 	pending := cache.pending[:0]
 	addPending := func() {
 		for _, p := range pending {
+			if p.from != 0 {
+				errs = append(errs, o.carryMoved(place{file, p.doc}, place{file, p.from}, p.e, p.kind, p.i)...)
+				continue
+			}
 			p.e.gen = cache.gen
 			errs = append(errs, o.add(place{file, p.doc}, p.e)...)
 		}
@@ -1128,32 +1161,91 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 		clear(pending) // the list is kept for the next file's: it must keep no decoding alive
 		pending = pending[:0]
 	}
-	// Carrying (see Objects.fast), old are where the next object of each
-	// kind the file gave in the last load is in its lists: a document
-	// found again as it was is that object.
+	// Carrying (see Objects.fast), the last load's slots of the file are
+	// read in order (last, from the cursor oi), and old are where the
+	// object of each kind of the slot at oi is in the last load's lists: a
+	// document found again as it was is that object. At a document not
+	// found, the cursor stays (it may have been inserted); the next found
+	// may be a few slots on (those between were replaced or cut), so the
+	// documents after an insert or a cut are found too, at new places.
 	var old [3]int32
 	st := cache.files[file]
 	carry := o.fast && st != nil
 	if carry {
 		old = st.starts
 	}
+	last, oi := ss, 0
+	// shadow keeps, in order of place, last's slots written over (last
+	// shares ss's array) before the cursor passed them: those of the
+	// documents after an insert, a few at a time.
+	var shadow []shadowSlot
+	lastAt := func(j int) *docSlot {
+		if len(shadow) > 0 && j >= shadow[0].at {
+			if k, ok := slices.BinarySearchFunc(shadow, j, func(s shadowSlot, j int) int { return s.at - j }); ok {
+				return &shadow[k].slot
+			}
+		}
+		return &last[j]
+	}
+	// writing is told before slot doc is written.
+	writing := func(doc int) {
+		if carry && doc-1 >= oi && doc-1 < len(last) {
+			shadow = append(shadow, shadowSlot{doc - 1, last[doc-1]})
+		}
+	}
 	doc := 1
 	for ; ; doc++ {
-		if carry && doc <= len(ss) {
-			sl := &ss[doc-1]
-			if next, ok := cache.carries(data, split.pos, sl); ok {
-				addPending() // first, in the order of the file
-				o.carryOne(sl.kind, old[sl.kind-1])
-				old[sl.kind-1]++
+		if carry && oi < len(last) {
+			var j, next int
+			var ok bool
+			if len(shadow) == 0 { // the usual: the next slot, nothing written over
+				j = oi
+				next, ok = cache.carries(data, split.pos, &last[oi])
+			}
+			if !ok {
+				j, next, ok = cache.findCarried(data, split.pos, lastAt, oi, len(last))
+			}
+			if ok {
+				for ; oi < j; oi++ {
+					if s := lastAt(oi); s.e != nil {
+						old[s.kind-1]++ // replaced or cut: not this load's
+					}
+				}
+				var s docSlot
+				if len(shadow) == 0 {
+					s = last[oi] // no call per document in the usual case
+				} else {
+					s = *lastAt(oi)
+				}
+				oi++
+				for len(shadow) > 0 && shadow[0].at < oi {
+					shadow = shadow[1:]
+				}
+				if doc == oi { // at its place
+					addPending() // first, in the order of the file
+					o.carryOne(s.kind, old[s.kind-1])
+					cache.carried++
+					if o.rec != nil {
+						o.rec.objects++
+					}
+				} else {
+					// Claimed at its new place with the pending adds, many
+					// entries read at once (one at a time, a cache miss
+					// each, they were half of a reload that moved every
+					// document).
+					writing(doc)
+					var sl *docSlot
+					ss, sl = slot(ss, doc)
+					*sl = s
+					pending = append(pending, pendingAdd{doc: doc, e: s.e, from: oi, kind: s.kind, i: old[s.kind-1]})
+					cache.moved++
+				}
+				old[s.kind-1]++
 				split.pos = next
-				cache.carried++
-				if o.rec != nil {
-					o.rec.objects++
+				if o.aborted {
+					break
 				}
 				continue
-			}
-			if sl.e != nil {
-				old[sl.kind-1]++ // replaced: not this load's
 			}
 		}
 		raw, err := split.next()
@@ -1161,6 +1253,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 			break
 		}
 		var sl *docSlot
+		writing(doc)
 		ss, sl = slot(ss, doc)
 		at := place{file, doc}
 		// Where the text was, for the next load to find it again (a text
@@ -1192,7 +1285,7 @@ func (o *Objects) decode(file string, data []byte, cache *DocCache) []error {
 				o.aborted = true // found early: the load is made again (a document moved)
 				break
 			}
-			pending = append(pending, pendingAdd{doc, e})
+			pending = append(pending, pendingAdd{doc: doc, e: e})
 			continue
 		}
 		sl.e = nil
@@ -1368,6 +1461,22 @@ func (o *Objects) add(at place, c *docEntry) []error {
 		o.Endpoints = append(o.Endpoints, obj.(*corev1.Endpoints))
 	}
 	return nil
+}
+
+// carryMoved adds the document c of the last load's place from found at
+// at, the i-th object of its kind in the last load's lists, and claims
+// it at its new place. Its origin names from (ids were unique at the last
+// clean load), so no carried document holds it, and one claimed in this
+// load has stamped it: then it is added as any document is, a duplicate.
+// (The check of from itself only guards that invariant: when it fails,
+// the add makes the load again.)
+func (o *Objects) carryMoved(at, from place, c *docEntry, kind uint8, i int32) []error {
+	if e := c.origin; e.gen != o.gen && e.at == from {
+		e.at, e.gen = at, o.gen
+		o.carryOne(kind, i)
+		return nil
+	}
+	return o.add(at, c)
 }
 
 // unsure reports whether a carrying load cannot claim e at at: its object
