@@ -101,20 +101,20 @@ func (h *Health) Behind(failed ...string) {
 	h.oldestPending = time.Time{}
 }
 
-// familyHealthy reports whether family f is healthy at now (h.mu held)
-// and when it was last up to date.
-func (h *Health) familyHealthy(f string, now time.Time, ok bool, last time.Time) (bool, time.Time) {
-	whole := ok || !h.staleLocked(now) && h.unserved == 0 && !h.lastUpdated.IsZero()
+// familyHealthy reports whether family f is healthy at now, and when it
+// was last up to date (last, unless a sync left it behind); h.mu held.
+func (h *Health) familyHealthy(f string, now, last time.Time) (bool, time.Time) {
 	if t, behind := h.behind[f]; behind {
-		return whole && now.Sub(t) < h.timeout, h.familyUpdated[f]
+		return h.wholeLocked(now) && now.Sub(t) < h.timeout, h.familyUpdated[f]
 	}
-	return whole, last
+	return h.wholeLocked(now), last
 }
 
-// staleLocked reports whether the changes waited for by all families
-// are older than the timeout (h.mu held).
-func (h *Health) staleLocked(now time.Time) bool {
-	return !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout
+// wholeLocked reports whether the state is healthy at now but for the
+// families a sync left behind: updated once, every listener open, and no
+// change all families wait for older than the timeout (h.mu held).
+func (h *Health) wholeLocked(now time.Time) bool {
+	return !h.lastUpdated.IsZero() && h.unserved == 0 && (h.oldestPending.IsZero() || now.Sub(h.oldestPending) < h.timeout)
 }
 
 // Healthy reports health and the times kube-proxy puts in its body.
@@ -122,8 +122,7 @@ func (h *Health) Healthy() (ok bool, lastUpdated, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now = h.now()
-	switch {
-	case h.lastUpdated.IsZero(), h.unserved > 0, h.staleLocked(now):
+	if !h.wholeLocked(now) {
 		return false, h.lastUpdated, now
 	}
 	for _, t := range h.behind {
@@ -159,14 +158,12 @@ func (h *Health) handler(withNode bool, families []string, count func(code int))
 		body := healthBody{LastUpdated: last, CurrentTime: now, Healthy: ok, Status: map[string]familyHealth{}}
 		h.mu.Lock()
 		for _, f := range families {
-			fok, flast := h.familyHealthy(f, now, ok, last)
+			fok, flast := h.familyHealthy(f, now, last)
 			body.Status[f] = familyHealth{LastUpdated: flast, Healthy: fok}
 		}
+		eligible := !h.nodeIneligible
 		h.mu.Unlock()
 		if withNode {
-			h.mu.Lock()
-			eligible := !h.nodeIneligible
-			h.mu.Unlock()
 			body.NodeEligible = &eligible
 			ok = ok && eligible
 		}

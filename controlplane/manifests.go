@@ -747,8 +747,6 @@ type DocCache struct {
 // the decodings and keys of their documents): the load made again reads
 // them again, or replays them, claiming every object.
 func (c *DocCache) abandon() {
-	clear(c.pending)
-	c.pending = c.pending[:0]
 	c.gen++
 	c.origins.gen = c.gen
 	c.aborts++
