@@ -75,6 +75,7 @@ fuzz: ## short runs of each fuzz target
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $$((30000*$(FUZZ_SCALE)))x ./config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseManifest$$' -fuzztime $$((20000*$(FUZZ_SCALE)))x ./controlplane
 	$(GO) test -run '^$$' -fuzz '^FuzzYAMLSplitMatchesYAMLReader$$' -fuzztime $$((50000*$(FUZZ_SCALE)))x ./controlplane
+	$(GO) test -run '^$$' -fuzz '^FuzzCarriedLoadsMatchColdLoads$$' -fuzztime $$((4000*$(FUZZ_SCALE)))x -fuzzminimizetime 20x ./controlplane
 
 verify: fmt-check vet staticcheck windows ## gofmt, go vet, staticcheck, Windows build
 

@@ -3,7 +3,12 @@ package controlplane
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -86,5 +91,149 @@ func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
 				t.Fatalf("document %d decodes differently: %q (%v) / %q (%v)\nYAMLReader %q\nsplitter   %q", doc, wj, wjerr, gj, gjerr, want, got)
 			}
 		}
+	})
+}
+
+// FuzzCarriedLoadsMatchColdLoads: a run of loads through one document
+// cache, each after line edits of two files, must give what a load
+// through a new cache gives: the same errors, the same objects in the same order, the same
+// build and the same origins (also of objects gone). The edits are made
+// where a carried document could be fooled: at line starts (a separator
+// written, dropped or commented, a document put in, cut, moved or
+// copied, a line end rewritten) and at single bytes.
+func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
+	doc := func(kind, name string, port int) string {
+		switch kind {
+		case "slice":
+			return fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-x, namespace: f, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d}]\nendpoints: [{addresses: [\"10.1.0.9\"]}]\n", name, name, 8000+port)
+		case "endpoints":
+			return fmt.Sprintf("apiVersion: v1\nkind: Endpoints\nmetadata: {name: %s, namespace: f}\nsubsets: [{addresses: [{ip: 10.2.0.9}], ports: [{name: p, port: %d}]}]\n", name, 8000+port)
+		}
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: f}\nspec:\n  ports: [{name: p, port: %d}]\n", name, port)
+	}
+	a := doc("svc", "s1", 80) + "---\n" + doc("slice", "s1", 1) + "---\n" + doc("svc", "s2", 81) + "---\n" + doc("svc", "s3", 82)
+	b := doc("svc", "s4", 83) + "---\n" + doc("endpoints", "s4", 2) + "---\n" + doc("slice", "s2", 3) + "\n"
+	f.Add(a, b, []byte{})
+	f.Add(a, b, []byte{0, 6, 1, 5, 0, 0, 1, 12, 0, 5, 0, 0})     // a separator, then a document, put in
+	f.Add(a, b, []byte{2, 0, 7 + 8*20, 5, 0, 0, 1, 0, 1})        // a document moved down, then a line cut
+	f.Add(a, b, []byte{3, 6, 6 + 8*3, 5, 0, 0, 7, 0, 0})         // a document copied, then the files swapped
+	f.Add(a, b, []byte{4, 0, 40, 5, 0, 0, 6, 3, 0, 8 + 1, 2, 0}) // a byte, a line end, a line of b
+	// A separator line turned into text of the same length: the two
+	// documents around it are one (line 5, column 4: '#' becomes 'x').
+	f.Add(doc("svc", "s1", 80)+"--- # c\n"+doc("svc", "s2", 81), b, []byte{4, 5, 4*9 + 5})
+	// A line appended to the last document: what was all of it is now its
+	// start (line 11 is the end of the text; vocab[12] is the line).
+	f.Add(doc("svc", "s1", 80)+"---\n"+doc("svc", "s2", 81), b, []byte{0, 11, 12})
+	// The last document cut whole (lines 5 to 10): it has no origin.
+	f.Add(doc("svc", "s1", 80)+"---\n"+doc("svc", "s2", 81), b, []byte{1, 5, 5})
+	// One directory for every input (a new one each was most of an
+	// input's time): its files are written anew before each load.
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, a, b string, edits []byte) {
+		if len(a)+len(b) > 1<<13 || len(edits) > 3*32 {
+			return
+		}
+		vocab := []string{
+			"---\n", "--- # c\n", "---   \n", "...\n", "# c\n", "\n", "  ", "- ", "---",
+			doc("svc", "s5", 84) + "---\n", doc("svc", "s1", 85) + "---\n", doc("slice", "s3", 4) + "---\n",
+			"  sessionAffinity: ClientIP\n", "kind: List\nitems:\n- " + strings.ReplaceAll(doc("svc", "s6", 86), "\n", "\n  ") + "\n",
+		}
+		texts := [2][]byte{[]byte(a), []byte(b)}
+		var cache DocCache
+		ids := map[string]bool{}
+		load := func(step int) {
+			for i, text := range texts {
+				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.yaml", i)), text, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, gerr := loadCached(dir, &cache)
+			want, werr := loadCached(dir, &DocCache{})
+			if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
+				t.Fatalf("load %d: through the cache %v, cold %v", step, gerr, werr)
+			}
+			if werr != nil {
+				return
+			}
+			// And a load with no cache at all (another decoder; its
+			// errors are worded otherwise) finds the same objects.
+			if plain, err := LoadManifests(dir); err != nil || !slices.Equal(names(plain), names(want)) {
+				t.Fatalf("load %d: with no cache %v (%v), through a new one %v", step, names(plain), err, names(want))
+			}
+			if g, w := names(got), names(want); !slices.Equal(g, w) {
+				t.Fatalf("load %d: objects through the cache %v, cold %v", step, g, w)
+			}
+			x, xerr := Build(got)
+			y, yerr := Build(want)
+			if (xerr == nil) != (yerr == nil) || (xerr != nil && xerr.Error() != yerr.Error()) || !reflect.DeepEqual(x, y) {
+				t.Fatalf("load %d: the build through the cache differs from a cold one (%v, %v)", step, xerr, yerr)
+			}
+			for _, id := range names(want) {
+				ids[id] = true
+			}
+			for id := range ids {
+				if g, w := got.Origin(id), want.Origin(id); g != w {
+					t.Fatalf("load %d: origin of %s %q through the cache, %q cold", step, id, g, w)
+				}
+			}
+		}
+		// lines cuts text into lines, each with its line end.
+		lines := func(text []byte) [][]byte {
+			var out [][]byte
+			for len(text) > 0 {
+				n := bytes.IndexByte(text, '\n') + 1
+				if n == 0 {
+					n = len(text)
+				}
+				out = append(out, slices.Clone(text[:n]))
+				text = text[n:]
+			}
+			return out
+		}
+		load(0)
+		step := 1
+		for ; len(edits) >= 3; edits = edits[3:] {
+			op, x, y := edits[0], int(edits[1]), int(edits[2])
+			file := &texts[op>>3&1]
+			ls := lines(*file)
+			at := func(v int) int { return v % (len(ls) + 1) }
+			switch op & 7 {
+			case 0: // a text put in at a line start
+				ls = slices.Insert(ls, at(x), []byte(vocab[y%len(vocab)]))
+			case 1: // lines cut
+				if i := at(x); i < len(ls) {
+					ls = slices.Delete(ls, i, min(len(ls), i+1+y%8))
+				}
+			case 2, 3: // lines moved or copied elsewhere
+				if i := at(x); i < len(ls) {
+					block := slices.Clone(ls[i:min(len(ls), i+1+y%8)])
+					if op&7 == 2 {
+						ls = slices.Delete(ls, i, i+len(block))
+					}
+					ls = slices.Insert(ls, (y/8)%(len(ls)+1), block...)
+				}
+			case 4: // a byte of a line changed
+				if i := at(x); i < len(ls) {
+					ls[i][(y/9)%len(ls[i])] = "-\n #:x1 \r"[y%9]
+				}
+			case 5:
+				load(step)
+				step++
+				continue
+			case 6: // a line end rewritten
+				if i := at(x); i < len(ls) {
+					if l := ls[i]; bytes.HasSuffix(l, []byte("\r\n")) {
+						ls[i] = append(l[:len(l)-2], '\n')
+					} else if bytes.HasSuffix(l, []byte("\n")) {
+						ls[i] = append(l[:len(l)-1], '\r', '\n')
+					}
+				}
+			case 7: // the files' texts swapped: documents move across files
+				texts[0], texts[1] = texts[1], texts[0]
+				continue
+			}
+			*file = bytes.Join(ls, nil)
+		}
+		load(step)
 	})
 }
