@@ -28,6 +28,12 @@ type Endpoints struct {
 	// Configz is the configuration in effect, served as JSON at /configz
 	// as kube-proxy serves its own (nil: not served).
 	Configz any
+	// Flagz is every flag's value, served at /flagz (nil: not served;
+	// kube-proxy's ComponentFlagz gate).
+	Flagz map[string]string
+	// Statusz is served at /statusz (nil: not served; kube-proxy's
+	// ComponentStatusz gate).
+	Statusz *Statusz
 }
 
 // HealthzHandler serves /healthz and /livez.
@@ -40,7 +46,8 @@ func (e *Endpoints) HealthzHandler() http.Handler {
 }
 
 // MetricsHandler serves /metrics, /proxyMode, /healthz, /metrics/slis,
-// /configz and, when enabled, /debug/pprof and /debug/sluice.
+// /configz and, when enabled, /flagz, /statusz, /debug/pprof and
+// /debug/sluice.
 func (e *Endpoints) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", e.Metrics)
@@ -64,6 +71,12 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 			w.Header().Set("X-Content-Type-Options", "nosniff")
 			json.NewEncoder(w).Encode(e.Configz)
 		})
+	}
+	if e.Flagz != nil {
+		mux.HandleFunc("/flagz", flagzHandler(e.Flagz))
+	}
+	if e.Statusz != nil {
+		mux.HandleFunc("/statusz", statuszHandler(e.Statusz))
 	}
 	if e.Dump != nil {
 		mux.HandleFunc("/debug/sluice", func(w http.ResponseWriter, _ *http.Request) {

@@ -132,6 +132,10 @@ type Config struct {
 	// Changed lists the flags set on the command line, for the start-up
 	// report of flags the chosen mode ignores.
 	Changed []string
+	// FlagValues is every flag's value as the command line left it over
+	// its default (not what --config set), for /flagz, as kube-proxy shows
+	// its flags there.
+	FlagValues map[string]string
 }
 
 func i32(v int32) *int32                  { return &v }
@@ -772,6 +776,17 @@ func (c *Config) validateFeatureGates(p *problems) {
 			p.add("feature-gates", "featureGates", value, "cannot set feature gate %s to %t, feature is locked to %t", name, v, g.def)
 		}
 	}
+}
+
+// GateEnabled reports whether kube-proxy's feature gate name is on: as
+// set (on the command line, or in --config's featureGates), else its
+// default in kube-proxy v1.34.2 (false for a gate it does not know).
+func (c *Config) GateEnabled(name string) bool {
+	if v, set := c.KubeProxy.FeatureGates[name]; set {
+		return v
+	}
+	_, def, _, _ := KubeProxyGate(name)
+	return def
 }
 
 // LoggingAlphaOptions is the feature gate kube-proxy requires for its

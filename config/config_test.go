@@ -310,3 +310,31 @@ func TestWinkernelFlagsAreTakenOnWindowsOnly(t *testing.T) {
 		}
 	}
 }
+
+// FlagValues, for /flagz, are the flags as kube-proxy lists its own: the
+// command line over the defaults, the mode's defaults included (nftables
+// mode's "primary" NodePort addresses), --help and --version unset; with
+// --config, not the file's settings, which kube-proxy's flags never hold.
+func TestFlagValuesAreTheCommandLinesOverTheDefaults(t *testing.T) {
+	cfg, _, err := Parse([]string{"--proxy-mode=nftables", "--v=3", "--hostname-override=Node-A"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"proxy-mode": "nftables", "v": "3", "hostname-override": "node-a", "nodeport-addresses": "[primary]",
+		"help": "false", "version": "false", "bind-address": "0.0.0.0", "iptables-sync-period": "30s", "manifests": ""} {
+		if got, ok := cfg.FlagValues[name]; !ok || got != want {
+			t.Errorf("--%s: %q (listed: %t), want %q", name, got, ok, want)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "kp.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nbindAddress: 10.0.0.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err = Parse([]string{"--config=" + file, "--v=4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.KubeProxy.BindAddress != "10.0.0.1" || cfg.FlagValues["bind-address"] != "0.0.0.0" || cfg.FlagValues["config"] != file || cfg.FlagValues["v"] != "4" {
+		t.Errorf("with --config: bind address %q in effect, --bind-address %q, --config %q, --v %q", cfg.KubeProxy.BindAddress, cfg.FlagValues["bind-address"], cfg.FlagValues["config"], cfg.FlagValues["v"])
+	}
+}

@@ -372,6 +372,10 @@ func Parse(args []string) (*Config, string, error) {
 	if fs.NArg() > 0 {
 		return nil, usage, fmt.Errorf("unexpected argument %q: sluice takes only flags", fs.Arg(0))
 	}
+	// The flags as parsed, over the first configuration: kube-proxy's
+	// /flagz reads its flags' values from the configuration they were
+	// parsed into, and with --config that is not the file's.
+	first := fs
 	if cfg.ConfigFile != "" {
 		base := Defaults()
 		if err := LoadFile(cfg.ConfigFile, base); err != nil {
@@ -437,11 +441,25 @@ func Parse(args []string) (*Config, string, error) {
 	if cfg.Mode() == ModeNFTables && len(kp.NodePortAddresses) == 0 {
 		kp.NodePortAddresses = []string{NodePortAddressesPrimary}
 	}
+	cfg.FlagValues = flagValues(first)
 	if err := cfg.Validate(); err != nil {
 		return cfg, usage, err
 	}
 	cfg.canonicalise()
 	return cfg, usage, nil
+}
+
+// flagValues is every flag's value, as kube-proxy's /flagz lists its
+// own: after the defaults a configuration takes from its mode (parsed
+// into the same configuration, as kube-proxy's platform defaults are),
+// with its --help (cobra's) and its --version as they read when unset.
+func flagValues(fs *pflag.FlagSet) map[string]string {
+	values := map[string]string{"help": "false"}
+	fs.VisitAll(func(f *pflag.Flag) { values[f.Name] = f.Value.String() })
+	if values["version"] == "" {
+		values["version"] = "false"
+	}
+	return values
 }
 
 // suggest adds "did you mean --x?" to an unknown-flag error, naming the

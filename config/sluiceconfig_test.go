@@ -17,7 +17,7 @@ import (
 // only carries through.
 func comparable(c *Config) Config {
 	out := *c
-	out.ConfigFile, out.WriteConfigTo, out.FileMode, out.Changed, out.ConfigWarnings = "", "", "", nil, nil
+	out.ConfigFile, out.WriteConfigTo, out.FileMode, out.Changed, out.ConfigWarnings, out.FlagValues = "", "", "", nil, nil, nil
 	out.KubeProxy.Logging = logsapi.LoggingConfiguration{}
 	return out
 }

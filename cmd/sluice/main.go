@@ -45,6 +45,11 @@ var version = "v0.1.0-dev"
 // kubeProxyCompat is the kube-proxy release whose flags and config we follow.
 const kubeProxyCompat = "v1.34"
 
+// kubeProxyEmulationVersion is the Kubernetes release whose kube-proxy
+// sluice behaves as, for /statusz's emulation version (its binary version
+// is sluice's own).
+const kubeProxyEmulationVersion = "1.34"
+
 // main runs until SIGTERM, SIGINT or SIGHUP, each of which drains up to
 // --drain-timeout and exits 0. SIGHUP drains rather than reloads: the
 // manifests and the API are watched, and a rewritten --config file ends
@@ -505,6 +510,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
 		SetVerbosity: verbosity.Set, Dump: plane.Dump, Configz: cfg.Configz()}
+	// kube-proxy's zpages, behind its alpha gates.
+	if cfg.GateEnabled("ComponentFlagz") {
+		ep.Flagz = cfg.FlagValues
+	}
+	if cfg.GateEnabled("ComponentStatusz") {
+		ep.Statusz = &admin.Statusz{Started: metrics.ProcessStart, GoVersion: runtime.Version(),
+			BinaryVersion: version, EmulationVersion: kubeProxyEmulationVersion}
+	}
 	hz, err := admin.ServeWith(cfg.HealthzAddress(), ep.HealthzHandler(), brokerListen(broker))
 	if err != nil {
 		return fmt.Errorf("--healthz-bind-address %s: %w", cfg.HealthzAddress(), err)
@@ -523,8 +536,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 	)
 	// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
 	// default): off, the node hints are not read.
-	preferSame, set := cfg.KubeProxy.FeatureGates["PreferSameTrafficDistribution"]
-	ignoreNodeHints := set && !preferSame
+	ignoreNodeHints := !cfg.GateEnabled("PreferSameTrafficDistribution")
 	if cfg.Manifests != "" {
 		sink.source = "manifests"
 		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, IgnoreNodeHints: ignoreNodeHints,

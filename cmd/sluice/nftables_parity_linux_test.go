@@ -61,6 +61,11 @@ type parityBed struct {
 	// kube-proxy's first.
 	upstreamSurface, ourSurface map[string]string
 	configz, slis               []string
+	// The flags each listed on /flagz, and the lines of its /statusz
+	// with their values masked (statuszShape), when the gates serve
+	// them, kube-proxy's first.
+	flagz   []map[string]string
+	statusz []string
 	// The Kubernetes Events each recorded (events), kube-proxy's first.
 	upstreamEvents, ourEvents []string
 	ours                      *proc // the sluice the last compare left running
@@ -250,9 +255,66 @@ func (b *parityBed) surface(t *testing.T) map[string]string {
 			b.configz = append(b.configz, configzOf(t, body))
 		case p.path == "/metrics/slis" && resp.StatusCode == http.StatusOK:
 			b.slis = append(b.slis, seriesWithoutValues(string(body)))
+		case (p.path == "/flagz" || p.path == "/statusz") && resp.StatusCode == http.StatusNotAcceptable:
+			// Served (the gates are on), to those who accept text/plain.
+			req.Header.Set("Accept", "text/plain")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", p.server, p.path, err)
+			}
+			page, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" {
+				t.Fatalf("%s taking text/plain: %d %q\n%s", p.path, resp.StatusCode, resp.Header.Get("Content-Type"), page)
+			}
+			if p.path == "/flagz" {
+				b.flagz = append(b.flagz, flagzOf(t, string(page)))
+			} else {
+				b.statusz = append(b.statusz, statuszShape(string(page)))
+			}
 		}
 	}
 	return out
+}
+
+// zpageField cuts a zpage's line into its name and value at the
+// delimiter the page picked (":", ": ", "=" or " "); names have none of
+// them but " " (statusz's "Go version"), so the known names come first.
+var zpageField = regexp.MustCompile(`^(Go version|Binary version|Emulation version|[^:= ]+)(?:: |:|=| )(.*)$`)
+
+// flagzOf is a /flagz page's flags and values, after its title and
+// warning.
+func flagzOf(t *testing.T, page string) map[string]string {
+	t.Helper()
+	_, body, ok := strings.Cut(page, "purposes only.\n\n")
+	if !ok {
+		t.Fatalf("/flagz has no warning line:\n%s", page)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
+		m := zpageField.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("/flagz line %q", line)
+		}
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// statuszShape is a /statusz page with each line's value replaced by "V",
+// but the emulation version's (the Kubernetes release it behaves as).
+func statuszShape(page string) string {
+	var out []string
+	for _, line := range strings.Split(page, "\n") {
+		if m := zpageField.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "Warning") && !strings.HasSuffix(line, " statusz") {
+			if m[1] != "Emulation version" {
+				m[2] = "V"
+			}
+			line = m[1] + ": " + strings.TrimSpace(m[2])
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
 }
 
 // configzOf is kube-proxy's part of a /configz answer, as JSON, without
@@ -303,6 +365,21 @@ func (b *parityBed) checkSurface(t *testing.T) {
 		k := surfaceKey(p.server, p.path, p.put)
 		if b.upstreamSurface[k] != b.ourSurface[k] {
 			t.Errorf("%s: kube-proxy answers %q, sluice %q", k, b.upstreamSurface[k], b.ourSurface[k])
+		}
+	}
+	if len(b.statusz) > 0 && (len(b.statusz) != 2 || b.statusz[0] != b.statusz[1]) {
+		t.Errorf("/statusz differs:\nkube-proxy:\n%s\nsluice:\n%s", b.statusz[0], b.statusz[len(b.statusz)-1])
+	}
+	if len(b.flagz) > 0 {
+		if len(b.flagz) != 2 {
+			t.Fatalf("/flagz served by one of the two only")
+		}
+		// Every flag of kube-proxy's with its value, but --v (kube-proxy
+		// runs with --v=2 for its log); sluice's own flags besides.
+		for name, want := range b.flagz[0] {
+			if got, ok := b.flagz[1][name]; name != "v" && (!ok || got != want) {
+				t.Errorf("/flagz: kube-proxy's %s=%q, sluice's %q (listed: %t)", name, want, got, ok)
+			}
 		}
 	}
 }
@@ -571,7 +648,7 @@ func (b *parityBed) compare(t *testing.T, mode string, want []string, dump func(
 // compareWith is compare with other flags than the bed's.
 func (b *parityBed) compareWith(t *testing.T, mode string, flags []string, want []string, dump func() ([]string, string), reset func()) (upstream, ours []string) {
 	flags = append([]string{"--proxy-mode=" + mode}, flags...)
-	b.configz, b.slis = nil, nil // this comparison's own
+	b.configz, b.slis, b.flagz, b.statusz = nil, nil, nil, nil // this comparison's own
 	reset()
 	kp := startCmd(t, exec.Command(b.kubeProxy, append(flags, "--v=2")...))
 	upstream = waitForDump(t, b.e, want, kp, dump)
@@ -885,9 +962,12 @@ func TestIPTablesParityWithKubeProxy(t *testing.T) {
 	// what kube-proxy's left: kubelet's KUBE-FIREWALL.
 	b.checkCleanup(t, "iptables")
 	upstream, ours = b.compareWith(t, "iptables", append(slices.Clone(b.flags), "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth",
-		"--feature-gates=PreferSameTrafficDistribution=false"), append(want, "veth+"), dump, reset)
+		"--feature-gates=PreferSameTrafficDistribution=false,ComponentFlagz=true,ComponentStatusz=true"), append(want, "veth+"), dump, reset)
 	checkDifferences(t, upstream, ours, knownIPTablesDifferences)
-	b.checkSurface(t)
+	b.checkSurface(t) // /flagz and /statusz included: their gates are on
+	if len(b.flagz) != 2 || len(b.flagz[0]) < 50 || len(b.statusz) != 2 {
+		t.Errorf("/flagz and /statusz with their gates on: %d and %d pages (%v)", len(b.flagz), len(b.statusz), b.flagz)
+	}
 	for _, w := range []string{"! -i veth+", "-i veth+ "} {
 		if !strings.Contains(strings.Join(ours, "\n"), w) {
 			t.Errorf("InterfaceNamePrefix: no %q in sluice's rules", w)
