@@ -205,9 +205,10 @@ func quotaOver(file, quota, period string) (float64, error) {
 	return float64(q) / float64(p), nil
 }
 
-// loopsWithin is how many event loops fit a CPU limit: its CPUs rounded
-// up, at least one, and never more than n (0: no limit).
-func loopsWithin(n int, cpuLimit float64) int {
+// LoopsWithin is how many event loops fit a CPU limit: its CPUs rounded
+// up, at least one, and never more than n (0: no limit). The event loop
+// engine runs that many by default, with n its CPUs.
+func LoopsWithin(n int, cpuLimit float64) int {
 	if cpuLimit <= 0 {
 		return n
 	}

@@ -118,8 +118,8 @@ func TestLoopsWithinACPULimit(t *testing.T) {
 		{1, 3, 1}, // never more than the CPUs
 		{4, 0.01, 1},
 	} {
-		if got := loopsWithin(tc.n, tc.limit); got != tc.want {
-			t.Errorf("loopsWithin(%d, %v) = %d, want %d", tc.n, tc.limit, got, tc.want)
+		if got := LoopsWithin(tc.n, tc.limit); got != tc.want {
+			t.Errorf("LoopsWithin(%d, %v) = %d, want %d", tc.n, tc.limit, got, tc.want)
 		}
 	}
 }

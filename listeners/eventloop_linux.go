@@ -66,7 +66,7 @@ func NewEventLoop(opts Options) (*EventLoop, error) {
 		// process may have raised GOMAXPROCS past the CPUs; see below).
 		// No more than the CPU limit, rounded up: Go's own default
 		// GOMAXPROCS stops at 2.
-		n = loopsWithin(min(runtime.GOMAXPROCS(0), runtime.NumCPU()), opts.CPULimit)
+		n = LoopsWithin(min(runtime.GOMAXPROCS(0), runtime.NumCPU()), opts.CPULimit)
 	}
 	// The loops block their threads in epoll_wait. While every P is held
 	// by a blocked loop, Go's sysmon takes Ps back after 20 us and wakes a

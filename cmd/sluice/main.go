@@ -45,6 +45,10 @@ var version = "v0.1.0-dev"
 // kubeProxyCompat is the kube-proxy release whose flags and config we follow.
 const kubeProxyCompat = "v1.34"
 
+// cpuLimitEvery is how often the cgroup CPU limit is read again
+// (cpuLimitWatch).
+const cpuLimitEvery = 30 * time.Second
+
 // kubeProxyEmulationVersion is the Kubernetes release whose kube-proxy
 // sluice behaves as, for /statusz's emulation version (its binary version
 // is sluice's own).
@@ -431,6 +435,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 			}
 			log.Info("userspace engine", attrs...)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
+			if cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0 && runtime.GOOS == "linux" {
+				w := &cpuLimitWatch{read: func() (float64, error) { return listeners.CgroupCPULimit(os.DirFS("/")) },
+					cpus: runtime.NumCPU(), loops: l.Loops(), limit: cpuLimit, log: log}
+				tick := time.NewTicker(cpuLimitEvery)
+				defer tick.Stop()
+				go w.run(ctx, tick.C)
+			}
 		}
 		// Validated in userspace mode; after a fall-back from a kernel mode,
 		// which does not use it, an invalid one means random proxy ports.
