@@ -798,7 +798,7 @@ const LoggingAlphaOptions = "LoggingAlphaOptions"
 // file's logging:) as kube-proxy's logsapi.Validate does.
 func (c *Config) validateLogging(p *problems) {
 	l := &c.KubeProxy.Logging
-	alpha := c.KubeProxy.FeatureGates[LoggingAlphaOptions]
+	alpha := c.GateEnabled(LoggingAlphaOptions)
 	gated := []struct {
 		flag, field string
 		set         bool

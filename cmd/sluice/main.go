@@ -408,7 +408,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		// A container's CPU limit bounds the default number of event loops
 		// (an explicit --event-loops is kept as given).
 		var cpuLimit float64
-		if cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0 {
+		sizedByLimit := cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0
+		if sizedByLimit {
 			var err error
 			if cpuLimit, err = listeners.CgroupCPULimit(os.DirFS("/")); err != nil {
 				log.Warn("cannot read the cgroup CPU limit; event loops are sized by the CPUs alone", "err", err)
@@ -435,7 +436,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 			}
 			log.Info("userspace engine", attrs...)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
-			if cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0 && runtime.GOOS == "linux" {
+			if sizedByLimit && runtime.GOOS == "linux" {
 				w := &cpuLimitWatch{read: func() (float64, error) { return listeners.CgroupCPULimit(os.DirFS("/")) },
 					cpus: runtime.NumCPU(), loops: l.Loops(), limit: cpuLimit, log: log}
 				tick := time.NewTicker(cpuLimitEvery)
