@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/controlplane/kube/kubetest"
 	"github.com/sluice-proxy/sluice/listeners"
 )
 
@@ -107,32 +107,10 @@ func drawPort(port int) bool {
 	return true
 }
 
+// freePort is a port free for network now (kubetest.FreePort), none
+// drawn twice in this test process.
 func freePort(t *testing.T, network string) int {
-	t.Helper()
-	// Below the ephemeral range (Linux's default is 32768-60999): a port
-	// from ":0" comes from that range, and a test package running beside
-	// this one can take it for an outgoing connection before sluice binds
-	// it (seen under make test's load: sluice exited at once).
-	for range 200 {
-		port := 20000 + rand.IntN(12000)
-		if !drawPort(port) {
-			continue // handed out already, perhaps not yet bound
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		if network == "udp" {
-			if pc, err := net.ListenPacket("udp", addr); err == nil {
-				pc.Close()
-				return port
-			}
-			continue
-		}
-		if ln, err := net.Listen("tcp", addr); err == nil {
-			ln.Close()
-			return port
-		}
-	}
-	t.Fatalf("no free %s port on 127.0.0.1 in 20000-31999", network)
-	return 0
+	return kubetest.FreePort(t, network, drawPort)
 }
 
 // httpBackend serves "name" on addr until the test ends.

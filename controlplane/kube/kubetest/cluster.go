@@ -18,7 +18,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,19 +36,6 @@ const APIServerVersion = "v1.34.2"
 // ServiceCIDR is the cluster IP range the API server allocates from.
 const ServiceCIDR = "10.96.0.0/16"
 
-// TB is what the bed needs of a test: *testing.T and *testing.B are TBs.
-// Fatal must not return (a test's ends its goroutine).
-type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Fatalf(format string, args ...any)
-	Logf(format string, args ...any)
-	Skip(args ...any)
-	Cleanup(func())
-	TempDir() string
-	Failed() bool
-}
-
 // Cluster is a running etcd plus kube-apiserver.
 type Cluster struct {
 	Kubeconfig string // path of a kubeconfig with a system:masters token
@@ -63,6 +49,7 @@ type Cluster struct {
 	api       *exec.Cmd
 	apiDone   chan struct{}
 	token     string
+	drawn     map[int]bool // the ports freePort handed out
 }
 
 // Option changes how Start configures the API server.
@@ -161,13 +148,19 @@ func Require(t TB, err error) {
 	t.Skip(err)
 }
 
-func freePort(t TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+// freePort is a TCP port for etcd and kube-apiserver (FreePort), none
+// drawn twice by c.
+func (c *Cluster) freePort() int {
+	return FreePort(c.t, "tcp", func(port int) bool {
+		if c.drawn[port] {
+			return false
+		}
+		if c.drawn == nil {
+			c.drawn = map[int]bool{}
+		}
+		c.drawn[port] = true
+		return true
+	})
 }
 
 // Start runs etcd and kube-apiserver until the test ends and waits until
@@ -192,7 +185,7 @@ func Start(t TB, opts ...Option) *Cluster {
 	dir := t.TempDir()
 	c := &Cluster{t: t, dir: dir, apiserver: apiBin}
 
-	etcdClient, etcdPeer := freePort(t), freePort(t)
+	etcdClient, etcdPeer := c.freePort(), c.freePort()
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	c.startProc("etcd", etcdBin, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice-test",
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
@@ -226,7 +219,7 @@ func Start(t TB, opts ...Option) *Cluster {
 	c.token = hex.EncodeToString(tok)
 	tokens := write("tokens.csv", []byte(c.token+",sluice-test,sluice-test,system:masters\n"))
 
-	port := freePort(t)
+	port := c.freePort()
 	c.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
 	c.apiArgs = []string{"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
 		"--cert-dir=" + filepath.Join(dir, "certs"), "--service-account-key-file=" + saPub,
