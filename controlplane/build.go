@@ -46,7 +46,9 @@ func Build(objs *Objects) (*lb.Snapshot, error) { return BuildFor(objs, "") }
 
 // BuildFor is Build for the node named nodeName: endpoints on that node are
 // marked local, which internalTrafficPolicy and externalTrafficPolicy Local
-// select. An empty nodeName marks none local.
+// select. An empty nodeName marks none local. The slices' zone hints are
+// read for the zone of the node's Node object, when the load found one
+// (Objects.NodeZone).
 func BuildFor(objs *Objects, nodeName string) (*lb.Snapshot, error) {
 	return buildFull(objs, nodeName, nil)
 }
@@ -67,6 +69,7 @@ type BuildMemo struct {
 	// may take.
 	Reserved []HostPort
 	nodeName string
+	zone     string // the zone the last build was for (Objects.NodeZone)
 	prev     map[svcKey]memoService
 	last     *lb.Snapshot // what prev built
 	seq      uint64       // the last snapshot ID given
@@ -200,7 +203,7 @@ func (m *BuildMemo) rebuild(objs *Objects, next map[svcKey]*Service, sources map
 			}
 			continue
 		}
-		ms, ok := buildMemoService(svc, sources[k], m.nodeName)
+		ms, ok := buildMemoService(svc, sources[k], m.nodeName, m.zone)
 		if !ok {
 			return nil, false, nil
 		}
@@ -314,8 +317,11 @@ type memoService struct {
 // returns what BuildFor returns, every problem reported in BuildFor's
 // order, and the memo is left as it was.
 func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) {
-	if m.nodeName != nodeName {
-		m.nodeName, m.prev, m.last = nodeName, nil, nil
+	if m.nodeName != nodeName || m.zone != objs.zone {
+		// Every Service is built again for another node or zone, as
+		// kube-proxy's proxiers resync on a change of the Node's topology
+		// labels; the snapshot is a whole one.
+		m.nodeName, m.zone, m.prev, m.last = nodeName, objs.zone, nil, nil
 	}
 	if snap, ok, err := m.buildInPlace(objs); ok {
 		return snap, err
@@ -359,7 +365,7 @@ func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) 
 				del = append(del, sp.Name) // rebuilt: its old ports go, its new ones come in set
 			}
 		}
-		ms, ok := buildMemoService(svc, sources[k], nodeName)
+		ms, ok := buildMemoService(svc, sources[k], nodeName, m.zone)
 		if !ok {
 			return buildFull(objs, nodeName, m.Reserved)
 		}
@@ -413,7 +419,7 @@ func (m *BuildMemo) remember(objs *Objects) {
 // buildMemoService builds one Service from its slices and Endpoints (all
 // already matched to it), for either build path; ok is false on any
 // problem, which the full build then reports.
-func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoService, ok bool) {
+func buildMemoService(svc *Service, sources []any, nodeName, zone string) (ms memoService, ok bool) {
 	if len(svc.problemList()) > 0 {
 		return memoService{}, false
 	}
@@ -436,7 +442,7 @@ func buildMemoService(svc *Service, sources []any, nodeName string) (ms memoServ
 	}
 	for _, sp := range ports {
 		sp.Endpoints = mergeEndpoints(collected[sp.Name])
-		applyTopology(sp, hints[sp.Name], "")
+		applyTopology(sp, hints[sp.Name], zone)
 	}
 	return memoService{svc: svc, sources: sources, ports: ports}, true
 }
@@ -578,7 +584,7 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 			continue // a port the Service does not have: ignored, as kube-proxy does
 		}
 		sp.Endpoints = mergeEndpoints(eps)
-		applyTopology(sp, hints[name], "")
+		applyTopology(sp, hints[name], objs.zone)
 	}
 	snap := lb.NewSnapshot(all)
 	if err := checkNodePorts(snap, objs, reserved); err != nil {

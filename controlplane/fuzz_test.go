@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -97,10 +98,13 @@ func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
 // FuzzCarriedLoadsMatchColdLoads: a run of loads through one document
 // cache, each after line edits of two files, must give what a load
 // through a new cache gives: the same errors, the same objects in the same order, the same
-// build and the same origins (also of objects gone). The edits are made
+// build, the same origins (also of objects gone) and the same Node zone. The edits are made
 // where a carried document could be fooled: at line starts (a separator
 // written, dropped or commented, a document put in, cut, moved or
-// copied, a line end rewritten) and at single bytes.
+// copied, a line end rewritten) and at single bytes. A file an edit left
+// as it was is not written again, and is replayed from its record (its
+// times are trusted: the cache's clock runs an hour ahead, and a file
+// written is a new inode).
 func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 	doc := func(kind, name string, port int) string {
 		switch kind {
@@ -108,6 +112,8 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 			return fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s-x, namespace: f, labels: {kubernetes.io/service-name: %s}}\naddressType: IPv4\nports: [{name: p, port: %d}]\nendpoints: [{addresses: [\"10.1.0.9\"]}]\n", name, name, 8000+port)
 		case "endpoints":
 			return fmt.Sprintf("apiVersion: v1\nkind: Endpoints\nmetadata: {name: %s, namespace: f}\nsubsets: [{addresses: [{ip: 10.2.0.9}], ports: [{name: p, port: %d}]}]\n", name, 8000+port)
+		case "node":
+			return fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata: {name: %s, labels: {topology.kubernetes.io/zone: z%d}}\n", name, port)
 		}
 		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: f}\nspec:\n  ports: [{name: p, port: %d}]\n", name, port)
 	}
@@ -126,6 +132,18 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 	f.Add(doc("svc", "s1", 80)+"---\n"+doc("svc", "s2", 81), b, []byte{0, 11, 12})
 	// The last document cut whole (lines 5 to 10): it has no origin.
 	f.Add(doc("svc", "s1", 80)+"---\n"+doc("svc", "s2", 81), b, []byte{1, 5, 5})
+	// This node's Node, and another's, beside a Service; a second copy of
+	// this node's put in the other file, which is then replayed.
+	nodes := doc("svc", "s7", 87) + "---\n" + doc("node", "n1", 1) + "---\n" + doc("node", "n2", 2) + "---\n" + doc("svc", "s8", 88)
+	f.Add(nodes, b, []byte{8, 0, 14, 5, 0, 0})
+	// The other file given copies of a file's Node and Service: that
+	// file, replayed, is two duplicates, named in its order.
+	f.Add(doc("svc", "s1", 80), doc("node", "n1", 1)+"---\n"+doc("svc", "s5", 84), []byte{0, 0, 9, 0, 0, 14, 5, 0, 0})
+	// A Service put in the other file: the Node's is carried whole.
+	f.Add(nodes, b, []byte{8, 0, 9, 5, 0, 0})
+	// The Node renamed (line 9, column 19: "n1" becomes "nx"), so that
+	// it is another node's; then the file is left as it is.
+	f.Add(nodes, b, []byte{4, 8, 9*18 + 5, 5, 0, 0})
 	// One directory for every input (a new one each was most of an
 	// input's time): its files are written anew before each load.
 	dir := f.TempDir()
@@ -137,18 +155,32 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 			"---\n", "--- # c\n", "---   \n", "...\n", "# c\n", "\n", "  ", "- ", "---",
 			doc("svc", "s5", 84) + "---\n", doc("svc", "s1", 85) + "---\n", doc("slice", "s3", 4) + "---\n",
 			"  sessionAffinity: ClientIP\n", "kind: List\nitems:\n- " + strings.ReplaceAll(doc("svc", "s6", 86), "\n", "\n  ") + "\n",
+			doc("node", "n1", 3) + "---\n", "kind: List\nitems:\n- " + strings.ReplaceAll(doc("node", "n1", 4), "\n", "\n  ") + "\n",
 		}
 		texts := [2][]byte{[]byte(a), []byte(b)}
-		var cache DocCache
+		var written [2][]byte // what the files hold (nil: unknown)
+		const node = "n1"
+		cache := DocCache{node: node, now: func() time.Time { return time.Now().Add(time.Hour) }}
 		ids := map[string]bool{}
 		load := func(step int) {
 			for i, text := range texts {
-				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.yaml", i)), text, 0o644); err != nil {
+				if written[i] != nil && bytes.Equal(written[i], text) {
+					continue
+				}
+				// By rename: a new inode, so that the cache's hour-ahead
+				// clock cannot take a rewrite of the same size in the same
+				// clock tick for the file it read.
+				name := filepath.Join(dir, fmt.Sprintf("f%d.yaml", i))
+				if err := os.WriteFile(filepath.Join(dir, ".tmp"), text, 0o644); err != nil {
 					t.Fatal(err)
 				}
+				if err := os.Rename(filepath.Join(dir, ".tmp"), name); err != nil {
+					t.Fatal(err)
+				}
+				written[i] = slices.Clone(text)
 			}
 			got, gerr := loadCached(dir, &cache)
-			want, werr := loadCached(dir, &DocCache{})
+			want, werr := loadCached(dir, &DocCache{node: node})
 			if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
 				t.Fatalf("load %d: through the cache %v, cold %v", step, gerr, werr)
 			}
@@ -167,6 +199,11 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 			y, yerr := Build(want)
 			if (xerr == nil) != (yerr == nil) || (xerr != nil && xerr.Error() != yerr.Error()) || !reflect.DeepEqual(x, y) {
 				t.Fatalf("load %d: the build through the cache differs from a cold one (%v, %v)", step, xerr, yerr)
+			}
+			gz, gat, gfound := got.NodeZone()
+			wz, wat, wfound := want.NodeZone()
+			if gz != wz || gat != wat || gfound != wfound {
+				t.Fatalf("load %d: node zone through the cache %q at %q (%v), cold %q at %q (%v)", step, gz, gat, gfound, wz, wat, wfound)
 			}
 			for _, id := range names(want) {
 				ids[id] = true

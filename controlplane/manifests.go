@@ -61,6 +61,11 @@ type Objects struct {
 	// ignoreNodeHints drops the slices' node hints as they are decoded
 	// (kube-proxy's PreferSameTrafficDistribution gate off).
 	ignoreNodeHints bool
+	// zone is the topology.kubernetes.io/zone label of the Node object
+	// named node, when forNode and the manifests hold it (nodeAt is where:
+	// "" when they do not), for the slices' zone hints, as kube-proxy
+	// reads its Node's. Nodes of other names are skipped.
+	zone, nodeAt string
 	// fast: this load carries what the last clean load (last) found where
 	// it is again, unchanged: the objects of a file not read again, and
 	// of each document read again with the same text at the same place,
@@ -152,7 +157,7 @@ func (o *Objects) SkippedKinds() map[string]SkippedKind { return o.skippedKinds 
 // v1 kind but Service, Endpoints and List is taken for a typo.
 var otherCoreKinds = map[string]bool{"Pod": true, "ConfigMap": true, "Secret": true, "ServiceAccount": true, "Namespace": true,
 	"PersistentVolume": true, "PersistentVolumeClaim": true, "ReplicationController": true, "LimitRange": true, "ResourceQuota": true,
-	"Node": true, "Event": true, "PodTemplate": true}
+	"Event": true, "PodTemplate": true} // and Node, but this node's (decodeObject)
 
 // leftAlone says whether an object of apiVersion/kind is one sluice skips:
 // a core kind it does not serve, or any kind of another API group (apps,
@@ -500,7 +505,7 @@ func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *D
 		if maxBytes > 0 && read > maxBytes { // grew since the check above
 			return nil, []error{&ManifestError{File: f, Err: fmt.Errorf("%w (%d bytes)", ErrManifestsTooLarge, maxBytes)}}, read
 		}
-		before, lists, skipped := objs.count(), objs.emptyLists, objs.skipped
+		before, lists, skipped, nodeAt := objs.count(), objs.emptyLists, objs.skipped, objs.nodeAt
 		if cache != nil {
 			objs.rec = &fileState{readAt: readAt, starts: objs.lens()}
 		}
@@ -508,7 +513,7 @@ func loadFiles(files []string, stats []os.FileInfo, quiet []*fileState, cache *D
 		if cache != nil {
 			delete(cache.files, f) // until recorded again below
 		}
-		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped {
+		if len(ferrs) == 0 && objs.count() == before && objs.emptyLists == lists && objs.skipped == skipped && objs.nodeAt == nodeAt {
 			ferrs = append(ferrs, &ManifestError{File: f, Err: ErrEmptyFile})
 		}
 		errs = append(errs, ferrs...)
@@ -550,21 +555,61 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 			o.skip(sk.gv, sk.where)
 		}
 		o.emptyLists += st.emptyLists
+		if st.node != nil {
+			return o.ownNode(st.node.at, st.node.zone)
+		}
 		return nil
 	}
 	var errs []error
+	node := st.node
 	for i, d := range st.docs {
+		if node != nil && node.at.doc == i+1 {
+			// In the file's order, as a load that reads it finds it (a
+			// duplicate's error comes where it would).
+			errs = append(errs, o.ownNode(node.at, node.zone)...)
+			node = nil
+		}
 		if d.e == nil {
 			continue // a place that gave no object (an empty document)
 		}
 		d.e.gen = cache.gen
 		errs = append(errs, o.add(place{file, i + 1}, d.e)...)
 	}
+	if node != nil { // a JSON file's: no document slots
+		errs = append(errs, o.ownNode(node.at, node.zone)...)
+	}
 	for _, sk := range st.skipped {
 		o.skip(sk.gv, sk.where)
 	}
 	o.emptyLists += st.emptyLists
 	return errs
+}
+
+// ownNode records the Node object of this load's node, found at at with
+// the zone label zone, refusing a second one.
+func (o *Objects) ownNode(at place, zone string) []error {
+	where := at.String()
+	if o.nodeAt != "" {
+		return []error{&ManifestError{File: where, Object: "Node " + o.node, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", o.nodeAt)}}
+	}
+	o.nodeAt, o.zone = where, zone
+	if o.rec != nil {
+		if at.doc == 0 {
+			// A List's item: the file is read again each load rather than
+			// replay an item at a document's place.
+			o.rec = nil
+		} else {
+			o.rec.node = &nodeDoc{at, zone}
+		}
+	}
+	return nil
+}
+
+// NodeZone is the topology.kubernetes.io/zone label of this node's Node
+// object (the one named as the source's node) and where the manifests hold
+// it; found is false when they hold none.
+func (o *Objects) NodeZone() (zone, at string, found bool) {
+	return o.zone, o.nodeAt, o.nodeAt != ""
 }
 
 // MaxReportedErrors is how many of a load's errors are reported (logged,
@@ -952,6 +997,16 @@ type fileState struct {
 	starts, counts [3]int32
 	skipped        []skippedDoc
 	emptyLists     int
+	// node is the Node object of the load's node that a document gave,
+	// if one did (see Objects.zone).
+	node *nodeDoc
+}
+
+// nodeDoc is where a file's document gave this node's Node object, and
+// the zone it named.
+type nodeDoc struct {
+	at   place
+	zone string
 }
 
 type skippedDoc struct{ gv, where string }
@@ -1528,6 +1583,24 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		}
 		return errs, nil
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
+	case "v1/Node":
+		if !o.forNode || o.node == "" || tm.Metadata.Name != o.node {
+			gv := gv
+			if o.node != "" {
+				gv += " (of another node than " + o.node + ")"
+			}
+			o.skip(gv, at.String())
+			if o.rec != nil {
+				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, at.String()})
+			}
+			return nil, nil
+		}
+		id = "Node " + o.node // cluster-scoped
+		node := &corev1.Node{}
+		if errs := strict(node); errs != nil {
+			return errs, nil
+		}
+		return o.ownNode(at, strings.Clone(node.Labels[corev1.LabelTopologyZone])), nil
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
 			o.skip(gv, at.String())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluice-proxy/sluice/lb"
 )
@@ -97,6 +98,9 @@ type ManifestSource struct {
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
+	// node is what the last good read said of this node's Node object
+	// (its zone, or that there is none), once said.
+	node *nodeSeen
 	// skippedKinds are the kinds of objects skipped that have been
 	// warned about, so each gets one warning, not one per reload.
 	skippedKinds map[string]bool
@@ -276,7 +280,32 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	if err != nil {
 		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))
 	}
+	s.sayNode(objs)
 	return snap, len(objs.Services), nil
+}
+
+type nodeSeen struct {
+	zone  string
+	found bool
+}
+
+// sayNode logs this node's zone when a read finds it other than the last
+// good one did: the zone hints of every Service follow it.
+func (s *ManifestSource) sayNode(objs *Objects) {
+	zone, at, found := objs.NodeZone()
+	now := nodeSeen{zone, found}
+	if s.node != nil && *s.node == now || s.node == nil && !found {
+		return
+	}
+	s.node = &now
+	switch {
+	case !found:
+		s.logger().Info("manifests: no Node object for this node any more; zone hints are not followed", "node", s.NodeName)
+	case zone == "":
+		s.logger().Info("manifests: this node's Node object has no zone label; zone hints are not followed", "node", s.NodeName, "at", at, "label", corev1.LabelTopologyZone)
+	default:
+		s.logger().Info("manifests: this node's zone, for the zone hints", "node", s.NodeName, "zone", zone, "at", at)
+	}
 }
 
 // warnSkipped warns once about each kind of object the manifests hold and

@@ -1,11 +1,15 @@
 package controlplane
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/lb"
 
@@ -151,6 +155,171 @@ endpoints:
 		slices.Sort(got)
 		if strings.Join(got, ",") != tc.want {
 			t.Errorf("IgnoreNodeHints=%v: cluster traffic to %v, want %s", tc.ignore, got, tc.want)
+		}
+	}
+}
+
+// With --manifests, this node's Node object in the files gives the zone
+// that the slices' zone hints are read for, as the Node from the API
+// server does: a change of its zone label rebuilds the Services, Nodes of
+// other nodes are skipped, a second one or one that does not decode is
+// refused naming it, and without it no zone hint is followed.
+func TestManifestNodeZoneSteersTheZoneHints(t *testing.T) {
+	const svc = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: x}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: a, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: x, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: a, port: 8080}]
+endpoints:
+- addresses: [10.0.0.1]
+  hints: {forZones: [{name: z1}]}
+- addresses: [10.0.0.2]
+  hints: {forZones: [{name: z2}]}
+`
+	node := func(name, zone string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels: {topology.kubernetes.io/zone: %s}\n", name, zone)
+	}
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remove := func(name string) {
+		t.Helper()
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("svc.yaml", svc)
+	var logs bytes.Buffer
+	sink := &recordingSink{snaps: make(chan *lb.Snapshot, 16), rejects: make(chan error, 16)}
+	src := &ManifestSource{Path: dir, Sink: sink, NodeName: "node-a", Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	cluster := func(when string, want string) {
+		t.Helper()
+		var snap *lb.Snapshot
+		select { // Reload is synchronous: what it gave is there
+		case snap = <-sink.snaps:
+		case err := <-sink.rejects:
+			t.Fatalf("%s: rejected: %v", when, err)
+		default:
+			t.Fatalf("%s: nothing published (nothing changed)", when)
+		}
+		sp := snap.Ports.Get(lb.ServicePortName{Namespace: "x", Name: "web", Port: "a", Protocol: lb.TCP})
+		if sp == nil {
+			t.Fatalf("%s: no port x/web:a", when)
+		}
+		var got []string
+		for _, a := range sp.Select(false) {
+			got = append(got, a.Addr().String())
+		}
+		slices.Sort(got)
+		if strings.Join(got, ",") != want {
+			t.Fatalf("%s: cluster traffic to %v, want %s", when, got, want)
+		}
+	}
+	rejected := func(when string, want ...string) {
+		t.Helper()
+		select {
+		case snap := <-sink.snaps:
+			t.Fatalf("%s: published snapshot %d, want a rejection", when, snap.ID)
+		case err := <-sink.rejects:
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("%s: error %q does not say %q", when, err, w)
+				}
+			}
+		default:
+			t.Fatalf("%s: accepted, nothing changed", when)
+		}
+	}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	cluster("no Node", "10.0.0.1,10.0.0.2")
+
+	// A file of Nodes alone (not an empty file), another node's first.
+	write("nodes.yaml", node("node-b", "z1")+"---\n"+node("node-a", "z2"))
+	src.Reload()
+	cluster("in zone z2", "10.0.0.2")
+	for _, want := range []string{`zone=z2`, `kind="v1/Node (of another node than node-a)"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log does not say %s:\n%s", want, logs.String())
+		}
+	}
+
+	write("nodes.yaml", node("node-b", "z1")+"---\n"+node("node-a", "z1"))
+	src.Reload()
+	cluster("moved to zone z1", "10.0.0.1")
+
+	write("svc.yaml", svc+"---\n"+node("node-a", "z2"))
+	src.Reload()
+	rejected("a second Node of this node's", "Node node-a: metadata.name: duplicate object, first defined in "+filepath.Join(dir, "nodes.yaml")+"#2")
+
+	write("svc.yaml", svc)
+	write("nodes.yaml", node("node-a", "z2")+"spec: {bogus: 1}\n")
+	src.Reload()
+	rejected("a Node with an unknown field", "Node node-a: spec.bogus: unknown field")
+
+	remove("nodes.yaml")
+	write("node.json", `{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "z2"}}}`)
+	src.Reload()
+	cluster("in zone z2, from JSON", "10.0.0.2")
+
+	remove("node.json")
+	src.Reload()
+	cluster("the Node gone", "10.0.0.1,10.0.0.2")
+	if !strings.Contains(logs.String(), "no Node object for this node any more") {
+		t.Errorf("the log does not say the Node went:\n%s", logs.String())
+	}
+}
+
+// A file whose identity has not changed is replayed from its record, its
+// Node with it, rather than read again; a Node that is a List's item has
+// no document's place to be replayed at, so its file is read each load.
+func TestNodeZoneOfAnUnchangedFileIsReplayed(t *testing.T) {
+	const svc = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: x}\nspec:\n  ports: [{name: a, port: 80}]\n"
+	for _, tc := range []struct {
+		name, text string
+		reread     bool
+	}{
+		{"node.yaml", svc + "---\napiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: z1}}\n", false},
+		{"node.json", `{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "z1"}}}`, false},
+		{"list.yaml", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: n1, labels: {topology.kubernetes.io/zone: z1}}\n", true},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, tc.name), []byte(tc.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if tc.name != "node.yaml" {
+			if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(svc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// An hour ahead, the files' times are trusted (not "racy").
+		c := &DocCache{node: "n1", now: func() time.Time { return time.Now().Add(time.Hour) }}
+		for load := 0; load < 2; load++ {
+			reads := c.reads
+			objs, err := loadCached(dir, c)
+			if err != nil {
+				t.Fatalf("%s, load %d: %v", tc.name, load, err)
+			}
+			if zone, at, found := objs.NodeZone(); zone != "z1" || !found || !strings.HasPrefix(at, filepath.Join(dir, tc.name)) {
+				t.Fatalf("%s, load %d: zone %q at %q (%v), want z1 in the file", tc.name, load, zone, at, found)
+			}
+			if load == 1 {
+				if got, want := c.reads-reads, map[bool]int{false: 0, true: 1}[tc.reread]; got != want {
+					t.Errorf("%s: the second load read %d files, want %d", tc.name, got, want)
+				}
+			}
 		}
 	}
 }
