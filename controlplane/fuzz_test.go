@@ -144,6 +144,10 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 	// The Node renamed (line 9, column 19: "n1" becomes "nx"), so that
 	// it is another node's; then the file is left as it is.
 	f.Add(nodes, b, []byte{4, 8, 9*18 + 5, 5, 0, 0})
+	// A slice's port changed beside a slice cut from the other file: the
+	// memo's spliced build must rebuild both Services (line 11, column
+	// 27: 8001 becomes 8011; lines 11 to 17 of b).
+	f.Add(a, b, []byte{4, 10, 9*26 + 6, 9, 10, 6, 5, 0, 0})
 	// One directory for every input (a new one each was most of an
 	// input's time): its files are written anew before each load.
 	dir := f.TempDir()
@@ -162,6 +166,7 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 		const node = "n1"
 		cache := DocCache{node: node, now: func() time.Time { return time.Now().Add(time.Hour) }}
 		ids := map[string]bool{}
+		var memo BuildMemo
 		load := func(step int) {
 			for i, text := range texts {
 				if written[i] != nil && bytes.Equal(written[i], text) {
@@ -195,10 +200,18 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 			if g, w := names(got), names(want); !slices.Equal(g, w) {
 				t.Fatalf("load %d: objects through the cache %v, cold %v", step, g, w)
 			}
-			x, xerr := Build(got)
-			y, yerr := Build(want)
+			x, xerr := BuildFor(got, node)
+			y, yerr := BuildFor(want, node)
 			if (xerr == nil) != (yerr == nil) || (xerr != nil && xerr.Error() != yerr.Error()) || !reflect.DeepEqual(x, y) {
 				t.Fatalf("load %d: the build through the cache differs from a cold one (%v, %v)", step, xerr, yerr)
+			}
+			if yerr != nil && strings.Contains(yerr.Error(), "parsed for node") {
+				t.Fatalf("load %d: built for another node than the load's: %v", step, yerr)
+			}
+			// And the memo's build of the carried load (in place, spliced
+			// or whole, a delta of its last) serves the same ports.
+			if m, merr := memo.Build(got, node); (merr == nil) != (yerr == nil) || (merr != nil && merr.Error() != yerr.Error()) || merr == nil && !reflect.DeepEqual(m.Ports, y.Ports) {
+				t.Fatalf("load %d: the memo's build differs from a cold one (%v, %v)", step, merr, yerr)
 			}
 			gz, gat, gfound := got.NodeZone()
 			wz, wat, wfound := want.NodeZone()
