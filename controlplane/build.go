@@ -317,11 +317,11 @@ type memoService struct {
 // returns what BuildFor returns, every problem reported in BuildFor's
 // order, and the memo is left as it was.
 func (m *BuildMemo) Build(objs *Objects, nodeName string) (*lb.Snapshot, error) {
-	if m.nodeName != nodeName || m.zone != objs.zone {
+	if m.nodeName != nodeName || m.zone != objs.zone() {
 		// Every Service is built again for another node or zone, as
 		// kube-proxy's proxiers resync on a change of the Node's topology
 		// labels; the snapshot is a whole one.
-		m.nodeName, m.zone, m.prev, m.last = nodeName, objs.zone, nil, nil
+		m.nodeName, m.zone, m.prev, m.last = nodeName, objs.zone(), nil, nil
 	}
 	if snap, ok, err := m.buildInPlace(objs); ok {
 		return snap, err
@@ -584,7 +584,7 @@ func buildFull(objs *Objects, nodeName string, reserved []HostPort) (*lb.Snapsho
 			continue // a port the Service does not have: ignored, as kube-proxy does
 		}
 		sp.Endpoints = mergeEndpoints(eps)
-		applyTopology(sp, hints[name], objs.zone)
+		applyTopology(sp, hints[name], objs.zone())
 	}
 	snap := lb.NewSnapshot(all)
 	if err := checkNodePorts(snap, objs, reserved); err != nil {

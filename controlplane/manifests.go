@@ -61,11 +61,12 @@ type Objects struct {
 	// ignoreNodeHints drops the slices' node hints as they are decoded
 	// (kube-proxy's PreferSameTrafficDistribution gate off).
 	ignoreNodeHints bool
-	// zone is the topology.kubernetes.io/zone label of the Node object
-	// named node, when forNode and the manifests hold it (nodeAt is where:
-	// "" when they do not), for the slices' zone hints, as kube-proxy
-	// reads its Node's. Nodes of other names are skipped.
-	zone, nodeAt string
+	// nodeObj is the Node object named node, when forNode and the
+	// manifests hold it (nodeAt is where: "" when they do not), with what
+	// a proxy reads of it: its zone label, for the slices' zone hints,
+	// its pod CIDRs and its addresses. Nodes of other names are skipped.
+	nodeObj *corev1.Node
+	nodeAt  string
 	// fast: this load carries what the last clean load (last) found where
 	// it is again, unchanged: the objects of a file not read again, and
 	// of each document read again with the same text at the same place,
@@ -556,7 +557,7 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 		}
 		o.emptyLists += st.emptyLists
 		if st.node != nil {
-			return o.ownNode(st.node.at, st.node.zone)
+			return o.ownNode(st.node.at, st.node.node)
 		}
 		return nil
 	}
@@ -566,7 +567,7 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 		if node != nil && node.at.doc == i+1 {
 			// In the file's order, as a load that reads it finds it (a
 			// duplicate's error comes where it would).
-			errs = append(errs, o.ownNode(node.at, node.zone)...)
+			errs = append(errs, o.ownNode(node.at, node.node)...)
 			node = nil
 		}
 		if d.e == nil {
@@ -576,7 +577,7 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 		errs = append(errs, o.add(place{file, i + 1}, d.e)...)
 	}
 	if node != nil { // a JSON file's: no document slots
-		errs = append(errs, o.ownNode(node.at, node.zone)...)
+		errs = append(errs, o.ownNode(node.at, node.node)...)
 	}
 	for _, sk := range st.skipped {
 		o.skip(sk.gv, sk.where)
@@ -585,32 +586,59 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 	return errs
 }
 
-// ownNode records the Node object of this load's node, found at at with
-// the zone label zone, refusing a second one.
-func (o *Objects) ownNode(at place, zone string) []error {
+// ownNode records the Node object of this load's node (what a proxy
+// reads of it, never changed once made), found at at, refusing a second
+// one.
+func (o *Objects) ownNode(at place, n *corev1.Node) []error {
 	where := at.String()
 	if o.nodeAt != "" {
 		return []error{&ManifestError{File: where, Object: "Node " + o.node, Field: "metadata.name", Err: fmt.Errorf("duplicate object, first defined in %s", o.nodeAt)}}
 	}
-	o.nodeAt, o.zone = where, zone
+	o.nodeAt, o.nodeObj = where, n
 	if o.rec != nil {
 		if at.doc == 0 {
 			// A List's item: the file is read again each load rather than
 			// replay an item at a document's place.
 			o.rec = nil
 		} else {
-			o.rec.node = &nodeDoc{at, zone}
+			o.rec.node = &nodeDoc{at, n}
 		}
 	}
 	return nil
+}
+
+// proxyNode is what a proxy reads of a Node: its name, its zone label,
+// its pod CIDRs and its addresses.
+func proxyNode(n *corev1.Node) *corev1.Node {
+	out := &corev1.Node{}
+	out.Name = n.Name
+	if z, ok := n.Labels[corev1.LabelTopologyZone]; ok {
+		out.Labels = map[string]string{corev1.LabelTopologyZone: strings.Clone(z)}
+	}
+	out.Spec.PodCIDR, out.Spec.PodCIDRs = n.Spec.PodCIDR, n.Spec.PodCIDRs
+	out.Status.Addresses = n.Status.Addresses
+	return out
 }
 
 // NodeZone is the topology.kubernetes.io/zone label of this node's Node
 // object (the one named as the source's node) and where the manifests hold
 // it; found is false when they hold none.
 func (o *Objects) NodeZone() (zone, at string, found bool) {
-	return o.zone, o.nodeAt, o.nodeAt != ""
+	return o.zone(), o.nodeAt, o.nodeAt != ""
 }
+
+// zone is the zone label of this node's Node ("": none, or no Node).
+func (o *Objects) zone() string {
+	if o.nodeObj == nil {
+		return ""
+	}
+	return o.nodeObj.Labels[corev1.LabelTopologyZone]
+}
+
+// Node is this node's Node object as the manifests hold it (its name, zone
+// label, pod CIDRs and addresses alone), or nil when they hold none. It
+// is shared: not to be changed.
+func (o *Objects) Node() *corev1.Node { return o.nodeObj }
 
 // MaxReportedErrors is how many of a load's errors are reported (logged,
 // returned, counted by object); the rest are counted in one line. A broken
@@ -1003,10 +1031,10 @@ type fileState struct {
 }
 
 // nodeDoc is where a file's document gave this node's Node object, and
-// the zone it named.
+// what a proxy reads of it.
 type nodeDoc struct {
 	at   place
-	zone string
+	node *corev1.Node
 }
 
 type skippedDoc struct{ gv, where string }
@@ -1600,7 +1628,7 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		if errs := strict(node); errs != nil {
 			return errs, nil
 		}
-		return o.ownNode(at, strings.Clone(node.Labels[corev1.LabelTopologyZone])), nil
+		return o.ownNode(at, proxyNode(node)), nil
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
 			o.skip(gv, at.String())

@@ -95,6 +95,10 @@ type ManifestSource struct {
 	// MaxBytes bounds what one load reads; a load over it is refused.
 	// Default DefaultMaxManifestBytes; negative: no limit.
 	MaxBytes int64
+	// NodePodCIDRs, when set, is told the pod CIDRs of this node's Node
+	// object after each good read that finds one (as the API source tells
+	// them, for --detect-local-mode=NodeCIDR).
+	NodePodCIDRs func([]string)
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
@@ -281,7 +285,33 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))
 	}
 	s.sayNode(objs)
+	if n := objs.Node(); n != nil && s.NodePodCIDRs != nil {
+		s.NodePodCIDRs(PodCIDRs(n))
+	}
 	return snap, len(objs.Services), nil
+}
+
+// PodCIDRs are a Node's spec.podCIDRs, or its older spec.podCIDR alone.
+func PodCIDRs(n *corev1.Node) []string {
+	if len(n.Spec.PodCIDRs) == 0 && n.Spec.PodCIDR != "" {
+		return []string{n.Spec.PodCIDR}
+	}
+	return n.Spec.PodCIDRs
+}
+
+// ManifestNode reads the manifests at path (at most maxBytes; 0: the
+// default) for the Node object named nodeName, as a source for that node
+// reads it: nil when they hold none. A load the source would refuse is
+// an error.
+func ManifestNode(path, nodeName string, maxBytes int64) (*corev1.Node, error) {
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxManifestBytes
+	}
+	objs, _, err := loadManifests(path, &DocCache{node: nodeName}, max(maxBytes, 0))
+	if err != nil {
+		return nil, Locate(BoundErrors(err, MaxReportedErrors))
+	}
+	return objs.Node(), nil
 }
 
 type nodeSeen struct {

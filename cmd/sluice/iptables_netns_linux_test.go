@@ -757,3 +757,91 @@ func TestConntrackSysctlsAreApplied(t *testing.T) {
 		t.Fatalf("INVALID drop with nf_conntrack_tcp_be_liberal set:\n%s", filter)
 	}
 }
+
+// With --manifests, this node's Node object in the files stands for the
+// API's Node: its zone steers the zone hints (a change of its label
+// rewrites the Service's chain), its pod CIDRs are what
+// --detect-local-mode=NodeCIDR matches (a change ends sluice with exit code
+// 1, as it ends kube-proxy), and without it NodeCIDR mode refuses to start,
+// naming the node.
+func TestManifestNodeGivesTheZoneAndThePodCIDRs(t *testing.T) {
+	b := newNetnsBed(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), `apiVersion: v1
+kind: Service
+metadata: {name: zoned, namespace: e2e}
+spec:
+  clusterIP: 10.96.0.41
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zoned-1, namespace: e2e, labels: {kubernetes.io/service-name: zoned}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.244.0.5]
+  hints: {forZones: [{name: z1}]}
+- addresses: [10.244.1.6]
+  hints: {forZones: [{name: z2}]}
+`)
+	node := func(zone, podCIDR string) string {
+		return fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/zone: %s}
+spec: {podCIDR: %[2]s, podCIDRs: [%[2]s]}
+status:
+  addresses: [{type: InternalIP, address: 10.244.0.1}]
+`, zone, podCIDR)
+	}
+	args := []string{sluiceBin, "--proxy-mode=iptables", "--mode-fallback=false", "--iptables-backend=nft", "--hostname-override=node-a",
+		"--manifests", dir, "--healthz-bind-address=", "--metrics-bind-address=", "--detect-local-mode=NodeCIDR"}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "exec", b.node, sluiceBin, "--cleanup", "--iptables-backend=nft").Run()
+	})
+
+	p := b.start(b.node, nil, args...)
+	p.waitLog("holds no Node named", `\"node-a\"`)
+	if code := p.exitCode(); code == 0 {
+		t.Fatal("NodeCIDR mode without the Node in the manifests exited 0")
+	}
+
+	nodeFile := filepath.Join(dir, "node.yaml")
+	writeFile(t, nodeFile, "# another node's, then this one's\n"+strings.ReplaceAll(node("z1", "10.244.9.0/24"), "node-a", "node-b")+"---\n"+node("z2", "10.244.1.0/24"))
+	p = b.start(b.node, nil, args...)
+	p.waitLog("detect-local-mode NodeCIDR", "10.244.1.0/24")
+	p.waitLog("state applied")
+	jumps := func() []string {
+		t.Helper()
+		var got []string
+		for _, l := range strings.Split(b.in(b.node, "iptables-nft-save", "-t", "nat"), "\n") {
+			if strings.HasPrefix(l, "-A KUBE-SVC-") && strings.Contains(l, "-j KUBE-SEP-") {
+				if _, ep, ok := strings.Cut(l, "e2e/zoned:http -> "); ok {
+					got = append(got, strings.Trim(strings.Fields(ep)[0], `"`))
+				}
+			}
+		}
+		return got
+	}
+	if got := jumps(); !slices.Equal(got, []string{"10.244.1.6:8080"}) {
+		t.Errorf("in zone z2 the Service's chain jumps to %q, want only the z2 endpoint", got)
+	}
+	if nat := b.in(b.node, "iptables-nft-save", "-t", "nat"); !strings.Contains(nat, "! -s 10.244.1.0/24 -d 10.96.0.41/32") {
+		t.Errorf("no masquerade of traffic from outside the Node's pod CIDR:\n%s", nat)
+	}
+
+	writeFile(t, nodeFile, node("z1", "10.244.1.0/24"))
+	p.waitLog("this node's zone", "zone=z1")
+	p.waitLog("state applied")
+	if got := jumps(); !slices.Equal(got, []string{"10.244.0.5:8080"}) {
+		t.Errorf("moved to zone z1, the Service's chain jumps to %q, want only the z1 endpoint", got)
+	}
+
+	writeFile(t, nodeFile, node("z1", "10.244.2.0/24"))
+	p.waitLog("spec.podCIDRs changed")
+	if code := p.exitCode(); code != 1 {
+		t.Fatalf("exit code %d after the pod CIDRs changed, want 1", code)
+	}
+}

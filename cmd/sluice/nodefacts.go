@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/controlplane"
 )
 
 // nodeFacts is what kube-proxy's NodeManager learns from this node's Node
@@ -119,10 +120,7 @@ func factsOf(n *corev1.Node) nodeFacts {
 			}
 		}
 	}
-	f.podCIDRs = n.Spec.PodCIDRs
-	if len(f.podCIDRs) == 0 && n.Spec.PodCIDR != "" {
-		f.podCIDRs = []string{n.Spec.PodCIDR}
-	}
+	f.podCIDRs = controlplane.PodCIDRs(n)
 	return f
 }
 
@@ -169,13 +167,14 @@ func (f nodeFacts) nodePortAddresses(spec []string, bindAddress string, warn fun
 // as kube-proxy exits.
 var errPodCIDRsChanged = errors.New("the Node's spec.podCIDRs changed, which --detect-local-mode=NodeCIDR matches: exiting, to be started again with them, as kube-proxy does")
 
-// learnNodeFacts learns what cfg needs of the Node (nodeFactsNeeded),
-// from the API, waiting for it as kube-proxy does.
+// learnNodeFacts learns what cfg needs of the Node (nodeFactsNeeded):
+// with --manifests, from this node's Node object in them, as they are at
+// start-up; else from the API, waiting for it as kube-proxy does.
 func learnNodeFacts(ctx context.Context, cfg *config.Config, needPodCIDRs bool, w nodeWait) (nodeFacts, error) {
+	if cfg.Manifests != "" {
+		return manifestNodeFacts(cfg, needPodCIDRs)
+	}
 	if !apiConfigured(cfg) {
-		if needPodCIDRs {
-			return nodeFacts{}, errors.New("--detect-local-mode=NodeCIDR needs this node's Node object (its spec.podCIDRs) from the Kubernetes API; --manifests has no Node: use --detect-local-mode=ClusterCIDR with --cluster-cidr, or an interface mode")
-		}
 		return nodeFacts{}, nil
 	}
 	client, _, err := newKubeClient(cfg)
@@ -186,6 +185,29 @@ func learnNodeFacts(ctx context.Context, cfg *config.Config, needPodCIDRs bool, 
 	return w.learn(ctx, name, func(ctx context.Context) (*corev1.Node, error) {
 		return client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	}, needPodCIDRs)
+}
+
+// manifestNodeFacts is learnNodeFacts from the Node object named as this
+// node in --manifests. There is nothing to wait for: a Node the files do
+// not hold, or one without pod CIDRs in NodeCIDR mode, is an error.
+func manifestNodeFacts(cfg *config.Config, needPodCIDRs bool) (nodeFacts, error) {
+	name := nodeName(cfg)
+	n, err := controlplane.ManifestNode(cfg.Manifests, name, manifestMaxBytes(cfg))
+	if err != nil {
+		return nodeFacts{}, fmt.Errorf("reading this node's Node object from --manifests %s: %w", cfg.Manifests, err)
+	}
+	var facts nodeFacts
+	if n != nil {
+		facts = factsOf(n)
+	}
+	switch {
+	case !needPodCIDRs || len(facts.podCIDRs) > 0:
+		return facts, nil
+	case n == nil:
+		return facts, fmt.Errorf("--detect-local-mode=NodeCIDR needs this node's Node object (its spec.podCIDRs): --manifests %s holds no Node named %q (--hostname-override, else the host name); add one, or use --detect-local-mode=ClusterCIDR with --cluster-cidr, or an interface mode", cfg.Manifests, name)
+	default:
+		return facts, fmt.Errorf("--detect-local-mode=NodeCIDR needs this node's spec.podCIDRs: the Node %q in --manifests %s has none", name, cfg.Manifests)
+	}
 }
 
 // podCIDRsWatch is, in a kernel mode with NodeCIDR, what the API source

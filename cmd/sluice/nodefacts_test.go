@@ -166,3 +166,53 @@ func TestPodCIDRsChangeEndsSluiceInNodeCIDRMode(t *testing.T) {
 		t.Fatalf("%d exits, want 1", exits)
 	}
 }
+
+// With --manifests, the Node is this node's Node object in them, read once
+// at start-up: its addresses for --nodeport-addresses=primary, its pod CIDRs
+// for NodeCIDR mode (none, or no Node, is an error naming what is missing),
+// never another node's.
+func TestNodeFactsFromTheManifests(t *testing.T) {
+	node := func(name string, spec string) string {
+		return "apiVersion: v1\nkind: Node\nmetadata: {name: " + name + "}\n" + spec +
+			"status: {addresses: [{type: ExternalIP, address: 203.0.113.9}, {type: InternalIP, address: 192.168.1.5}]}\n"
+	}
+	for _, tc := range []struct {
+		name, text   string
+		needPodCIDRs bool
+		err          string
+		ips          []netip.Addr
+		podCIDRs     []string
+	}{
+		{name: "there", text: node("node-a", "spec: {podCIDRs: [10.244.1.0/24, fd00:1::/64]}\n"), needPodCIDRs: true,
+			ips: []netip.Addr{netip.MustParseAddr("192.168.1.5")}, podCIDRs: []string{"10.244.1.0/24", "fd00:1::/64"}},
+		{name: "podCIDR alone", text: node("node-a", "spec: {podCIDR: 10.244.1.0/24}\n"), needPodCIDRs: true,
+			ips: []netip.Addr{netip.MustParseAddr("192.168.1.5")}, podCIDRs: []string{"10.244.1.0/24"}},
+		{name: "addresses only", text: node("node-a", ""), ips: []netip.Addr{netip.MustParseAddr("192.168.1.5")}},
+		{name: "no pod CIDRs", text: node("node-a", ""), needPodCIDRs: true, err: `the Node "node-a" in --manifests`},
+		{name: "another node's", text: node("node-b", "spec: {podCIDRs: [10.244.1.0/24]}\n")},
+		{name: "another node's, NodeCIDR", text: node("node-b", "spec: {podCIDRs: [10.244.1.0/24]}\n"), needPodCIDRs: true, err: `holds no Node named "node-a"`},
+		{name: "a bad file", text: node("node-a", "spec: {podCIDRz: [10.244.1.0/24]}\n"), err: "spec.podCIDRz"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, dir+"/node.yaml", tc.text)
+			cfg, _, err := config.Parse([]string{"--manifests", dir, "--hostname-override", "node-a"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			facts, err := learnNodeFacts(context.Background(), cfg, tc.needPodCIDRs, instant())
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(facts.ips, tc.ips) || !slices.Equal(facts.podCIDRs, tc.podCIDRs) {
+				t.Fatalf("addresses %v and pod CIDRs %v, want %v and %v", facts.ips, facts.podCIDRs, tc.ips, tc.podCIDRs)
+			}
+		})
+	}
+}
