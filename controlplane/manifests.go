@@ -608,10 +608,16 @@ func (o *Objects) ownNode(at place, n *corev1.Node) []error {
 }
 
 // proxyNode is what a proxy reads of a Node: its name, its zone label,
-// its pod CIDRs and its addresses.
+// its pod CIDRs, its addresses, and whether it is being deleted or is
+// tainted to be (NodeEligible).
 func proxyNode(n *corev1.Node) *corev1.Node {
 	out := &corev1.Node{}
-	out.Name = n.Name
+	out.Name, out.DeletionTimestamp = n.Name, n.DeletionTimestamp
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintToBeDeleted {
+			out.Spec.Taints = append(out.Spec.Taints, t)
+		}
+	}
 	if z, ok := n.Labels[corev1.LabelTopologyZone]; ok {
 		out.Labels = map[string]string{corev1.LabelTopologyZone: strings.Clone(z)}
 	}
@@ -635,9 +641,9 @@ func (o *Objects) zone() string {
 	return o.nodeObj.Labels[corev1.LabelTopologyZone]
 }
 
-// Node is this node's Node object as the manifests hold it (its name, zone
-// label, pod CIDRs and addresses alone), or nil when they hold none. It
-// is shared: not to be changed.
+// Node is this node's Node object as the manifests hold it (what
+// proxyNode keeps), or nil when they hold none. It is shared: not to be
+// changed.
 func (o *Objects) Node() *corev1.Node { return o.nodeObj }
 
 // MaxReportedErrors is how many of a load's errors are reported (logged,

@@ -99,6 +99,10 @@ type ManifestSource struct {
 	// object after each good read that finds one (as the API source tells
 	// them, for --detect-local-mode=NodeCIDR).
 	NodePodCIDRs func([]string)
+	// NodeEligible, when set, is told after each good read whether this
+	// node may take traffic (NodeEligible of its Node object; true when
+	// the files hold none), for /healthz.
+	NodeEligible func(bool)
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
@@ -284,11 +288,33 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	if err != nil {
 		return nil, 0, Locate(BoundErrors(err, MaxReportedErrors))
 	}
-	s.sayNode(objs)
 	if n := objs.Node(); n != nil && s.NodePodCIDRs != nil {
 		s.NodePodCIDRs(PodCIDRs(n))
 	}
+	if s.NodeEligible != nil {
+		s.NodeEligible(objs.Node() == nil || NodeEligible(objs.Node()))
+	}
+	s.sayNode(objs) // last: once it is said, all of the above is done
 	return snap, len(objs.Services), nil
+}
+
+// TaintToBeDeleted is the cluster autoscaler's taint on a node it is
+// about to delete.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+// NodeEligible says whether a node may take traffic as kube-proxy's
+// /healthz judges it: not while its Node is being deleted or carries
+// TaintToBeDeleted.
+func NodeEligible(n *corev1.Node) bool {
+	if n.DeletionTimestamp != nil {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintToBeDeleted {
+			return false
+		}
+	}
+	return true
 }
 
 // PodCIDRs are a Node's spec.podCIDRs, or its older spec.podCIDR alone.

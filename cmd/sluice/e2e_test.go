@@ -690,3 +690,40 @@ func TestEventLoopsFlag(t *testing.T) {
 		p.waitLog("userspace engine", fmt.Sprintf("loops=%d ", tc.want))
 	}
 }
+
+// With --manifests, this node's Node object in them is what /healthz
+// judges eligibility by, as kube-proxy judges the API's: tainted for
+// deletion by the cluster autoscaler, the node answers 503 with
+// "nodeEligible": false (an external load balancer then drains it), and
+// again 200 once the taint, or the Node, is gone.
+func TestManifestNodeTaintedForDeletionFailsHealthz(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: e2e}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80}]\n")
+	hz := freePort(t, "tcp")
+	p := start(t, "--manifests", dir, "--hostname-override", "node-a", "--userspace-capture=none", "--bind-address", "127.0.0.1",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), "--metrics-bind-address=")
+	p.waitLog("state applied")
+	healthz := func(when string, code int, eligible string) {
+		t.Helper()
+		c := &http.Client{Timeout: 10 * time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", hz))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != code || !strings.Contains(string(body), `"nodeEligible":`+eligible) {
+			t.Fatalf("%s: /healthz %d %s, want %d with nodeEligible %s", when, resp.StatusCode, body, code, eligible)
+		}
+	}
+	healthz("no Node", http.StatusOK, "true")
+	node := filepath.Join(dir, "node.yaml")
+	writeFile(t, node, "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]\n")
+	p.waitLog("this node's Node object has no zone label")
+	healthz("tainted for deletion", http.StatusServiceUnavailable, "false")
+	if err := os.Remove(node); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog("no Node object for this node any more")
+	healthz("the Node gone", http.StatusOK, "true")
+}

@@ -553,7 +553,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		sink.source = "manifests"
 		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, IgnoreNodeHints: ignoreNodeHints,
 			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode),
-			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) })}
+			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),
+			NodeEligible: health.SetNodeEligible}
 		if err := src.Load(); err != nil {
 			drain()
 			return manifestsRejected{path: cfg.Manifests, err: err}

@@ -47,8 +47,8 @@ const (
 const ProxySelector = "!" + LabelServiceProxyName + ",!" + LabelHeadless
 
 // TaintToBeDeleted is the cluster autoscaler's taint on a node it is
-// removing; kube-proxy then reports the node not eligible.
-const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+// about to delete (see controlplane.NodeEligible).
+const TaintToBeDeleted = controlplane.TaintToBeDeleted
 
 // Source watches the API server. The zero value is not usable: set Client
 // and Sink, then call Run.
@@ -834,22 +834,11 @@ func (s *Source) node(o any) {
 		}
 	}
 	if s.NodePodCIDRs != nil {
-		cidrs := n.Spec.PodCIDRs
-		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
-			cidrs = []string{n.Spec.PodCIDR}
-		}
-		s.NodePodCIDRs(cidrs)
+		s.NodePodCIDRs(controlplane.PodCIDRs(n))
 	}
-	if s.NodeEligible == nil {
-		return
+	if s.NodeEligible != nil {
+		s.NodeEligible(controlplane.NodeEligible(n))
 	}
-	eligible := n.DeletionTimestamp == nil
-	for _, t := range n.Spec.Taints {
-		if t.Key == TaintToBeDeleted {
-			eligible = false
-		}
-	}
-	s.NodeEligible(eligible)
 }
 
 // rebuild recomputes one Service from what the source holds: its ports as
