@@ -63,8 +63,9 @@ type Objects struct {
 	ignoreNodeHints bool
 	// nodeObj is the Node object named node, when forNode and the
 	// manifests hold it (nodeAt is where: "" when they do not), with what
-	// a proxy reads of it: its zone label, for the slices' zone hints,
-	// its pod CIDRs and its addresses. Nodes of other names are skipped.
+	// a proxy reads of it (proxyNode): its zone label, for the slices'
+	// zone hints, its pod CIDRs and addresses, and whether it may take
+	// traffic. Nodes of other names are skipped.
 	nodeObj *corev1.Node
 	nodeAt  string
 	// fast: this load carries what the last clean load (last) found where
@@ -1032,7 +1033,7 @@ type fileState struct {
 	skipped        []skippedDoc
 	emptyLists     int
 	// node is the Node object of the load's node that a document gave,
-	// if one did (see Objects.zone).
+	// if one did (see Objects.nodeObj).
 	node *nodeDoc
 }
 
