@@ -13,8 +13,11 @@ import (
 
 	"github.com/sluice-proxy/sluice/lb"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // Cluster traffic follows the EndpointSlices' topology hints as kube-proxy
@@ -321,5 +324,48 @@ func TestNodeZoneOfAnUnchangedFileIsReplayed(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A Node as `kubectl get node -o yaml` writes it (managed fields,
+// conditions, capacity, images, node info) decodes strictly, and what a
+// proxy reads of it is kept.
+func TestANodeAsKubectlWritesItIsRead(t *testing.T) {
+	n := &corev1.Node{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+		ObjectMeta: metav1.ObjectMeta{Name: "node-a", UID: "0b8e6f4c-1d5b-4d0a-9a57-2c4f6d1f7e11", ResourceVersion: "4242",
+			CreationTimestamp: metav1.Now(), Labels: map[string]string{"kubernetes.io/hostname": "node-a", corev1.LabelTopologyZone: "z1"},
+			Annotations:   map[string]string{"node.alpha.kubernetes.io/ttl": "0"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{".":{}}}}`)}}}},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}, ProviderID: "kind://docker/kind/node-a",
+			Taints: []corev1.Taint{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}}},
+		Status: corev1.NodeStatus{
+			Capacity:        corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("24Gi")},
+			Allocatable:     corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110")},
+			Conditions:      []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}},
+			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.1.5"}, {Type: corev1.NodeHostName, Address: "node-a"}},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}},
+			NodeInfo:        corev1.NodeSystemInfo{KubeletVersion: "v1.34.2", OperatingSystem: "linux", Architecture: "amd64"},
+			Images:          []corev1.ContainerImage{{Names: []string{"registry.k8s.io/pause:3.10"}, SizeBytes: 320368}},
+		},
+	}
+	text, err := yaml.Marshal(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ManifestNode(dir, "node-a", 0)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if got == nil || got.Labels[corev1.LabelTopologyZone] != "z1" || !slices.Equal(PodCIDRs(got), []string{"10.244.1.0/24"}) ||
+		len(got.Status.Addresses) != 2 || !NodeEligible(got) || len(got.Spec.Taints) != 0 || got.Annotations != nil {
+		t.Fatalf("read %+v", got)
+	}
+	if other, err := ManifestNode(dir, "node-b", 0); err != nil || other != nil {
+		t.Fatalf("for node-b: %v, %v", other, err)
 	}
 }
