@@ -553,17 +553,24 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 		o.EndpointSlices = append(o.EndpointSlices, o.last.slices[s[1]:s[1]+n[1]]...)
 		o.Endpoints = append(o.Endpoints, o.last.endpoints[s[2]:s[2]+n[2]]...)
 		cache.carriedFiles++
+		var errs []error
 		for _, sk := range st.skipped {
+			if sk.node != nil {
+				errs = append(errs, o.ownNode(sk.node.at, sk.node.node)...)
+				continue
+			}
 			o.skip(sk.gv, sk.where)
 		}
 		o.emptyLists += st.emptyLists
-		if st.node != nil {
-			return o.ownNode(st.node.at, st.node.node)
-		}
-		return nil
+		return errs
 	}
 	var errs []error
-	node := st.node
+	var node *nodeDoc
+	for _, sk := range st.skipped {
+		if sk.node != nil {
+			node = sk.node
+		}
+	}
 	for i, d := range st.docs {
 		if node != nil && node.at.doc == i+1 {
 			// In the file's order, as a load that reads it finds it (a
@@ -581,7 +588,9 @@ func (o *Objects) replay(file string, st *fileState, cache *DocCache) []error {
 		errs = append(errs, o.ownNode(node.at, node.node)...)
 	}
 	for _, sk := range st.skipped {
-		o.skip(sk.gv, sk.where)
+		if sk.node == nil {
+			o.skip(sk.gv, sk.where)
+		}
 	}
 	o.emptyLists += st.emptyLists
 	return errs
@@ -602,7 +611,7 @@ func (o *Objects) ownNode(at place, n *corev1.Node) []error {
 			// replay an item at a document's place.
 			o.rec = nil
 		} else {
-			o.rec.node = &nodeDoc{at, n}
+			o.rec.skipped = append(o.rec.skipped, skippedDoc{node: &nodeDoc{at, n}})
 		}
 	}
 	return nil
@@ -1032,9 +1041,6 @@ type fileState struct {
 	starts, counts [3]int32
 	skipped        []skippedDoc
 	emptyLists     int
-	// node is the Node object of the load's node that a document gave,
-	// if one did (see Objects.nodeObj).
-	node *nodeDoc
 }
 
 // nodeDoc is where a file's document gave this node's Node object, and
@@ -1044,7 +1050,15 @@ type nodeDoc struct {
 	node *corev1.Node
 }
 
-type skippedDoc struct{ gv, where string }
+// skippedDoc is a document that gave no object to build: one of a kind
+// sluice skips (gv), or, when node is set, this node's Node object. (The
+// Node is kept here rather than in fileState, which every file has: a
+// field more there moved fileState to a larger size class, and an edit's
+// reload of a directory of 10k files took twice as long.)
+type skippedDoc struct {
+	gv, where string
+	node      *nodeDoc
+}
 
 // unchanged reports whether the file, as stat says it is now, is what
 // was read: the same identity, and last changed well before it was read
@@ -1626,7 +1640,7 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 			}
 			o.skip(gv, at.String())
 			if o.rec != nil {
-				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, at.String()})
+				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv: gv, where: at.String()})
 			}
 			return nil, nil
 		}
@@ -1640,7 +1654,7 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		if leftAlone(tm.APIVersion, tm.Kind) {
 			o.skip(gv, at.String())
 			if o.rec != nil {
-				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv, at.String()})
+				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv: gv, where: at.String()})
 			}
 			return nil, nil
 		}
