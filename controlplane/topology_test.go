@@ -109,11 +109,9 @@ func TestTopologyHintsAsKubeProxyReadsThem(t *testing.T) {
 	}
 }
 
-// A manifest source reads the node hints unless told to ignore them
-// (kube-proxy's PreferSameTrafficDistribution gate off), and reads the
-// zone hints either way.
-func TestManifestSourceIgnoresNodeHintsWhenTold(t *testing.T) {
-	const manifest = `apiVersion: v1
+// webWithSlice is a Service x/web and its EndpointSlice, up to the
+// slice's endpoints, which a test writes.
+const webWithSlice = `apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: x}
 spec:
@@ -126,7 +124,13 @@ metadata: {name: web-1, namespace: x, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
 ports: [{name: a, port: 8080}]
 endpoints:
-- addresses: [10.0.0.1]
+`
+
+// A manifest source reads the node hints unless told to ignore them
+// (kube-proxy's PreferSameTrafficDistribution gate off), and reads the
+// zone hints either way.
+func TestManifestSourceIgnoresNodeHintsWhenTold(t *testing.T) {
+	const manifest = webWithSlice + `- addresses: [10.0.0.1]
   hints: {forNodes: [{name: node-a}], forZones: [{name: z1}]}
 - addresses: [10.0.0.2]
   hints: {forNodes: [{name: node-b}], forZones: [{name: z1}]}
@@ -168,20 +172,7 @@ endpoints:
 // other nodes are skipped, a second one or one that does not decode is
 // refused naming it, and without it no zone hint is followed.
 func TestManifestNodeZoneSteersTheZoneHints(t *testing.T) {
-	const svc = `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: x}
-spec:
-  clusterIP: 10.96.0.10
-  ports: [{name: a, port: 80}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: x, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: a, port: 8080}]
-endpoints:
-- addresses: [10.0.0.1]
+	const svc = webWithSlice + `- addresses: [10.0.0.1]
   hints: {forZones: [{name: z1}]}
 - addresses: [10.0.0.2]
   hints: {forZones: [{name: z2}]}
