@@ -255,13 +255,7 @@ func (s *ManifestSource) Load() error {
 // read loads and builds the manifests; it also says how many Services
 // they hold.
 func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
-	limit := s.MaxBytes
-	switch {
-	case limit == 0:
-		limit = DefaultMaxManifestBytes
-	case limit < 0:
-		limit = 0
-	}
+	limit := s.limit()
 	s.cache.forNode(s.NodeName, s.IgnoreNodeHints)
 	s.cache.now = s.Now
 	s.cache.Touched, s.cache.SameListing, s.cache.Renamed = s.readPlan()
@@ -325,15 +319,27 @@ func PodCIDRs(n *corev1.Node) []string {
 	return n.Spec.PodCIDRs
 }
 
-// ManifestNode reads the manifests at path (at most maxBytes; 0: the
-// default) for the Node object named nodeName, as a source for that node
-// reads it: nil when they hold none. A load the source would refuse is
-// an error.
-func ManifestNode(path, nodeName string, maxBytes int64) (*corev1.Node, error) {
-	if maxBytes == 0 {
-		maxBytes = DefaultMaxManifestBytes
+// limit is what one load may read (0: no limit), from MaxBytes.
+func (s *ManifestSource) limit() int64 {
+	switch {
+	case s.MaxBytes == 0:
+		return DefaultMaxManifestBytes
+	case s.MaxBytes < 0:
+		return 0
 	}
-	objs, _, err := loadManifests(path, &DocCache{node: nodeName}, max(maxBytes, 0))
+	return s.MaxBytes
+}
+
+// Prime reads the files before Load, neither building nor publishing what
+// they hold, and returns this node's Node object in them (nil: none):
+// what a node's start-up needs of its Node before the data plane is made.
+// The documents it decoded stay in the source's cache, so the Load after
+// it decodes none of them again (a start-up read twice was twice the
+// decoding at 10k Services). A load Load would refuse is the same error.
+func (s *ManifestSource) Prime() (*corev1.Node, error) {
+	s.cache.forNode(s.NodeName, s.IgnoreNodeHints)
+	s.cache.now = s.Now
+	objs, _, err := loadManifests(s.Path, &s.cache, s.limit())
 	if err != nil {
 		return nil, Locate(BoundErrors(err, MaxReportedErrors))
 	}

@@ -348,7 +348,7 @@ func TestANodeAsKubectlWritesItIsRead(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), text, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ManifestNode(dir, "node-a", 0)
+	got, err := (&ManifestSource{Path: dir, NodeName: "node-a"}).Prime()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, text)
 	}
@@ -356,7 +356,45 @@ func TestANodeAsKubectlWritesItIsRead(t *testing.T) {
 		len(got.Status.Addresses) != 2 || !NodeEligible(got) || len(got.Spec.Taints) != 0 || got.Annotations != nil {
 		t.Fatalf("read %+v", got)
 	}
-	if other, err := ManifestNode(dir, "node-b", 0); err != nil || other != nil {
+	if other, err := (&ManifestSource{Path: dir, NodeName: "node-b"}).Prime(); err != nil || other != nil {
 		t.Fatalf("for node-b: %v, %v", other, err)
+	}
+}
+
+// Prime's read, made for the Node before the data plane, is the one Load
+// takes: the files are not read and the documents not decoded again.
+func TestLoadAfterPrimeReadsNothingAgain(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(webWithSlice+"- addresses: [10.0.0.1]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte("apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {topology.kubernetes.io/zone: z1}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sink := &recordingSink{snaps: make(chan *lb.Snapshot, 1), rejects: make(chan error, 1)}
+	// An hour ahead, the files' times are trusted (not "racy"), as those
+	// of files written before a start-up are.
+	src := &ManifestSource{Path: dir, Sink: sink, NodeName: "node-a", Now: func() time.Time { return time.Now().Add(time.Hour) }}
+	n, err := src.Prime()
+	if err != nil || n == nil || n.Labels[corev1.LabelTopologyZone] != "z1" {
+		t.Fatalf("Prime: %v, %v", n, err)
+	}
+	reads, docs := src.cache.reads, len(src.cache.docs)
+	if reads != 2 || docs != 2 {
+		t.Fatalf("Prime read %d files and decoded %d documents, want 2 and 2", reads, docs)
+	}
+	if err := src.Load(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case snap := <-sink.snaps:
+		if snap.Ports.Get(lb.ServicePortName{Namespace: "x", Name: "web", Port: "a", Protocol: lb.TCP}) == nil {
+			t.Fatal("Load after Prime does not serve x/web:a")
+		}
+	default:
+		t.Fatal("Load after Prime published nothing")
+	}
+	if src.cache.reads != reads || len(src.cache.docs) != docs {
+		t.Fatalf("Load after Prime read %d more files, %d more documents", src.cache.reads-reads, len(src.cache.docs)-docs)
 	}
 }

@@ -343,11 +343,22 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 			return ferr
 		}
 	}
+	// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
+	// default): off, the node hints are not read.
+	ignoreNodeHints := !cfg.GateEnabled("PreferSameTrafficDistribution")
+	// With --manifests, the source is made here: the Node is in its files,
+	// and what its first read decoded for the Node, Load does not decode
+	// again.
+	var manifests *controlplane.ManifestSource
+	if cfg.Manifests != "" {
+		manifests = &controlplane.ManifestSource{Path: cfg.Manifests, Log: log, NodeName: nodeName(cfg), IgnoreNodeHints: ignoreNodeHints,
+			MaxBytes: manifestMaxBytes(cfg)}
+	}
 	// What the Node says (its addresses for "primary", its pod CIDRs for
 	// NodeCIDR) is learnt before the planes read it, as kube-proxy's
 	// NodeManager does before its proxiers are made.
 	if needPods, needIPs := nodeFactsNeeded(cfg, mode); needPods || needIPs {
-		facts, err := learnNodeFacts(ctx, cfg, needPods, kubeProxyNodeWait())
+		facts, err := learnNodeFacts(ctx, cfg, needPods, kubeProxyNodeWait(), manifests)
 		if ctx.Err() != nil {
 			log.Info("stopped while waiting for the Node")
 			return nil
@@ -546,15 +557,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		run    func(context.Context) error
 		source string
 	)
-	// kube-proxy's PreferSameTrafficDistribution gate (beta, on by
-	// default): off, the node hints are not read.
-	ignoreNodeHints := !cfg.GateEnabled("PreferSameTrafficDistribution")
-	if cfg.Manifests != "" {
+	if src := manifests; src != nil {
 		sink.source = "manifests"
-		src := &controlplane.ManifestSource{Path: cfg.Manifests, Sink: sink, Log: log, Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, IgnoreNodeHints: ignoreNodeHints,
-			Coalesce: cfg.ManifestCoalesce, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg), Reserved: ownHostPorts(cfg, mode),
-			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),
-			NodeEligible: health.SetNodeEligible}
+		src.Sink, src.Resync, src.Coalesce, src.Reserved = sink, cfg.KubeProxy.ConfigSyncPeriod.Duration, cfg.ManifestCoalesce, ownHostPorts(cfg, mode)
+		src.NodePodCIDRs = podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) })
+		src.NodeEligible = health.SetNodeEligible
 		if err := src.Load(); err != nil {
 			drain()
 			return manifestsRejected{path: cfg.Manifests, err: err}

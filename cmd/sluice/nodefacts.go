@@ -168,11 +168,12 @@ func (f nodeFacts) nodePortAddresses(spec []string, bindAddress string, warn fun
 var errPodCIDRsChanged = errors.New("the Node's spec.podCIDRs changed, which --detect-local-mode=NodeCIDR matches: exiting, to be started again with them, as kube-proxy does")
 
 // learnNodeFacts learns what cfg needs of the Node (nodeFactsNeeded):
-// with --manifests, from this node's Node object in them, as they are at
-// start-up; else from the API, waiting for it as kube-proxy does.
-func learnNodeFacts(ctx context.Context, cfg *config.Config, needPodCIDRs bool, w nodeWait) (nodeFacts, error) {
-	if cfg.Manifests != "" {
-		return manifestNodeFacts(cfg, needPodCIDRs)
+// with --manifests, from this node's Node object in them as they are at
+// start-up (the first read of manifests, the source); else from the API,
+// waiting for it as kube-proxy does.
+func learnNodeFacts(ctx context.Context, cfg *config.Config, needPodCIDRs bool, w nodeWait, manifests *controlplane.ManifestSource) (nodeFacts, error) {
+	if manifests != nil {
+		return manifestNodeFacts(cfg, needPodCIDRs, manifests)
 	}
 	if !apiConfigured(cfg) {
 		return nodeFacts{}, nil
@@ -190,11 +191,11 @@ func learnNodeFacts(ctx context.Context, cfg *config.Config, needPodCIDRs bool, 
 // manifestNodeFacts is learnNodeFacts from the Node object named as this
 // node in --manifests. There is nothing to wait for: a Node the files do
 // not hold, or one without pod CIDRs in NodeCIDR mode, is an error.
-func manifestNodeFacts(cfg *config.Config, needPodCIDRs bool) (nodeFacts, error) {
+func manifestNodeFacts(cfg *config.Config, needPodCIDRs bool, manifests *controlplane.ManifestSource) (nodeFacts, error) {
 	name := nodeName(cfg)
-	n, err := controlplane.ManifestNode(cfg.Manifests, name, manifestMaxBytes(cfg))
+	n, err := manifests.Prime()
 	if err != nil {
-		return nodeFacts{}, fmt.Errorf("reading this node's Node object from --manifests %s: %w", cfg.Manifests, err)
+		return nodeFacts{}, manifestsRejected{path: cfg.Manifests, err: err} // as Load would say it
 	}
 	var facts nodeFacts
 	if n != nil {

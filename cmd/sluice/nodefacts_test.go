@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/sluice-proxy/sluice/config"
+	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/kernel/localtraffic"
 )
 
@@ -200,10 +201,16 @@ func TestNodeFactsFromTheManifests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			facts, err := learnNodeFacts(context.Background(), cfg, tc.needPodCIDRs, instant())
+			src := &controlplane.ManifestSource{Path: dir, NodeName: nodeName(cfg), MaxBytes: manifestMaxBytes(cfg)}
+			facts, err := learnNodeFacts(context.Background(), cfg, tc.needPodCIDRs, instant(), src)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one saying %q", err, tc.err)
+				}
+				// A file Load would refuse is refused in Load's words.
+				var rej manifestsRejected
+				if bad := tc.name == "a bad file"; bad != errors.As(err, &rej) {
+					t.Fatalf("error %v: a manifestsRejected %v, want %v", err, !bad, bad)
 				}
 				return
 			}
