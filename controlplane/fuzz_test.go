@@ -215,7 +215,7 @@ func FuzzCarriedLoadsMatchColdLoads(f *testing.F) {
 			}
 			gz, gat, gfound := got.NodeZone()
 			wz, wat, wfound := want.NodeZone()
-			if gz != wz || gat != wat || gfound != wfound {
+			if gz != wz || gat != wat || gfound != wfound || !reflect.DeepEqual(got.Node(), want.Node()) {
 				t.Fatalf("load %d: node zone through the cache %q at %q (%v), cold %q at %q (%v)", step, gz, gat, gfound, wz, wat, wfound)
 			}
 			for _, id := range names(want) {
