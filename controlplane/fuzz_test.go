@@ -98,7 +98,7 @@ func FuzzYAMLSplitMatchesYAMLReader(f *testing.F) {
 // FuzzCarriedLoadsMatchColdLoads: a run of loads through one document
 // cache, each after line edits of two files, must give what a load
 // through a new cache gives: the same errors, the same objects in the same order, the same
-// build, the same origins (also of objects gone) and the same Node zone. The edits are made
+// build (also the memo's), the same origins (also of objects gone) and the same Node. The edits are made
 // where a carried document could be fooled: at line starts (a separator
 // written, dropped or commented, a document put in, cut, moved or
 // copied, a line end rewritten) and at single bytes. A file an edit left

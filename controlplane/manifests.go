@@ -152,6 +152,15 @@ func (o *Objects) skip(gv, where string) {
 	o.skippedKinds[gv] = k
 }
 
+// skipDoc skips the document at at, of the kind gv, and records it for
+// the file's replay.
+func (o *Objects) skipDoc(gv string, at place) {
+	o.skip(gv, at.String())
+	if o.rec != nil {
+		o.rec.skipped = append(o.rec.skipped, skippedDoc{gv: gv, where: at.String()})
+	}
+}
+
 // SkippedKinds names each kind the read skipped.
 func (o *Objects) SkippedKinds() map[string]SkippedKind { return o.skippedKinds }
 
@@ -1634,15 +1643,11 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		return errs, nil
 	case "v1/Service", "v1/Endpoints", "discovery.k8s.io/v1/EndpointSlice":
 	case "v1/Node":
-		if !o.forNode || o.node == "" || tm.Metadata.Name != o.node {
-			gv := gv
+		if o.node == "" || tm.Metadata.Name != o.node { // o.node is "" unless forNode
 			if o.node != "" {
 				gv += " (of another node than " + o.node + ")"
 			}
-			o.skip(gv, at.String())
-			if o.rec != nil {
-				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv: gv, where: at.String()})
-			}
+			o.skipDoc(gv, at)
 			return nil, nil
 		}
 		id = "Node " + o.node // cluster-scoped
@@ -1653,10 +1658,7 @@ func (o *Objects) decodeObject(at place, raw json.RawMessage) ([]error, *cachedD
 		return o.ownNode(at, proxyNode(node)), nil
 	default:
 		if leftAlone(tm.APIVersion, tm.Kind) {
-			o.skip(gv, at.String())
-			if o.rec != nil {
-				o.rec.skipped = append(o.rec.skipped, skippedDoc{gv: gv, where: at.String()})
-			}
+			o.skipDoc(gv, at)
 			return nil, nil
 		}
 		if tm.Kind == "" {

@@ -420,9 +420,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		// (an explicit --event-loops is kept as given).
 		var cpuLimit float64
 		sizedByLimit := cfg.Engine == listeners.EngineEventLoop && cfg.EventLoops == 0
+		readLimit := func() (float64, error) { return listeners.CgroupCPULimit(os.DirFS("/")) }
+		// The CPUs the engine sizes its loops by (it raises GOMAXPROCS):
+		// the watch below counts loops as a restart would.
+		loopCPUs := min(runtime.GOMAXPROCS(0), runtime.NumCPU())
 		if sizedByLimit {
 			var err error
-			if cpuLimit, err = listeners.CgroupCPULimit(os.DirFS("/")); err != nil {
+			if cpuLimit, err = readLimit(); err != nil {
 				log.Warn("cannot read the cgroup CPU limit; event loops are sized by the CPUs alone", "err", err)
 			}
 		}
@@ -448,8 +452,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 			log.Info("userspace engine", attrs...)
 			engineOf = fmt.Sprintf("%s engine (%d loops)", engine.Name(), l.Loops())
 			if sizedByLimit && runtime.GOOS == "linux" {
-				w := &cpuLimitWatch{read: func() (float64, error) { return listeners.CgroupCPULimit(os.DirFS("/")) },
-					cpus: runtime.NumCPU(), loops: l.Loops(), limit: cpuLimit, log: log}
+				w := &cpuLimitWatch{read: readLimit, cpus: loopCPUs, loops: l.Loops(), limit: cpuLimit, log: log}
 				tick := time.NewTicker(cpuLimitEvery)
 				defer tick.Stop()
 				go w.run(ctx, tick.C)
