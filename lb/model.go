@@ -181,9 +181,10 @@ func (sp *ServicePort) SetOutOfTopology(addrs []EndpointAddr) {
 	sp.External = newRare(sp.ExternalIPs(), sp.LoadBalancerIPs(), sp.SourceRanges(), addrs)
 }
 
-// inTopology reports whether cluster traffic may go to ep under the
-// topology hints.
-func (sp *ServicePort) inTopology(ep Endpoint) bool {
+// InTopology reports whether cluster traffic from this node may go to ep
+// under the topology hints: false when they give it to other nodes or
+// zones.
+func (sp *ServicePort) InTopology(ep Endpoint) bool {
 	out := sp.OutOfTopology()
 	if len(out) == 0 {
 		return true
@@ -218,7 +219,7 @@ func (sp *ServicePort) HasUsable(localOnly bool) bool {
 		if localOnly && ep.Local && (ep.Ready || ep.Serving && ep.Terminating) {
 			return true
 		}
-		if !localOnly && (ep.Ready && sp.inTopology(ep) || ep.Serving && ep.Terminating) {
+		if !localOnly && (ep.Ready && sp.InTopology(ep) || ep.Serving && ep.Terminating) {
 			return true
 		}
 	}
@@ -234,7 +235,7 @@ func (sp *ServicePort) selectEndpoints(localOnly bool) []Endpoint {
 		if localOnly {
 			return ep.Ready && ep.Local
 		}
-		return ep.Ready && sp.inTopology(ep)
+		return ep.Ready && sp.InTopology(ep)
 	}
 	anyReady := false
 	for _, ep := range sp.Endpoints {

@@ -1009,6 +1009,9 @@ type PortView struct {
 	// frontends endpoints of their own.
 	ExternalEndpoints []string `json:"externalEndpoints,omitempty"`
 	Affinity          *string  `json:"affinityTimeout,omitempty"`
+	// InternalLocal is internalTrafficPolicy Local: cluster traffic goes
+	// only to this node's endpoints.
+	InternalLocal bool `json:"internalTrafficPolicyLocal,omitempty"`
 	// States is every endpoint the source gave, with its conditions and
 	// whether it takes traffic (Endpoints are the ones that do).
 	States []EndpointState `json:"endpointStates"`
@@ -1023,6 +1026,10 @@ type EndpointState struct {
 	Local     bool   `json:"local,omitempty"`
 	// InUse is set when cluster traffic goes to it.
 	InUse bool `json:"inUse"`
+	// OutOfTopology is set when the EndpointSlice's topology hints give it
+	// to other zones or nodes, so that cluster traffic from this node does
+	// not go to it while another endpoint is ready.
+	OutOfTopology bool `json:"outOfTopology,omitempty"`
 	// Pinned counts the clients ClientIP affinity keeps on it.
 	Pinned int `json:"pinned,omitempty"`
 }
@@ -1046,7 +1053,8 @@ func (s *Server) Dump() []PortView {
 	defer s.mu.Unlock()
 	out := []PortView{}
 	for name, p := range s.ports.All() {
-		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{}}
+		v := PortView{Service: name.String(), Protocol: string(name.Protocol), Frontends: []string{}, Endpoints: []string{},
+			InternalLocal: p.sp.InternalLocal}
 		for _, fe := range p.appendFrontends(nil, s.bindAddress(), s.captureAddr) {
 			d := string(fe.Role) + " " + fe.Addr.String()
 			if fe.VIP.IsValid() {
@@ -1086,7 +1094,7 @@ func (s *Server) Dump() []PortView {
 		v.States = make([]EndpointState, 0, len(p.sp.Endpoints))
 		for _, ep := range p.sp.Endpoints {
 			v.States = append(v.States, EndpointState{Addr: ep.Addr.String(), Condition: condition(ep), Local: ep.Local,
-				InUse: p.target.Picker.Has(ep.Addr.AddrPort()), Pinned: pins[ep.Addr.AddrPort()]})
+				InUse: p.target.Picker.Has(ep.Addr.AddrPort()), OutOfTopology: !p.sp.InTopology(ep), Pinned: pins[ep.Addr.AddrPort()]})
 		}
 		out = append(out, v)
 	}

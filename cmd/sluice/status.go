@@ -26,7 +26,7 @@ Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
 started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
 or HAProxy's stats page answer: in userspace mode each service port with
 its frontends, every endpoint with its condition (ready, terminating,
-not-ready), whether it takes traffic, ejection with the time left and the
+not-ready), whether it takes traffic and why not, ejection with the time left and the
 clients ClientIP affinity pins to it, open and total connections, retries,
 failed connects and refused clients, with connection and error rates per
 second (measured over --rate-interval, or between --watch prints); in the
@@ -366,7 +366,7 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 			fmt.Fprintln(w, "  -> no usable endpoints: clients are refused")
 		}
 		for _, e := range p.States {
-			fmt.Fprintf(w, "  -> %-24s %s\n", e.Addr, endpointLine(e, ejected[e.Addr], p.EjectedLeft[e.Addr]))
+			fmt.Fprintf(w, "  -> %-24s %s\n", e.Addr, endpointLine(e, p.InternalLocal, ejected[e.Addr], p.EjectedLeft[e.Addr]))
 		}
 		if p.ExternalEndpoints != nil {
 			fmt.Fprintf(w, "  external traffic (Local policy) -> %s\n", strings.Join(p.ExternalEndpoints, " "))
@@ -375,8 +375,9 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 }
 
 // endpointLine describes one endpoint: its condition, whether cluster
-// traffic goes to it, ejection, and the clients affinity pins to it.
-func endpointLine(e listeners.EndpointState, ejected bool, left string) string {
+// traffic goes to it and why not, ejection, and the clients affinity pins
+// to it. internalLocal is the port's internalTrafficPolicy Local.
+func endpointLine(e listeners.EndpointState, internalLocal, ejected bool, left string) string {
 	parts := []string{e.Condition}
 	if e.Local {
 		parts[0] += ", local"
@@ -386,8 +387,10 @@ func endpointLine(e listeners.EndpointState, ejected bool, left string) string {
 		parts = append(parts, "in use (no endpoint is ready)")
 	case !e.InUse && e.Condition == "terminating":
 		parts = append(parts, "not used while endpoints are ready")
-	case !e.InUse && e.Condition == "ready":
-		parts = append(parts, "not used (traffic policy Local)")
+	case !e.InUse && e.Condition == "ready" && internalLocal && !e.Local:
+		parts = append(parts, "not used (internal traffic policy Local, and it is on another node)")
+	case !e.InUse && e.Condition == "ready" && e.OutOfTopology:
+		parts = append(parts, "not used (its topology hints are for other zones or nodes)")
 	case !e.InUse:
 		parts = append(parts, "not used")
 	}

@@ -198,3 +198,82 @@ func TestStatusGivesTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// `sluice status` says why a ready endpoint takes no cluster traffic: the
+// topology hints give it to another zone (here from this node's Node in
+// the manifests), or internalTrafficPolicy Local keeps traffic on this
+// node; an endpoint the hints leave this node is used.
+func TestStatusSaysWhyAReadyEndpointIsNotUsed(t *testing.T) {
+	np, np2, mp := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "svc.yaml"), fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/zone: z1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zoned, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zoned-1, namespace: e2e, labels: {kubernetes.io/service-name: zoned}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [127.0.0.2]
+  hints: {forZones: [{name: z1}]}
+- addresses: [127.0.0.3]
+  hints: {forZones: [{name: z2}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.21
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local-1, namespace: e2e, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [127.0.0.4]
+  nodeName: node-a
+- addresses: [127.0.0.5]
+  nodeName: node-b
+`, np, np2))
+	metrics := fmt.Sprintf("127.0.0.1:%d", mp)
+	p := start(t, "--manifests", dir, "--hostname-override", "node-a", "--bind-address", "127.0.0.1", "--userspace-capture=none",
+		"--healthz-bind-address=", "--metrics-bind-address="+metrics)
+	p.waitLog("state applied")
+	out, err := exec.Command(sluiceBin, "status", "--rate-interval=0", "--metrics-bind-address="+metrics).CombinedOutput()
+	text := string(out)
+	for _, want := range []string{
+		fmt.Sprintf("  -> %-24s ready\n", "127.0.0.2:8080"),
+		fmt.Sprintf("  -> %-24s ready; not used (its topology hints are for other zones or nodes)\n", "127.0.0.3:8080"),
+		fmt.Sprintf("  -> %-24s ready, local\n", "127.0.0.4:8080"),
+		fmt.Sprintf("  -> %-24s ready; not used (internal traffic policy Local, and it is on another node)\n", "127.0.0.5:8080"),
+	} {
+		if err != nil || !strings.Contains(text, want) {
+			t.Fatalf("sluice status (%v) lacks %q:\n%s", err, want, text)
+		}
+	}
+	out, err = exec.Command(sluiceBin, "status", "-o", "json", "--rate-interval=0", "--metrics-bind-address="+metrics).Output()
+	var st instanceStatus
+	if err != nil || json.Unmarshal(out, &st) != nil || len(st.Ports) != 2 {
+		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
+	}
+	local, zoned := st.Ports[0], st.Ports[1]
+	if !local.InternalLocal || zoned.InternalLocal || len(zoned.States) != 2 || zoned.States[0].OutOfTopology || !zoned.States[1].OutOfTopology {
+		t.Fatalf("sluice status -o json: the policy or the topology is not as written:\n%s", out)
+	}
+}
