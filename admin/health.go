@@ -24,6 +24,7 @@ type Health struct {
 	lastUpdated    time.Time
 	oldestPending  time.Time
 	nodeIneligible bool
+	nodeZone       string
 	unserved       int
 	// behind are the families a sync left behind while the others caught
 	// up (Behind), each with the oldest change it waits for, and
@@ -47,6 +48,33 @@ func (h *Health) SetNodeEligible(ok bool) {
 	h.mu.Lock()
 	h.nodeIneligible = !ok
 	h.mu.Unlock()
+}
+
+// SetNodeZone records the zone this node's topology hints are read for:
+// its Node's topology.kubernetes.io/zone label ("" without one).
+func (h *Health) SetNodeZone(zone string) {
+	h.mu.Lock()
+	h.nodeZone = zone
+	h.mu.Unlock()
+}
+
+// NodeView is what the sources said of this node's Node object, for
+// `sluice status`.
+type NodeView struct {
+	Name string `json:"name"`
+	// Zone is the zone its topology hints are read for ("": none, so zone
+	// hints are not followed).
+	Zone string `json:"zone"`
+	// Eligible is false while its Node is being deleted or tainted for
+	// deletion; /healthz then answers 503.
+	Eligible bool `json:"eligible"`
+}
+
+// Node is this node's view, named name.
+func (h *Health) Node(name string) NodeView {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return NodeView{Name: name, Zone: h.nodeZone, Eligible: !h.nodeIneligible}
 }
 
 // NewHealth returns a tracker; kube-proxy uses twice the sync period as timeout.

@@ -25,6 +25,9 @@ type Endpoints struct {
 	SetVerbosity func(string) (string, error)
 	// Dump returns the debug view of what is being served (JSON-encodable).
 	Dump func() any
+	// NodeName is this node's name, served with Health's view of its Node
+	// at /debug/sluice/node beside Dump.
+	NodeName string
 	// Configz is the configuration in effect, served as JSON at /configz
 	// as kube-proxy serves its own (nil: not served).
 	Configz any
@@ -46,8 +49,8 @@ func (e *Endpoints) HealthzHandler() http.Handler {
 }
 
 // MetricsHandler serves /metrics, /proxyMode, /healthz, /metrics/slis,
-// /configz and, when enabled, /flagz, /statusz, /debug/pprof and
-// /debug/sluice.
+// /configz and, when enabled, /flagz, /statusz, /debug/pprof,
+// /debug/sluice and /debug/sluice/node.
 func (e *Endpoints) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", e.Metrics)
@@ -84,6 +87,10 @@ func (e *Endpoints) MetricsHandler() http.Handler {
 			enc := json.NewEncoder(w)
 			enc.SetIndent("", "  ")
 			enc.Encode(e.Dump())
+		})
+		mux.HandleFunc("/debug/sluice/node", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(e.Health.Node(e.NodeName))
 		})
 	}
 	if e.Profiling {

@@ -103,6 +103,10 @@ type ManifestSource struct {
 	// node may take traffic (NodeEligible of its Node object; true when
 	// the files hold none), for /healthz.
 	NodeEligible func(bool)
+	// NodeZone, when set, is told after each good read the zone the
+	// topology hints are read for: its Node's zone label ("" with no Node
+	// or no label).
+	NodeZone func(string)
 
 	last         *lb.Snapshot
 	lastServices int // Services in the last good read
@@ -287,6 +291,10 @@ func (s *ManifestSource) read() (*lb.Snapshot, int, error) {
 	}
 	if s.NodeEligible != nil {
 		s.NodeEligible(objs.Node() == nil || NodeEligible(objs.Node()))
+	}
+	if s.NodeZone != nil {
+		zone, _, _ := objs.NodeZone()
+		s.NodeZone(zone)
 	}
 	s.sayNode(objs) // last: once it is said, all of the above is done
 	return snap, len(objs.Services), nil

@@ -695,16 +695,28 @@ func TestEventLoopsFlag(t *testing.T) {
 // judges eligibility by, as kube-proxy judges the API's: tainted for
 // deletion by the cluster autoscaler, the node answers 503 with
 // "nodeEligible": false (an external load balancer then drains it), and
-// again 200 once the taint, or the Node, is gone.
+// again 200 once the taint, or the Node, is gone; `sluice status` says so
+// on its node line.
 func TestManifestNodeTaintedForDeletionFailsHealthz(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: e2e}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{port: 80}]\n")
-	hz := freePort(t, "tcp")
+	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
 	p := start(t, "--manifests", dir, "--hostname-override", "node-a", "--userspace-capture=none", "--bind-address", "127.0.0.1",
-		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), "--metrics-bind-address=")
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
 	p.waitLog("state applied")
+	// sluice status says it too, on the node's line.
+	const nodeLine = "\nnode node-a: no zone label (zone hints are not followed)"
+	const ineligible = "; not eligible for traffic: its Node is being deleted or tainted ToBeDeletedByClusterAutoscaler, and /healthz answers 503"
 	healthz := func(when string, code int, eligible string) {
 		t.Helper()
+		out, err := exec.Command(sluiceBin, "status", "--rate-interval=0", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)).CombinedOutput()
+		want := nodeLine + "\n"
+		if eligible == "false" {
+			want = nodeLine + ineligible + "\n"
+		}
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Fatalf("%s: sluice status (%v) lacks %q:\n%s", when, err, want, out)
+		}
 		c := &http.Client{Timeout: 10 * time.Second}
 		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", hz))
 		if err != nil {

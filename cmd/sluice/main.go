@@ -535,7 +535,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 	sink.followResyncs()
 
 	ep := &admin.Endpoints{Health: health, Metrics: metrics, ProxyMode: mode, Profiling: cfg.KubeProxy.EnableProfiling,
-		SetVerbosity: verbosity.Set, Dump: plane.Dump, Configz: cfg.Configz()}
+		SetVerbosity: verbosity.Set, Dump: plane.Dump, NodeName: nodeName(cfg), Configz: cfg.Configz()}
 	// kube-proxy's zpages, behind its alpha gates.
 	if cfg.GateEnabled("ComponentFlagz") {
 		ep.Flagz = cfg.FlagValues
@@ -564,7 +564,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		sink.source = "manifests"
 		src.Sink, src.Resync, src.Coalesce, src.Reserved = sink, cfg.KubeProxy.ConfigSyncPeriod.Duration, cfg.ManifestCoalesce, ownHostPorts(cfg, mode)
 		src.NodePodCIDRs = podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) })
-		src.NodeEligible = health.SetNodeEligible
+		src.NodeEligible, src.NodeZone = health.SetNodeEligible, health.SetNodeZone
 		if err := src.Load(); err != nil {
 			drain()
 			return manifestsRejected{path: cfg.Manifests, err: err}
@@ -578,7 +578,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, verbosity 
 		}
 		src := &kube.Source{Client: client, Sink: sink, Log: log, NodeName: nodeName(cfg), IgnoreNodeHints: ignoreNodeHints,
 			Resync: cfg.KubeProxy.ConfigSyncPeriod.Duration, MinSyncPeriod: minSync,
-			NodeEligible: health.SetNodeEligible, Changes: metrics,
+			NodeEligible: health.SetNodeEligible, NodeZone: health.SetNodeZone, Changes: metrics,
 			NodePodCIDRs: podCIDRsWatch(cfg, mode, local.node.podCIDRs, func() { retire(errPodCIDRsChanged) }),
 			Skipped:      func(err error) { metrics.Rejected("kubernetes", controlplane.Culprits(err)) },
 			// The applier's hand-back, delayed, does it: one collection

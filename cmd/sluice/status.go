@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-proxy/sluice/admin"
+	"github.com/sluice-proxy/sluice/controlplane"
 	"github.com/sluice-proxy/sluice/listeners"
 )
 
@@ -24,7 +26,8 @@ const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [-o
 
 Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
 started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
-or HAProxy's stats page answer: in userspace mode each service port with
+or HAProxy's stats page answer: its node's zone, and whether the node is
+eligible for traffic; in userspace mode each service port with
 its frontends, every endpoint with its condition (ready, terminating,
 not-ready), whether it takes traffic and why not, ejection with the time left and the
 clients ClientIP affinity pins to it, open and total connections, retries,
@@ -124,6 +127,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 type instanceStatus struct {
 	Address string `json:"address"`
 	Mode    string `json:"mode"`
+	// Node is what sluice knows of its node's Node object: the zone its
+	// topology hints are read for, and whether it may take traffic
+	// (absent from a sluice that does not say).
+	Node *admin.NodeView `json:"node,omitempty"`
 	// Ports is the userspace mode's view, with each port's counters.
 	Ports []portStatus `json:"ports,omitempty"`
 	// Plane is a kernel mode's own summary.
@@ -193,6 +200,7 @@ func (st *instanceStatus) withRates(prev *instanceStatus, dt time.Duration) {
 }
 
 func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
+	notFound := false
 	get := func(path string) ([]byte, error) {
 		resp, err := c.Get(base + path)
 		if err != nil {
@@ -203,6 +211,7 @@ func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s%s: %w", base, path, err)
 		}
+		notFound = resp.StatusCode == http.StatusNotFound
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("%s%s: %s", base, path, resp.Status)
 		}
@@ -240,6 +249,15 @@ func fetchStatus(c *http.Client, base string) (*instanceStatus, error) {
 	}
 	dump, err := get("/debug/sluice")
 	if err != nil {
+		return nil, err
+	}
+	switch node, err := get("/debug/sluice/node"); {
+	case err == nil:
+		st.Node = new(admin.NodeView)
+		if err := json.Unmarshal(node, st.Node); err != nil {
+			return nil, fmt.Errorf("%s/debug/sluice/node: %w", base, err)
+		}
+	case !notFound: // an older sluice has no node view: none is shown
 		return nil, err
 	}
 	if st.Mode != "userspace" {
@@ -308,6 +326,18 @@ func (st *instanceStatus) print(w io.Writer, now time.Time) {
 		fmt.Fprint(w, "; nothing applied yet")
 	}
 	fmt.Fprintln(w)
+	if n := st.Node; n != nil {
+		fmt.Fprintf(w, "node %s: ", n.Name)
+		if n.Zone != "" {
+			fmt.Fprintf(w, "zone %s", n.Zone)
+		} else {
+			fmt.Fprint(w, "no zone label (zone hints are not followed)")
+		}
+		if !n.Eligible {
+			fmt.Fprint(w, "; not eligible for traffic: its Node is being deleted or tainted "+controlplane.TaintToBeDeleted+", and /healthz answers 503")
+		}
+		fmt.Fprintln(w)
+	}
 	if st.Mode != "userspace" {
 		keys := make([]string, 0, len(st.Plane))
 		for k := range st.Plane {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/admin"
 	"github.com/sluice-proxy/sluice/listeners"
 )
 
@@ -201,8 +202,9 @@ func TestStatusGivesTheEngine(t *testing.T) {
 
 // `sluice status` says why a ready endpoint takes no cluster traffic: the
 // topology hints give it to another zone (here from this node's Node in
-// the manifests), or internalTrafficPolicy Local keeps traffic on this
-// node; an endpoint the hints leave this node is used.
+// the manifests, whose zone it shows), or internalTrafficPolicy Local
+// keeps traffic on this node; an endpoint the hints leave this node is
+// used.
 func TestStatusSaysWhyAReadyEndpointIsNotUsed(t *testing.T) {
 	np, np2, mp := freePort(t, "tcp"), freePort(t, "tcp"), freePort(t, "tcp")
 	dir := t.TempDir()
@@ -258,6 +260,7 @@ endpoints:
 	out, err := exec.Command(sluiceBin, "status", "--rate-interval=0", "--metrics-bind-address="+metrics).CombinedOutput()
 	text := string(out)
 	for _, want := range []string{
+		"\nnode node-a: zone z1\n",
 		fmt.Sprintf("  -> %-24s ready\n", "127.0.0.2:8080"),
 		fmt.Sprintf("  -> %-24s ready; not used (its topology hints are for other zones or nodes)\n", "127.0.0.3:8080"),
 		fmt.Sprintf("  -> %-24s ready, local\n", "127.0.0.4:8080"),
@@ -269,7 +272,7 @@ endpoints:
 	}
 	out, err = exec.Command(sluiceBin, "status", "-o", "json", "--rate-interval=0", "--metrics-bind-address="+metrics).Output()
 	var st instanceStatus
-	if err != nil || json.Unmarshal(out, &st) != nil || len(st.Ports) != 2 {
+	if err != nil || json.Unmarshal(out, &st) != nil || len(st.Ports) != 2 || st.Node == nil || *st.Node != (admin.NodeView{Name: "node-a", Zone: "z1", Eligible: true}) {
 		t.Fatalf("sluice status -o json (%v):\n%s", err, out)
 	}
 	local, zoned := st.Ports[0], st.Ports[1]

@@ -73,6 +73,9 @@ type Source struct {
 	MinSyncPeriod time.Duration
 	// NodeEligible is told whether the Node may take traffic; may be nil.
 	NodeEligible func(bool)
+	// NodeZone is told the Node's zone label ("": none) on every add and
+	// update of it; may be nil.
+	NodeZone func(string)
 	// NodePodCIDRs is told the Node's spec.podCIDRs on every add and
 	// update of it; may be nil.
 	NodePodCIDRs func([]string)
@@ -838,6 +841,9 @@ func (s *Source) node(o any) {
 	}
 	if s.NodeEligible != nil {
 		s.NodeEligible(controlplane.NodeEligible(n))
+	}
+	if s.NodeZone != nil {
+		s.NodeZone(n.Labels[corev1.LabelTopologyZone])
 	}
 }
 

@@ -267,22 +267,25 @@ func TestTrafficPoliciesAndDualStack(t *testing.T) {
 	}
 }
 
+// The Node's eligibility and zone are told on each of its events (for
+// /healthz and `sluice status`).
 func TestNodeEligibility(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	client := fake.NewClientset(node)
-	got := make(chan bool, 10)
+	got, zones := make(chan bool, 10), make(chan string, 10)
 	s := newSink()
-	run(t, &Source{Client: client, Sink: s, NodeName: "n1", NodeEligible: func(ok bool) { got <- ok }})
+	run(t, &Source{Client: client, Sink: s, NodeName: "n1", NodeEligible: func(ok bool) { got <- ok }, NodeZone: func(z string) { zones <- z }})
 	s.next(t)
-	if ok := <-got; !ok {
-		t.Fatal("a plain node must be eligible")
+	if ok, zone := <-got, <-zones; !ok || zone != "" {
+		t.Fatalf("a plain node: eligible %v, zone %q; want eligible, no zone", ok, zone)
 	}
 	node.Spec.Taints = []corev1.Taint{{Key: TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}
+	node.Labels = map[string]string{corev1.LabelTopologyZone: "zone-b"}
 	if _, err := client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if ok := <-got; ok {
-		t.Fatal("a node tainted ToBeDeletedByClusterAutoscaler must not be eligible")
+	if ok, zone := <-got, <-zones; ok || zone != "zone-b" {
+		t.Fatalf("a node tainted ToBeDeletedByClusterAutoscaler in zone-b: eligible %v, zone %q", ok, zone)
 	}
 }
 
