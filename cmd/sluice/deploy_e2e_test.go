@@ -119,7 +119,7 @@ func TestDeployWithRBAC(t *testing.T) {
 			kubetest.Require(t, fmt.Errorf("the deploy test runs sluice in a pod's view with util-linux's %s: %w", bin, err))
 		}
 	}
-	c := kubetest.Start(t, kubetest.WithRBAC())
+	c := startCluster(t, kubetest.WithRBAC())
 	ctx := context.Background()
 	// A node routes the service range somewhere (its default route); the
 	// test's namespace has only lo, so a veth pair that leads nowhere

@@ -43,6 +43,13 @@ type kubeEnv struct {
 	logs    *lineLog
 }
 
+// startCluster is kubetest.Start with the ports of etcd and
+// kube-apiserver drawn through this process's record too.
+func startCluster(t *testing.T, opts ...kubetest.Option) *kubetest.Cluster {
+	t.Helper()
+	return kubetest.Start(t, append(opts, kubetest.ClaimPorts(drawPort))...)
+}
+
 // lineLog keeps sluice's log lines after start-up, so the pipe never fills
 // and a failing test can show them.
 type lineLog struct {
@@ -69,7 +76,7 @@ func startKubeEnv(t *testing.T) *kubeEnv {
 	if !inPrivateNetns() {
 		kubetest.Require(t, errors.New("the Kubernetes API tests need a private network namespace, which needs root"))
 	}
-	c := kubetest.Start(t)
+	c := startCluster(t)
 	e := &kubeEnv{t: t, cluster: c, client: c.Client}
 	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
 	e.healthz, e.metrics = fmt.Sprintf("127.0.0.1:%d", hz), fmt.Sprintf("127.0.0.1:%d", mp)

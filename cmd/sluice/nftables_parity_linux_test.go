@@ -488,7 +488,7 @@ func newParityBed(t *testing.T) *parityBed {
 	}
 	kubeProxy, err := kubetest.KubeProxyBinary()
 	kubetest.Require(t, err)
-	c := kubetest.Start(t, kubetest.WithDualStack())
+	c := startCluster(t, kubetest.WithDualStack())
 	ctx := context.Background()
 	e := &kubeEnv{t: t, cluster: c, client: c.Client}
 

@@ -24,7 +24,7 @@ func TestNodeCIDRModeWaitsForAndFollowsThePodCIDRs(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		kubetest.Require(t, err)
 	}
-	c := kubetest.Start(t)
+	c := startCluster(t)
 	ctx := context.Background()
 	node, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode}}, metav1.CreateOptions{})
 	if err != nil {

@@ -164,7 +164,7 @@ func TestREADMEQuickStartAsWritten(t *testing.T) {
 	demo.stop(t)
 
 	// Block 2: against a cluster.
-	c := kubetest.Start(t)
+	c := startCluster(t)
 	home := t.TempDir()
 	kc, err := os.ReadFile(c.Kubeconfig)
 	if err != nil {

@@ -49,13 +49,17 @@ type Cluster struct {
 	api       *exec.Cmd
 	apiDone   chan struct{}
 	token     string
-	drawn     map[int]bool // the ports freePort handed out
+	drawn     map[int]bool   // the ports freePort handed out
+	claim     func(int) bool // the caller's record of ports handed out (ClaimPorts)
 }
 
 // Option changes how Start configures the API server.
 type Option func(*options)
 
-type options struct{ rbac, dualStack bool }
+type options struct {
+	rbac, dualStack bool
+	claim           func(int) bool
+}
 
 // ServiceCIDR6 is the IPv6 cluster IP range of a dual-stack API server
 // (WithDualStack).
@@ -69,6 +73,13 @@ func WithDualStack() Option { return func(o *options) { o.dualStack = true } }
 // with the bootstrap roles such as system:node-proxier); the Cluster's own
 // client stays a system:masters member.
 func WithRBAC() Option { return func(o *options) { o.rbac = true } }
+
+// ClaimPorts makes the ports drawn for etcd and kube-apiserver go through
+// claim too, the caller's record of the ports it hands out (FreePort's
+// claim): a port is free when drawn and bound only later, so a test
+// process that draws ports of its own could otherwise hand out one that
+// etcd is about to bind, or the reverse.
+func ClaimPorts(claim func(port int) bool) Option { return func(o *options) { o.claim = claim } }
 
 // CA returns the PEM of the CA that signed the API server's serving
 // certificate (kube-apiserver generates both under its --cert-dir), which
@@ -149,10 +160,10 @@ func Require(t TB, err error) {
 }
 
 // freePort is a TCP port for etcd and kube-apiserver (FreePort), none
-// drawn twice by c.
+// drawn twice by c, nor handed out by the caller's claim.
 func (c *Cluster) freePort() int {
 	return FreePort(c.t, "tcp", func(port int) bool {
-		if c.drawn[port] {
+		if c.drawn[port] || c.claim != nil && !c.claim(port) {
 			return false
 		}
 		if c.drawn == nil {
@@ -183,7 +194,7 @@ func Start(t TB, opts ...Option) *Cluster {
 	etcdBin, apiBin, err := Binaries()
 	Require(t, err)
 	dir := t.TempDir()
-	c := &Cluster{t: t, dir: dir, apiserver: apiBin}
+	c := &Cluster{t: t, dir: dir, apiserver: apiBin, claim: o.claim}
 
 	etcdClient, etcdPeer := c.freePort(), c.freePort()
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
