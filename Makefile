@@ -56,8 +56,9 @@ test-deps: ## install etcd, iproute2, iptables, ipset, nftables (copied into the
 test-unit: ## tests without -race (quick)
 	$(GO) test -count=1 ./...
 
-test-vm: ## the VM suite alone: IPVS mode and SCTP under qemu (Debian cloud kernel cached in ~/.cache/sluice/vm)
+test-vm: ## the VM suite alone: IPVS mode and SCTP under qemu (Debian cloud kernel cached in ~/.cache/sluice/vm), and IPVS mode's parity with upstream kube-proxy in a VM of its own
 	$(GO) test -count=1 -timeout 15m -v -run TestVMSuite ./vmtest
+	$(GO) test -count=1 -timeout 15m -v -run '^TestIPVSParityWithKubeProxy$$' ./cmd/sluice
 
 # The race runtime sleeps a second as each race-enabled process exits
 # (atexit_sleep_ms), and the netns tests run their test binary as a helper
@@ -65,9 +66,10 @@ test-vm: ## the VM suite alone: IPVS mode and SCTP under qemu (Debian cloud kern
 # Races are still reported as they are found, and fail the run.
 RACE_ENV := GORACE="atexit_sleep_ms=0 $$GORACE"
 
-test-race: ## every test with the race detector; the VM suite runs last, alone (an emulated guest starved by parallel packages misses handshakes)
-	$(RACE_ENV) $(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/vmtest')
+test-race: ## every test with the race detector; the VM suite and the IPVS parity test (a VM of its own) run last, alone (an emulated guest starved by parallel packages misses handshakes)
+	$(RACE_ENV) $(GO) test -race -count=1 -timeout 20m -skip '^TestIPVSParityWithKubeProxy$$' $$($(GO) list ./... | grep -v '/vmtest')
 	$(RACE_ENV) $(GO) test -race -count=1 -timeout 15m ./vmtest/...
+	$(RACE_ENV) $(GO) test -race -count=1 -timeout 15m -run '^TestIPVSParityWithKubeProxy$$' ./cmd/sluice
 
 fuzz: ## short runs of each fuzz target
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePortRange$$' -fuzztime $$((100000*$(FUZZ_SCALE)))x ./config

@@ -19,11 +19,13 @@ import (
 // resolved by modprobe against the unpacked kernel.
 var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sed", "ip_vs_nq",
 	"ip_vs_dh", "ip_vs_mh", "sctp", "dummy", "veth", "nf_conntrack_netlink",
+	// The NIC of a guest booted with a Forward (BootWith).
+	"virtio_pci", "virtio_net",
 	// iptables (legacy) and ipset, for IPVS mode's masquerade rules.
 	"ip_tables", "ip6_tables", "iptable_nat", "iptable_filter", "iptable_mangle", "ip6table_nat", "ip6table_filter", "ip6table_mangle",
 	"xt_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_hash_ipportnet", "ip_set_bitmap_port",
 	"xt_MASQUERADE", "xt_mark", "xt_comment", "xt_addrtype", "xt_conntrack", "ipt_REJECT", "ip6t_REJECT", "xt_sctp", "xt_tcpudp", "xt_nat",
-	"xt_statistic", "xt_recent", "xt_REDIRECT",
+	"xt_statistic", "xt_recent", "xt_REDIRECT", "xt_physdev", "xt_ipvs",
 	// nf_tables and the expressions nftables mode's ruleset uses.
 	"nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet",
 	"nft_reject_ipv4", "nft_reject_ipv6", "nft_fib", "nft_fib_ipv4", "nft_fib_ipv6", "nft_fib_inet", "nft_limit"}
@@ -73,7 +75,11 @@ func Build(s Spec) (Image, error) {
 	}
 	kdir, kver := m[1], m[2]
 	img := filepath.Join(s.Work, "root")
-	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "run", "lib/modules"} {
+	// The modules go under /lib/modules/KVER, with a modules.dep naming
+	// each, so that modprobe finds one already loaded (kube-proxy's IPVS
+	// clean-up runs `modprobe -va ip_vs` first, and does nothing when it
+	// fails).
+	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "run", "lib/modules/" + kver} {
 		if err := os.MkdirAll(filepath.Join(img, d), 0o755); err != nil {
 			return Image{}, err
 		}
@@ -135,7 +141,7 @@ func Build(s Spec) (Image, error) {
 		return Image{}, err
 	}
 	// Modules in load order.
-	var insmods []string
+	var insmods, dep []string
 	seen := map[string]bool{}
 	var deps string
 	for _, mod := range guestModules { // one per call: further names would be module parameters
@@ -152,10 +158,14 @@ func Build(s Spec) (Image, error) {
 		}
 		seen[f[1]] = true
 		name := filepath.Base(f[1])
-		if _, err := run(s.Root, "cp", f[1], filepath.Join(img, "lib/modules", name)); err != nil {
+		if _, err := run(s.Root, "cp", f[1], filepath.Join(img, "lib/modules", kver, name)); err != nil {
 			return Image{}, err
 		}
-		insmods = append(insmods, "insmod /lib/modules/"+name)
+		insmods = append(insmods, "insmod /lib/modules/"+kver+"/"+name)
+		dep = append(dep, name+":")
+	}
+	if err := os.WriteFile(filepath.Join(img, "lib/modules", kver, "modules.dep"), []byte(strings.Join(dep, "\n")+"\n"), 0o644); err != nil {
+		return Image{}, err
 	}
 	init := `#!/bin/sh
 mount -t proc proc /proc
@@ -187,13 +197,37 @@ poweroff -f
 // Boot runs the image under qemu (TCG, 2 vCPUs, no NIC) until the guest
 // powers off or timeout passes, and returns the serial console's output.
 func Boot(img Image, work string, memMB int, timeout time.Duration) (string, error) {
+	return BootWith(img, work, memMB, timeout, nil)
+}
+
+// Forward lets the guest open TCP connections to one address, which reach
+// one TCP address of the host's (each connection through a busybox nc
+// that qemu starts for it). The guest's NIC (eth0, virtio) is on qemu's
+// user network, 10.0.2.0/24, restricted: it reaches nothing else, on the
+// host or beyond. The guest sets its own address (10.0.2.15/24).
+type Forward struct {
+	Guest string // 10.0.2.x:port, in the guest's view
+	Host  string // host:port it reaches on the host (its loopback)
+}
+
+// BootWith is Boot with the guest's NIC forwarding fwd (nil: no NIC).
+func BootWith(img Image, work string, memMB int, timeout time.Duration, fwd *Forward) (string, error) {
 	serial := filepath.Join(work, "serial.log")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	qemu := exec.CommandContext(ctx, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", fmt.Sprint(memMB), "-smp", "2",
+	nic := []string{"-nic", "none"}
+	if fwd != nil {
+		host, port, ok := strings.Cut(fwd.Host, ":")
+		if !ok || strings.ContainsAny(fwd.Host+fwd.Guest, ", ") {
+			return "", fmt.Errorf("forward %+v: want host:port and 10.0.2.x:port", *fwd)
+		}
+		nic = []string{"-netdev", "user,id=n0,restrict=on,guestfwd=tcp:" + fwd.Guest + "-cmd:/bin/busybox nc " + host + " " + port,
+			"-device", "virtio-net-pci,netdev=n0"}
+	}
+	args := append([]string{"-accel", "tcg,thread=multi", "-cpu", "max", "-m", fmt.Sprint(memMB), "-smp", "2",
 		"-kernel", img.Kernel, "-initrd", img.Initrd,
-		"-append", "console=ttyS0 quiet panic=-1", "-nographic", "-no-reboot", "-nic", "none",
-		"-serial", "file:"+serial, "-monitor", "none")
+		"-append", "console=ttyS0 quiet panic=-1", "-nographic", "-no-reboot"}, nic...)
+	qemu := exec.CommandContext(ctx, "qemu-system-x86_64", append(args, "-serial", "file:"+serial, "-monitor", "none")...)
 	qout, qerr := qemu.CombinedOutput()
 	log, _ := os.ReadFile(serial)
 	if ctx.Err() != nil {

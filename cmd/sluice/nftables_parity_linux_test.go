@@ -489,16 +489,28 @@ func newParityBed(t *testing.T) *parityBed {
 	kubeProxy, err := kubetest.KubeProxyBinary()
 	kubetest.Require(t, err)
 	c := startCluster(t, kubetest.WithDualStack())
-	ctx := context.Background()
-	e := &kubeEnv{t: t, cluster: c, client: c.Client}
-
 	// The node: an uplink that leads nowhere, with the node's IP.
 	nodeUplink(t, "parity", []string{"addr", "add", "192.168.10.1/24", "dev", "parity0"})
+	e, lb := createParityObjects(t, c)
+	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
+	return &parityBed{e: e, kubeProxy: kubeProxy, hcnp: fmt.Sprintf("192.168.10.1:%d", lb.Spec.HealthCheckNodePort), metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
+		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
+}
+
+// createParityObjects makes the parity tests' node (node-a, InternalIP
+// 192.168.10.1, its pod CIDRs and zone) and Services with their slices in
+// c's API server, and returns the LoadBalancer Service with a health
+// check node port ("guarded").
+func createParityObjects(t *testing.T, c *kubetest.Cluster) (*kubeEnv, *corev1.Service) {
+	ctx := context.Background()
+	e := &kubeEnv{t: t, cluster: c, client: c.Client}
 	// Its pod CIDRs are for --detect-local-mode=NodeCIDR.
 	// Its zone is for the topology hints.
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: kubeNode, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24", "fd00:244::/64"}}}
-	node, err = c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,12 +639,7 @@ func newParityBed(t *testing.T) *parityBed {
 	e.setSlice("headless", "headless-1", "http", local)
 	e.createService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cname"},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.com"}})
-
-	hz, mp := freePort(t, "tcp"), freePort(t, "tcp")
-	return &parityBed{e: e, kubeProxy: kubeProxy, hcnp: fmt.Sprintf("192.168.10.1:%d", lb.Spec.HealthCheckNodePort), metrics: fmt.Sprintf("127.0.0.1:%d", mp), healthz: fmt.Sprintf("127.0.0.1:%d", hz), flags: []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + kubeNode,
-		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
-		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
-		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp)}}
+	return e, lb
 }
 
 // featureSeries is one feature gate in a /metrics page.

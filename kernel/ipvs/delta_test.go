@@ -354,6 +354,10 @@ func TestNetfilterSyncChangedLeavesWhatSyncLeaves(t *testing.T) {
 					t.Fatalf("round %d step %d (full %v): %s = %v, want %v", round, step, full, st.Name, got, want)
 				}
 			}
+			// The rules too, which follow the sets that hold entries.
+			if got, want := nd.IPTables.(*iptables.Fake).Dump(), nc.IPTables.(*iptables.Fake).Dump(); got != want {
+				t.Fatalf("round %d step %d (full %v): rules\n%s\nwant\n%s", round, step, full, got, want)
+			}
 		}
 	}
 	if partials < 100 || silent == 0 {

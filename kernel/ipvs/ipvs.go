@@ -168,7 +168,9 @@ func renderPort(sp *lb.ServicePort, o Options, server func(*VirtualServer), bind
 			}
 		}
 	}
-	if sp.NodePort != 0 {
+	// A NodePort is served in the families the Service has (kube-proxy's
+	// proxier of a family knows only the Services of its family).
+	if sp.NodePort != 0 && slices.ContainsFunc(sp.ClusterIPs, fam) {
 		for _, ip := range o.NodeIPs {
 			if fam(ip) {
 				add(ip, sp.NodePort, external)

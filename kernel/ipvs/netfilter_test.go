@@ -58,7 +58,7 @@ func TestNetfilterSetsRulesAndCleanup(t *testing.T) {
 		t.Error("an IPv6 entry in the IPv4 set")
 	}
 	rules := ipt.Dump()
-	if !strings.Contains(rules, "! -s 10.244.0.0/16 -m comment --comment Kubernetes service cluster ip + port for masquerade purpose -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ") {
+	if !strings.Contains(rules, "-m comment --comment Kubernetes service cluster ip + port for masquerade purpose -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ") {
 		t.Fatalf("no cluster IP masquerade rule:\n%s", rules)
 	}
 	// Fewer services: sets shrink to exactly the new state.
@@ -133,8 +133,8 @@ func TestFakeIPSetRefuses(t *testing.T) {
 // The SNAT rule takes --random-fully when iptables has it, as kube-proxy's
 // IPVS mode writes it.
 func TestSNATRuleRandomFully(t *testing.T) {
-	without := string(renderRules(Options{}, 14, false, localtraffic.Match{}, false))
-	with := string(renderRules(Options{}, 14, false, localtraffic.Match{}, true))
+	without := string(renderRules(Options{}, 14, false, localtraffic.Match{}, false, ruleInputs{}))
+	with := string(renderRules(Options{}, 14, false, localtraffic.Match{}, true, ruleInputs{}))
 	rule := `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE`
 	if !strings.Contains(without, rule+"\n") || !strings.Contains(with, rule+" --random-fully\n") {
 		t.Fatalf("without:\n%s\nwith:\n%s", without, with)
@@ -150,12 +150,12 @@ func TestClusterIPMasqueradeFollowsTheLocalMatch(t *testing.T) {
 		m    localtraffic.Match
 		want string
 	}{
-		{localtraffic.ByCIDR(netip.MustParsePrefix("10.244.0.0/16")), "-A KUBE-SERVICES ! -s 10.244.0.0/16 "},
-		{localtraffic.ByInterface("cbr0"), "-A KUBE-SERVICES ! -i cbr0 "},
-		{localtraffic.ByInterfacePrefix("veth"), "-A KUBE-SERVICES ! -i veth+ "},
+		{localtraffic.ByCIDR(netip.MustParsePrefix("10.244.0.0/16")), set + "dst,dst ! -s 10.244.0.0/16 -j"},
+		{localtraffic.ByInterface("cbr0"), set + "dst,dst ! -i cbr0 -j"},
+		{localtraffic.ByInterfacePrefix("veth"), set + "dst,dst ! -i veth+ -j"},
 		{localtraffic.Match{}, set + "src,dst -j KUBE-MARK-MASQ"},
 	} {
-		rules := string(renderRules(Options{}, 14, false, tc.m, false))
+		rules := string(renderRules(Options{}, 14, false, tc.m, false, ruleInputs{filled: func(s string) bool { return s == SetClusterIP }}))
 		var line string
 		for _, l := range strings.Split(rules, "\n") {
 			if strings.Contains(l, set) && strings.Contains(l, "KUBE-MARK-MASQ") {
@@ -165,5 +165,82 @@ func TestClusterIPMasqueradeFollowsTheLocalMatch(t *testing.T) {
 		if !strings.Contains(line, tc.want) {
 			t.Errorf("%v: %q, want %q in it", tc.m, line, tc.want)
 		}
+	}
+}
+
+// The rules are kube-proxy v1.34's IPVS mode's, rule for rule: a rule that
+// matches on a set is there only while the set holds entries (with the
+// set's comment), external IPs are accepted from off the node, the node is
+// kept from a load-balancer IP whose source ranges leave it out, and the
+// jumps into the built-in chains come in kube-proxy's order, the earlier
+// sluice's hook into KUBE-PROXY-FIREWALL gone. Its clean-up takes all of
+// it, kube-proxy's firewall hooks included.
+func TestNetfilterRulesAreKubeProxysLayout(t *testing.T) {
+	ipt, sets, nf := netfilterBed()
+	pristine := ipt.Dump()
+	if err := ipt.EnsureChain("filter", iptables.ChainProxyFirewall); err != nil {
+		t.Fatal(err)
+	}
+	if err := ipt.EnsureRule("filter", "INPUT", legacyFirewallJump...); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{NodeIPs: []netip.Addr{node}}
+	empty := port("empty", "10.96.0.9", lb.TCP)
+	if err := nf.Sync(snap(empty), o, nil); err != nil {
+		t.Fatal(err)
+	}
+	rules := ipt.Dump()
+	for _, absent := range []string{"KUBE-EXTERNAL-IP dst,dst -j KUBE-MARK-MASQ", "KUBE-NODE-PORT-TCP dst", "KUBE-LOAD-BALANCER dst,dst -j ACCEPT", "KUBE-LOOP-BACK",
+		"-j KUBE-SOURCE-RANGES-FIREWALL", "-m ipvs", "kubernetes load balancer firewall", "--ctstate INVALID"} {
+		if strings.Contains(rules, absent) {
+			t.Errorf("with empty sets, a rule with %q:\n%s", absent, rules)
+		}
+	}
+	for _, want := range []string{
+		"-A INPUT -m comment --comment kubernetes ipvs access filter -j KUBE-IPVS-FILTER\n-A INPUT -m comment --comment kube-proxy firewall rules -j KUBE-PROXY-FIREWALL\n-A INPUT -m comment --comment kubernetes health check rules -j KUBE-NODE-PORT\n",
+		"-A FORWARD -m comment --comment kube-proxy firewall rules -j KUBE-PROXY-FIREWALL\n-A FORWARD -m comment --comment kubernetes forwarding rules -j KUBE-FORWARD\n",
+		"-A OUTPUT -m comment --comment kubernetes ipvs access filter -j KUBE-IPVS-OUT-FILTER\n",
+		"-A KUBE-SERVICES -m comment --comment Kubernetes service cluster ip + port for masquerade purpose -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ\n",
+		"-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n",
+	} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("no\n%s\nin\n%s", want, rules)
+		}
+	}
+
+	web := port("web", "10.96.0.10", lb.TCP, "10.244.0.5:8080")
+	web.NodePort, web.ExternalLocal = 30080, true
+	web.SetExternalIPs([]netip.Addr{netip.MustParseAddr("203.0.113.10")})
+	shut := port("shut", "10.96.0.12", lb.UDP, "10.244.0.7:53")
+	shut.SetLoadBalancerIPs([]netip.Addr{netip.MustParseAddr("198.51.100.1")})
+	shut.SetSourceRanges([]netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}) // not the node's
+	if err := nf.Sync(snap(empty, web, shut), o, nil); err != nil {
+		t.Fatal(err)
+	}
+	rules = ipt.Dump()
+	for _, want := range []string{
+		"-A KUBE-NODE-PORT -p tcp -m comment --comment Kubernetes nodeport TCP port with externalTrafficPolicy=local -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN\n" +
+			"-A KUBE-NODE-PORT -p tcp -m comment --comment Kubernetes nodeport TCP port for masquerade purpose -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ\n",
+		"-m set --match-set KUBE-EXTERNAL-IP dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT\n",
+		"-m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -m addrtype --dst-type LOCAL -j ACCEPT\n",
+		"-A KUBE-SERVICES -m comment --comment Kubernetes service lb portal -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER\n",
+		"-A KUBE-PROXY-FIREWALL -m comment --comment Kubernetes service load balancer ip + port for load balancer with sourceRange -m set --match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL\n",
+		"-A KUBE-IPVS-OUT-FILTER -s 198.51.100.1 -m ipvs --vaddr 198.51.100.1 --vproto udp --vport 80 -j DROP\n",
+		"-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT\n",
+	} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("no\n%s\nin\n%s", want, rules)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if err := CleanupNetfilter(ipt, sets, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := iptables.Cleanup(ipt, iptables.Options{MasqueradeBit: 14}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ipt.Dump() != pristine {
+		t.Fatalf("rules left:\n%s", ipt.Dump())
 	}
 }
