@@ -59,7 +59,7 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 		k.Close()
 		return nil, err
 	}
-	b := &portals.Binder{Table: portals.Netlink{}, Interface: ipvsInterface, DummyOnly: true}
+	b := &portals.Binder{Table: portals.Netlink{}, Interface: ipvsInterface, DummyOnly: true, Adopt: true}
 	if _, err := b.Init(); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("%w: %v", ipvs.ErrUnavailable, err)

@@ -95,7 +95,7 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 		return p
 	}
 	kubeconfig := write("kubeconfig", []byte(strings.Replace(string(kc), api.Host, guestAPI, 1)))
-	spec, _ := json.Marshal(map[string]any{"KubeProxy": "/kube-proxy", "Want": want, "Flags": []string{
+	spec, _ := json.Marshal(map[string]any{"KubeProxy": "/kube-proxy", "Want": want, "Metrics": "127.0.0.1:10249", "Flags": []string{
 		"--kubeconfig=/parity-kubeconfig", "--hostname-override=" + kubeNode,
 		"--cluster-cidr=10.244.0.0/16", "--nodeport-addresses=192.168.10.0/24",
 		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
@@ -128,7 +128,7 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 		}
 		t.Fatalf("the guest half failed (%v, marker code %d)", err, vmtest.ExitCode(log))
 	}
-	for _, who := range []string{"kube-proxy", "sluice", "kube-proxy-cleanup", "sluice-cleanup"} {
+	for _, who := range []string{"kube-proxy", "sluice", "kube-proxy-cleanup", "sluice-cleanup", "sluice-over-kube-proxy", "kube-proxy-over-sluice", "both-cleanups"} {
 		if len(states[who]) == 0 {
 			t.Fatalf("no state of %s on the console", who)
 		}
@@ -138,11 +138,22 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 			}
 		}
 	}
-	ours := slices.DeleteFunc(slices.Clone(states["sluice"]), kubeIPVS0LinkLocal.MatchString)
-	if len(ours) != len(states["sluice"])-1 {
-		t.Errorf("kube-ipvs0 has %d link-local addresses, want the one that comes with its being up", len(states["sluice"])-len(ours))
+	// Without kube-ipvs0's link-local address, which comes with its being
+	// up: one while sluice has run.
+	linkUp := map[string][]string{}
+	for who, lines := range states {
+		linkUp[who] = slices.DeleteFunc(slices.Clone(lines), kubeIPVS0LinkLocal.MatchString)
+		if up := who == "sluice" || strings.Contains(who, "over"); up != (len(linkUp[who]) == len(lines)-1) {
+			t.Errorf("%s: kube-ipvs0 has %d link-local addresses", who, len(lines)-len(linkUp[who]))
+		}
 	}
-	checkDifferences(t, states["kube-proxy"], ours, knownIPVSDifferences)
+	checkDifferences(t, states["kube-proxy"], linkUp["sluice"], knownIPVSDifferences)
+	// The binary swapped: sluice over kube-proxy's rules makes what it
+	// makes on a clean node, and kube-proxy over sluice's what it makes
+	// there (kube-ipvs0 stays up: neither changes an existing link's
+	// state the other way).
+	checkDifferences(t, linkUp["sluice"], linkUp["sluice-over-kube-proxy"], nil)
+	checkDifferences(t, linkUp["sluice"], linkUp["kube-proxy-over-sluice"], nil)
 	// --cleanup leaves the node as kube-proxy's leaves it, but for
 	// kube-proxy's IPv6 sets: v1.34.2's IPVS clean-up destroys its sets by
 	// their IPv4 names only (KUBE-6-* stay), where sluice's destroys both.
@@ -153,9 +164,13 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 		t.Error("kube-proxy's --cleanup destroyed its IPv6 sets: take the exception off")
 	}
 	checkDifferences(t, upLeft, states["sluice-cleanup"], nil)
-	for _, l := range states["sluice-cleanup"] {
-		if strings.HasPrefix(l, "ipset ") || strings.HasPrefix(l, "ipvs ") || strings.Contains(l, "KUBE-") {
-			t.Errorf("left by sluice --cleanup: %s", l)
+	// After the swaps, kube-proxy's --cleanup and then sluice's leave
+	// nothing of either.
+	for _, who := range []string{"sluice-cleanup", "both-cleanups"} {
+		for _, l := range states[who] {
+			if strings.HasPrefix(l, "ipset ") || strings.HasPrefix(l, "ipvs ") || strings.Contains(l, "KUBE-") || strings.Contains(l, "kube-ipvs0") {
+				t.Errorf("left after %s: %s", who, l)
+			}
 		}
 	}
 }

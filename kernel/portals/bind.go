@@ -36,6 +36,8 @@ type AddrTable interface {
 	DeleteLink(name string) error
 	// Owned lists the marked addresses of an interface.
 	Owned(link int) ([]netip.Addr, error)
+	// Addrs lists every address of an interface, marked or not.
+	Addrs(link int) ([]netip.Addr, error)
 	// Add assigns a host address (/32 or /128), marked.
 	Add(link int, a netip.Addr) error
 	// Del removes an address.
@@ -50,9 +52,15 @@ type Binder struct {
 	Interface string // default DefaultInterface
 	// DummyOnly refuses the lo fallback (IPVS mode needs kube-ipvs0).
 	DummyOnly bool
-	link      int
-	ready     bool
-	mine      map[netip.Addr]bool // sluice's addresses on the interface, as last seen
+	// Adopt takes every address on the interface but IPv6 link-local ones
+	// as sluice's, marked or not: IPVS mode's kube-ipvs0, whose addresses
+	// all belong to the node's proxy, as kube-proxy holds them. After a
+	// swap from kube-proxy, its addresses are then kept, counted and
+	// removed as sluice's own.
+	Adopt bool
+	link  int
+	ready bool
+	mine  map[netip.Addr]bool // sluice's addresses on the interface, as last seen
 }
 
 func (b *Binder) name() string {
@@ -85,7 +93,7 @@ func (b *Binder) Init() (string, error) {
 // remember lists what an earlier run left assigned, for Has and Change.
 func (b *Binder) remember() {
 	b.mine = map[netip.Addr]bool{}
-	if have, err := b.Table.Owned(b.link); err == nil {
+	if have, err := b.listMine(); err == nil {
 		for _, a := range have {
 			b.mine[a] = true
 		}
@@ -99,7 +107,7 @@ func (b *Binder) Ensure(want []netip.Addr) error {
 	if !b.ready {
 		return errors.New("bind capture: Init was not called")
 	}
-	have, err := b.Table.Owned(b.link)
+	have, err := b.listMine()
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -172,7 +180,17 @@ func (b *Binder) Owned() ([]netip.Addr, error) {
 	if !b.ready {
 		return nil, nil
 	}
-	return b.Table.Owned(b.link)
+	return b.listMine()
+}
+
+// listMine lists the interface's addresses that are sluice's: the marked
+// ones, or with Adopt all but IPv6 link-local ones.
+func (b *Binder) listMine() ([]netip.Addr, error) {
+	if !b.Adopt {
+		return b.Table.Owned(b.link)
+	}
+	all, err := b.Table.Addrs(b.link)
+	return slices.DeleteFunc(all, func(a netip.Addr) bool { return a.Is6() && a.IsLinkLocalUnicast() }), err
 }
 
 // Prune removes sluice's addresses that are not in keep.
@@ -180,7 +198,7 @@ func (b *Binder) Prune(keep []netip.Addr) error {
 	if !b.ready {
 		return nil
 	}
-	have, err := b.Table.Owned(b.link)
+	have, err := b.listMine()
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -288,6 +306,29 @@ func (f *FakeAddrTable) Owned(link int) ([]netip.Addr, error) {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out, nil
+}
+
+func (f *FakeAddrTable) Addrs(link int) ([]netip.Addr, error) {
+	m, ok := f.addrs[link]
+	if !ok {
+		return nil, fmt.Errorf("no link with index %d", link)
+	}
+	var out []netip.Addr
+	for a := range m {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// AddUnmarked assigns an address as another program would: not marked
+// as sluice's.
+func (f *FakeAddrTable) AddUnmarked(link int, a netip.Addr) error {
+	if err := f.Add(link, a); err != nil {
+		return err
+	}
+	f.addrs[link][a] = false
+	return nil
 }
 
 func (f *FakeAddrTable) Add(link int, a netip.Addr) error {

@@ -67,7 +67,12 @@ func (Netlink) DeleteLink(name string) error {
 	return netlink.LinkDel(l)
 }
 
-func (Netlink) Owned(link int) ([]netip.Addr, error) {
+func (n Netlink) Owned(link int) ([]netip.Addr, error) { return n.list(link, true) }
+
+func (n Netlink) Addrs(link int) ([]netip.Addr, error) { return n.list(link, false) }
+
+// list lists the addresses of an interface, only sluice's with marked.
+func (Netlink) list(link int, markedOnly bool) ([]netip.Addr, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
 	req.AddData(nl.NewIfAddrmsg(unix.AF_UNSPEC))
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWADDR)
@@ -100,7 +105,7 @@ func (Netlink) Owned(link int) ([]netip.Addr, error) {
 				marked = marked || string(trimNUL(a.Value)) == "lo:sluice"
 			}
 		}
-		if marked && addr.IsValid() {
+		if (marked || !markedOnly) && addr.IsValid() {
 			out = append(out, addr)
 		}
 	}

@@ -252,3 +252,48 @@ func TestBinderChangeTouchesOnlyItsOwn(t *testing.T) {
 		t.Fatalf("add and delete of one address: %v, lo holds %v", err, tbl.All("lo"))
 	}
 }
+
+// With Adopt (IPVS mode's kube-ipvs0), what another proxy left on the
+// interface is sluice's: counted as bound, kept when wanted and removed
+// when not, as kube-proxy treats every address there; an IPv6
+// link-local address is no service address and stays. Without it, an
+// unmarked address is left alone.
+func TestBinderAdoptsWhatIsOnItsInterface(t *testing.T) {
+	stale, kept := netip.MustParseAddr("10.96.0.77"), netip.MustParseAddr("203.0.113.20")
+	linkLocal := netip.MustParseAddr("fe80::1")
+	for _, adopt := range []bool{false, true} {
+		tbl := NewFakeAddrTable()
+		idx, err := tbl.EnsureDummy("kube-ipvs0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range []netip.Addr{stale, kept, linkLocal} {
+			if err := tbl.AddUnmarked(idx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b := &Binder{Table: tbl, Interface: "kube-ipvs0", DummyOnly: true, Adopt: adopt}
+		if _, err := b.Init(); err != nil {
+			t.Fatal(err)
+		}
+		if b.Has(kept) != adopt || b.Has(linkLocal) {
+			t.Fatalf("adopt %v: Has(%s) %v, Has(%s) %v", adopt, kept, b.Has(kept), linkLocal, b.Has(linkLocal))
+		}
+		if err := b.Ensure([]netip.Addr{kept}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Prune([]netip.Addr{kept}); err != nil {
+			t.Fatal(err)
+		}
+		want := []netip.Addr{stale, kept, linkLocal}
+		if adopt {
+			want = []netip.Addr{kept, linkLocal}
+		}
+		if got := tbl.All("kube-ipvs0"); !slices.Equal(got, want) {
+			t.Errorf("adopt %v: left %v, want %v", adopt, got, want)
+		}
+		if owned, _ := b.Owned(); adopt != slices.Contains(owned, kept) {
+			t.Errorf("adopt %v: Owned %v", adopt, owned)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,10 +27,10 @@ import (
 // TestIPVSParityWithKubeProxy, which boots an image holding this spec):
 // upstream kube-proxy, then sluice, each in IPVS mode with the same flags,
 // on this node, against the host's kube-apiserver (reached through the
-// boot's Forward). Each one's kernel state once settled, and again after
-// its --cleanup, is printed as "PARITY <who> <part>| <line>" lines for
-// the host to compare. The node is this VM's own namespace: nothing else
-// runs in it meanwhile.
+// boot's Forward), then each started over the other's state. Each one's
+// kernel state once settled, and after the clean-ups, is printed as
+// "PARITY <who> <part>| <line>" lines for the host to compare. The node is
+// this VM's own namespace: nothing else runs in it meanwhile.
 
 // paritySpecPath is where the host puts the spec; without it (the VM
 // suite's image) the test has nothing to do.
@@ -42,6 +44,8 @@ type paritySpec struct {
 	// Want are strings the IPVS dump holds once a proxy has synced
 	// (the Services' addresses).
 	Want []string
+	// Metrics is the host:port of the metrics server the flags give.
+	Metrics string
 }
 
 // paritySysctls are the sysctls either proxy may set in IPVS mode.
@@ -82,54 +86,86 @@ func TestIPVSParityDumps(t *testing.T) {
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 
-	for _, who := range []struct{ name, bin string }{{"kube-proxy", spec.KubeProxy}, {"sluice", os.Getenv("SLUICE_BIN")}} {
-		args := append([]string{"--proxy-mode=ipvs"}, spec.Flags...)
-		if who.name == "sluice" {
-			args = append(args, "--mode-fallback=false")
-		}
-		var log bytes.Buffer
-		cmd := exec.Command(who.bin, append(args, "--v=2")...)
-		cmd.Stdout, cmd.Stderr = &log, &log
-		must(t, cmd.Start())
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		settled, why := waitSettled(spec.Want, done)
-		if settled == nil {
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("%s: IPVS state not settled (%s); its log:\n%s", who.name, why, tail(log.String(), 60))
-		}
-		printParity(who.name, settled)
-		cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(45 * time.Second):
-			cmd.Process.Signal(syscall.SIGQUIT)
-			<-done
-			t.Fatalf("%s did not exit within 45 s of SIGINT; its log:\n%s", who.name, tail(log.String(), 60))
-		}
-		// kube-proxy v1.34.2's --cleanup after an IPVS run fails here: its
-		// iptables mode's clean-up, which runs first, cannot delete the
-		// KUBE-MARK-MASQ chain that IPVS mode's chains still jump to (the
-		// IPVS clean-up after it removes them). What is left is compared
-		// all the same; sluice's must succeed.
-		out, err := exec.Command(who.bin, "--cleanup", "--proxy-mode=ipvs").CombinedOutput()
-		if err != nil && who.name == "sluice" {
-			t.Fatalf("%s --cleanup: %v\n%s", who.name, err, out)
-		} else if err != nil {
-			t.Logf("%s --cleanup: %v\n%s", who.name, err, tail(string(out), 20))
-		}
-		printParity(who.name+"-cleanup", kernelState())
-		if t.Failed() {
-			return
-		}
+	kubeProxy, sluice := spec.KubeProxy, os.Getenv("SLUICE_BIN")
+	// Each runs on a clean node, then the binary is swapped both ways:
+	// each starts over what the other's run left (stopped, not cleaned
+	// up), as a DaemonSet's image swap does.
+	run(t, spec, "kube-proxy", kubeProxy, "kube-proxy")
+	cleanup(t, "kube-proxy", kubeProxy, "kube-proxy-cleanup")
+	run(t, spec, "sluice", sluice, "sluice")
+	cleanup(t, "sluice", sluice, "sluice-cleanup")
+	run(t, spec, "kube-proxy", kubeProxy, "")
+	run(t, spec, "sluice", sluice, "sluice-over-kube-proxy")
+	run(t, spec, "kube-proxy", kubeProxy, "kube-proxy-over-sluice")
+	cleanup(t, "kube-proxy", kubeProxy, "")
+	cleanup(t, "sluice", sluice, "both-cleanups")
+}
+
+// run starts name's binary in IPVS mode with the spec's flags, waits for
+// its state to settle, prints it as who (unless who is ""), and stops it
+// with SIGINT, which leaves its state in place.
+func run(t *testing.T, spec paritySpec, name, bin, who string) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	args := append([]string{"--proxy-mode=ipvs"}, spec.Flags...)
+	if name == "sluice" {
+		args = append(args, "--mode-fallback=false")
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(bin, append(args, "--v=2")...)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	must(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	settled, why := waitSettled(spec.Want, spec.Metrics, done)
+	if settled == nil {
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s: IPVS state not settled (%s); its log:\n%s", name, why, tail(log.String(), 60))
+	}
+	if who != "" {
+		printParity(who, settled)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(45 * time.Second):
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-done
+		t.Fatalf("%s did not exit within 45 s of SIGINT; its log:\n%s", name, tail(log.String(), 60))
 	}
 }
 
-// waitSettled polls the kernel state until the IPVS part holds every
-// wanted string and the whole has not changed for a second; nil, with
-// why, when the proxy exits or three minutes pass (the guest is emulated).
-func waitSettled(want []string, done <-chan error) ([]string, string) {
+// cleanup runs name's --cleanup in IPVS mode and prints what is left as
+// who (unless who is ""). kube-proxy v1.34.2's exits 1 here after an IPVS
+// run (its ip6tables-restore of iptables mode's clean-up fails, after its
+// IPVS clean-up has run): what it leaves is compared all the same.
+// sluice's must succeed.
+func cleanup(t *testing.T, name, bin, who string) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	out, err := exec.Command(bin, "--cleanup", "--proxy-mode=ipvs").CombinedOutput()
+	if err != nil && name == "sluice" {
+		t.Fatalf("%s --cleanup: %v\n%s", name, err, out)
+	} else if err != nil {
+		t.Logf("%s --cleanup: %v\n%s", name, err, tail(string(out), 20))
+	}
+	if who != "" {
+		printParity(who, kernelState())
+	}
+}
+
+// waitSettled polls the kernel state until the proxy says it has synced
+// (metrics) and the IPVS part holds every wanted string, and the whole
+// has not changed for a second; nil, with why, when the proxy exits or
+// three minutes pass (the guest is emulated). Over another's state the
+// wanted strings are there from the start: only the proxy's own sync
+// counts.
+func waitSettled(want []string, metrics string, done <-chan error) ([]string, string) {
 	deadline := time.Now().Add(3 * time.Minute)
 	var last []string
 	var since time.Time
@@ -139,6 +175,10 @@ func waitSettled(want []string, done <-chan error) ([]string, string) {
 		case err := <-done:
 			return nil, fmt.Sprintf("it exited: %v", err)
 		case <-time.After(200 * time.Millisecond):
+		}
+		if !synced(metrics) {
+			why = "no sync yet (" + metrics + ")"
+			continue
 		}
 		state := kernelState()
 		all := strings.Join(state, "\n")
@@ -162,6 +202,30 @@ func waitSettled(want []string, done <-chan error) ([]string, string) {
 		}
 	}
 	return nil, why
+}
+
+// synced reports whether the proxy whose metrics server is at addr has
+// applied its rules: kubeproxy_sync_proxy_rules_last_timestamp_seconds
+// is exported, and not zero, in each family it has.
+func synced(addr string) bool {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	n := 0
+	for _, l := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(l, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+			f := strings.Fields(l)
+			if f[len(f)-1] == "0" {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
 }
 
 // kernelState is what the proxies program, one "<part>| <line>" each:
