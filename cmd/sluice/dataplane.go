@@ -405,6 +405,11 @@ func eachChanged(prev, snap *lb.Snapshot, move func(old, sp *lb.ServicePort)) bo
 type noLocalTally struct {
 	snap   *lb.Snapshot
 	counts [2][2]int // IPv4, IPv6: internal, external
+	// byService counts Services rather than service ports, as kube-proxy's
+	// IPVS mode does (it keeps a set of Service names; its iptables and
+	// nftables modes count ports).
+	byService bool
+	ports     [2][2]map[string]int // with byService: each Service's ports counted
 }
 
 func (t *noLocalTally) update(snap *lb.Snapshot) {
@@ -412,16 +417,41 @@ func (t *noLocalTally) update(snap *lb.Snapshot) {
 	if eachChanged(t.snap, snap, func(old, sp *lb.ServicePort) { t.add(old, -1); t.add(sp, +1) }) {
 		return
 	}
-	for f, v6 := range []bool{false, true} {
-		t.counts[f][0], t.counts[f][1] = noLocalEndpoints(snap, v6)
+	if !t.byService {
+		for f, v6 := range []bool{false, true} {
+			t.counts[f][0], t.counts[f][1] = noLocalEndpoints(snap, v6)
+		}
+		return
+	}
+	t.counts, t.ports = [2][2]int{}, [2][2]map[string]int{}
+	for _, sp := range snap.Ports.All() {
+		t.add(sp, +1)
 	}
 }
 
 func (t *noLocalTally) add(sp *lb.ServicePort, sign int) {
 	for f, v6 := range []bool{false, true} {
 		in, ex := noLocalEndpoint(sp, v6)
-		t.counts[f][0] += sign * in
-		t.counts[f][1] += sign * ex
+		if !t.byService {
+			t.counts[f][0] += sign * in
+			t.counts[f][1] += sign * ex
+			continue
+		}
+		for p, n := range [2]int{in, ex} {
+			if n == 0 {
+				continue
+			}
+			m := t.ports[f][p]
+			if m == nil {
+				m = map[string]int{}
+				t.ports[f][p] = m
+			}
+			key := sp.Name.Namespace + "/" + sp.Name.Name
+			if m[key] += sign; m[key] == 0 {
+				delete(m, key)
+			}
+			t.counts[f][p] = len(m)
+		}
 	}
 }
 

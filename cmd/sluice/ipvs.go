@@ -36,6 +36,7 @@ type ipvsPlane struct {
 
 	latestState
 	loopback  loopbackWarner
+	noLocal   noLocalTally        // for sync_proxy_rules_no_local_endpoints_total
 	conntrack conntrackReconciler // under latestState's mu, as the syncs are
 	backoff   syncBackoff         // under latestState's mu, as the syncs are
 	failed    bool                // the last sync failed in part
@@ -85,7 +86,7 @@ func newIPVSPlane(cfg *config.Config, local *localAddrs, metrics *admin.Metrics,
 	}
 	exclude := ipvsExcludeCIDRs(cfg)
 	p := &ipvsPlane{kernel: k, binder: b, cfg: cfg, local: local, metrics: metrics, log: log, stop: make(chan struct{}), done: make(chan struct{}),
-		loopback: loopbackWarner{mode: "ipvs", log: log}, backoff: syncBackoff{max: resyncEvery(cfg.KubeProxy.IPVS.SyncPeriod.Duration)}}
+		loopback: loopbackWarner{mode: "ipvs", log: log}, noLocal: noLocalTally{byService: true}, backoff: syncBackoff{max: resyncEvery(cfg.KubeProxy.IPVS.SyncPeriod.Duration)}}
 	sets := &ipvs.IPSetExec{}
 	if _, err := sets.List(); err != nil {
 		k.Close()
@@ -153,6 +154,7 @@ func (p *ipvsPlane) sync(snap *lb.Snapshot, full bool) error {
 		return fmt.Errorf("IPVS mode: %w", errBackingOff{p.backoff.failures, d})
 	}
 	p.loopback.check(snap)
+	p.noLocal.update(snap)
 	p.svcAddrs.update(snap)
 	if v := p.local.version(); v != p.localVersion || p.bound == nil {
 		// The host's addresses changed, if only by what the last sync
@@ -246,6 +248,8 @@ func (p *ipvsPlane) sync(snap *lb.Snapshot, full bool) error {
 			errs = append(errs, err)
 		}
 		p.conntrack.reconcile(snap, nf.IPv6, p.local, p.metrics, p.log) // as in iptables mode
+		in, ex := p.noLocal.get(nf.IPv6)
+		p.metrics.NoLocalEndpoints(familyName(nf.IPv6), in, ex)
 	}
 	p.failed = len(errs) > 0
 	p.backoff.done(p.failed)

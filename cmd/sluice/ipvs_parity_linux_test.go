@@ -142,6 +142,9 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 	// up: one while sluice has run.
 	linkUp := map[string][]string{}
 	for who, lines := range states {
+		if strings.HasSuffix(who, "-metrics") {
+			continue
+		}
 		linkUp[who] = slices.DeleteFunc(slices.Clone(lines), kubeIPVS0LinkLocal.MatchString)
 		if up := who == "sluice" || strings.Contains(who, "over"); up != (len(linkUp[who]) == len(lines)-1) {
 			t.Errorf("%s: kube-ipvs0 has %d link-local addresses", who, len(lines)-len(linkUp[who]))
@@ -164,6 +167,27 @@ func TestIPVSParityWithKubeProxy(t *testing.T) {
 		t.Error("kube-proxy's --cleanup destroyed its IPv6 sets: take the exception off")
 	}
 	checkDifferences(t, upLeft, states["sluice-cleanup"], nil)
+	// Every kubeproxy_* metric kube-proxy exports in IPVS mode (by name and
+	// label names), and the same Local-policy counts.
+	metricsOf := func(who string) string {
+		var page []string
+		for _, l := range states[who+"-metrics"] {
+			page = append(page, strings.TrimPrefix(l, "metrics "))
+		}
+		return strings.Join(page, "\n")
+	}
+	upPage, usPage := metricsOf("kube-proxy"), metricsOf("sluice")
+	for _, m := range metricShapes(upPage) {
+		if !slices.Contains(metricShapes(usPage), m) {
+			t.Errorf("kube-proxy exports %s in IPVS mode; sluice does not", m)
+		}
+	}
+	for _, name := range []string{"kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+		"kubeproxy_sync_proxy_rules_service_changes_pending", "kubeproxy_sync_proxy_rules_endpoint_changes_pending"} {
+		if up, us := series(upPage, name), series(usPage, name); len(up) == 0 || !slices.Equal(up, us) {
+			t.Errorf("%s: kube-proxy\n%s\nsluice\n%s", name, strings.Join(up, "\n"), strings.Join(us, "\n"))
+		}
+	}
 	// After the swaps, kube-proxy's --cleanup and then sluice's leave
 	// nothing of either.
 	for _, who := range []string{"sluice-cleanup", "both-cleanups"} {

@@ -164,3 +164,38 @@ func BenchmarkKernelPlaneTallies(b *testing.B) {
 		tally.get(true)
 	}
 }
+
+// In IPVS mode the Services with a Local policy and no local endpoint are
+// counted, not their ports, as kube-proxy's IPVS mode counts them; the
+// other kernel modes count ports, as kube-proxy's do.
+func TestNoLocalTallyCountsServicesInIPVSMode(t *testing.T) {
+	port := func(name, port string) *lb.ServicePort {
+		return &lb.ServicePort{Name: lb.ServicePortName{Namespace: "ns", Name: name, Port: port, Protocol: lb.TCP},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.5")}, InternalLocal: true, ExternalLocal: true, NodePort: 30000,
+			Endpoints: []lb.Endpoint{{Addr: lb.EndpointAddrFrom(netip.MustParseAddr("10.244.1.5"), 80), Ready: true, Serving: true}}}
+	}
+	a, b := port("web", "http"), port("web", "dns")
+	full := lb.NewSnapshot(map[lb.ServicePortName]*lb.ServicePort{a.Name: a, b.Name: b})
+	full.ID = 1
+	one := full.With(nil, []lb.ServicePortName{b.Name})
+	one.ID = 2
+	none := one.With(nil, []lb.ServicePortName{a.Name})
+	none.ID = 3
+	for _, c := range []struct {
+		byService bool
+		want      [3]int
+	}{{false, [3]int{2, 1, 0}}, {true, [3]int{1, 1, 0}}} {
+		tally := noLocalTally{byService: c.byService}
+		for i, snap := range []*lb.Snapshot{full, one, none} {
+			tally.update(snap)
+			if in, ex := tally.get(false); in != c.want[i] || ex != c.want[i] {
+				t.Errorf("byService %v, snapshot %d: %d internal, %d external; want %d", c.byService, i, in, ex, c.want[i])
+			}
+		}
+		tally = noLocalTally{byService: c.byService}
+		tally.update(&lb.Snapshot{Ports: full.Ports}) // no delta: a walk
+		if in, _ := tally.get(false); in != c.want[0] {
+			t.Errorf("byService %v, walked: %d, want %d", c.byService, in, c.want[0])
+		}
+	}
+}

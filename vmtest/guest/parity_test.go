@@ -127,6 +127,14 @@ func run(t *testing.T, spec paritySpec, name, bin, who string) {
 	}
 	if who != "" {
 		printParity(who, settled)
+		// Its kubeproxy_* series, apart: their values move.
+		var series []string
+		for _, l := range strings.Split(metricsPage(spec.Metrics), "\n") {
+			if strings.HasPrefix(l, "kubeproxy_") {
+				series = append(series, "metrics| "+l)
+			}
+		}
+		printParity(who+"-metrics", series)
 	}
 	cmd.Process.Signal(os.Interrupt)
 	select {
@@ -208,15 +216,8 @@ func waitSettled(want []string, metrics string, done <-chan error) ([]string, st
 // applied its rules: kubeproxy_sync_proxy_rules_last_timestamp_seconds
 // is exported, and not zero, in each family it has.
 func synced(addr string) bool {
-	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	page, _ := io.ReadAll(resp.Body)
 	n := 0
-	for _, l := range strings.Split(string(page), "\n") {
+	for _, l := range strings.Split(metricsPage(addr), "\n") {
 		if strings.HasPrefix(l, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
 			f := strings.Fields(l)
 			if f[len(f)-1] == "0" {
@@ -226,6 +227,18 @@ func synced(addr string) bool {
 		}
 	}
 	return n > 0
+}
+
+// metricsPage is the /metrics page at addr ("" when it does not answer).
+func metricsPage(addr string) string {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	return string(page)
 }
 
 // kernelState is what the proxies program, one "<part>| <line>" each:
