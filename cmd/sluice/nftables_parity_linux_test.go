@@ -160,6 +160,13 @@ func (b *parityBed) events(t *testing.T) []string {
 	}
 	var out []string
 	for _, ev := range list.Items {
+		// The proxy's own: the API server's controllers record Events of
+		// their own at times of their own (its IP allocator's repair loop
+		// once warned ClusterIPNotAllocated for a Service it had just
+		// made, during kube-proxy's run).
+		if ev.ReportingController != "kube-proxy" {
+			continue
+		}
 		r := ev.Regarding
 		out = append(out, fmt.Sprintf("%s %s %s %s %s/%s by %s/%s", ev.Type, ev.Reason, ev.Action, r.Kind, r.Namespace, r.Name, ev.ReportingController, ev.ReportingInstance))
 	}
