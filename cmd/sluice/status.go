@@ -27,13 +27,13 @@ const statusUsage = `Usage: sluice status [--metrics-bind-address=HOST:PORT] [-o
 Asks a running sluice (its metrics server, 127.0.0.1:10249 unless it was
 started with another --metrics-bind-address) what it serves, as ipvsadm -Ln
 or HAProxy's stats page answer: its node's zone, and whether the node is
-eligible for traffic; in userspace mode each service port with
-its frontends, every endpoint with its condition (ready, terminating,
-not-ready), whether it takes traffic and why not, ejection with the time left and the
-clients ClientIP affinity pins to it, open and total connections, retries,
-failed connects and refused clients, with connection and error rates per
-second (measured over --rate-interval, or between --watch prints); in the
-kernel modes the mode, its families and its syncs. -o json prints it as
+eligible for traffic; in userspace mode each service port with its
+frontends, every endpoint with its condition (ready, terminating,
+not-ready), whether it takes traffic and why not, ejection with the time
+left and the clients ClientIP affinity pins to it, open and total
+connections, retries, failed connects and refused clients, with connection
+and error rates per second (measured over --rate-interval, or between
+--watch prints); in the kernel modes the mode, its families and its syncs. -o json prints it as
 data; --watch prints it again every interval until interrupted.
 `
 
