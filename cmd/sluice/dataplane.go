@@ -351,19 +351,10 @@ func ensureNFAcct(name, metric, help string, m *admin.Metrics, log *slog.Logger)
 	return name
 }
 
-// noLocalEndpoints counts, for one IP family, the service ports with a
-// Local policy that have endpoints but none on this node, as kube-proxy's
-// sync_proxy_rules_no_local_endpoints_total (internal and external).
-func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
-	for _, sp := range snap.Ports.All() {
-		in, ex := noLocalEndpoint(sp, v6)
-		internal += in
-		external += ex
-	}
-	return internal, external
-}
-
-// noLocalEndpoint is noLocalEndpoints' count of one port (nil: none).
+// noLocalEndpoint is one port's count toward kube-proxy's
+// sync_proxy_rules_no_local_endpoints_total, for one IP family: 1 for each
+// Local policy (internal, external) of a port that has endpoints but none
+// on this node (nil: none).
 func noLocalEndpoint(sp *lb.ServicePort, v6 bool) (internal, external int) {
 	if sp == nil || !slices.ContainsFunc(sp.ClusterIPs, func(a netip.Addr) bool { return (a.Is6() && !a.Is4In6()) == v6 }) {
 		return 0, 0
@@ -398,7 +389,7 @@ func eachChanged(prev, snap *lb.Snapshot, move func(old, sp *lb.ServicePort)) bo
 	return true
 }
 
-// noLocalTally keeps noLocalEndpoints' counts for both families in step
+// noLocalTally keeps the noLocalEndpoint counts of both families in step
 // with the snapshots a kernel plane applies: from each snapshot's delta
 // over the one before (issue 16: O(changed) per sync, where the walk took
 // 17 ms per family at 10k Services), else by walking every port.
@@ -415,12 +406,6 @@ type noLocalTally struct {
 func (t *noLocalTally) update(snap *lb.Snapshot) {
 	defer func() { t.snap = snap }()
 	if eachChanged(t.snap, snap, func(old, sp *lb.ServicePort) { t.add(old, -1); t.add(sp, +1) }) {
-		return
-	}
-	if !t.byService {
-		for f, v6 := range []bool{false, true} {
-			t.counts[f][0], t.counts[f][1] = noLocalEndpoints(snap, v6)
-		}
 		return
 	}
 	t.counts, t.ports = [2][2]int{}, [2][2]map[string]int{}

@@ -29,6 +29,18 @@ func randomChange(rng *rand.Rand, cur *lb.Snapshot, n, delOneIn int, port func()
 	return next
 }
 
+// noLocalEndpoints counts, for one IP family, the service ports with a
+// Local policy that have endpoints but none on this node, walking every
+// port: what noLocalTally must keep from the deltas.
+func noLocalEndpoints(snap *lb.Snapshot, v6 bool) (internal, external int) {
+	for _, sp := range snap.Ports.All() {
+		in, ex := noLocalEndpoint(sp, v6)
+		internal += in
+		external += ex
+	}
+	return internal, external
+}
+
 // tallyPort is port i in a random shape: either family, Local policies,
 // endpoints local or not, ready or not, now and then on loopback.
 func tallyPort(rng *rand.Rand, i int) *lb.ServicePort {

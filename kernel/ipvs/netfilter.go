@@ -138,18 +138,7 @@ func portEntries(sp *lb.ServicePort, o Options) []setEntry {
 			}
 		}
 	}
-	var ranges []netip.Prefix
-	for _, r := range sp.SourceRanges() {
-		if fam(r.Addr()) {
-			ranges = append(ranges, r)
-		}
-	}
-	nodeInRange := false
-	for _, r := range ranges {
-		for _, n := range o.NodeIPs {
-			nodeInRange = nodeInRange || r.Contains(n)
-		}
-	}
+	ranges, nodeInRange := sourceRanges(sp, o)
 	for _, ip := range sp.LoadBalancerIPs() {
 		if fam(ip) {
 			add(SetLoadBalancer, ipPort(ip, sp.Port))
@@ -210,33 +199,37 @@ func portEntries(sp *lb.ServicePort, o Options) []setEntry {
 // (KUBE-IPVS-OUT-FILTER), as the ranges would keep it out of an external
 // load balancer.
 func portNoNodeAccess(sp *lb.ServicePort, o Options) []string {
-	if sp == nil || len(sp.SourceRanges()) == 0 {
+	if sp == nil {
 		return nil
 	}
-	fam := func(a netip.Addr) bool { return a.Is6() == o.IPv6 }
-	var ranges []netip.Prefix
-	for _, r := range sp.SourceRanges() {
-		if fam(r.Addr()) {
-			ranges = append(ranges, r)
-		}
-	}
-	if len(ranges) == 0 {
+	if ranges, nodeInRange := sourceRanges(sp, o); len(ranges) == 0 || nodeInRange {
 		return nil
-	}
-	for _, r := range ranges {
-		for _, ip := range o.NodeIPs {
-			if r.Contains(ip) {
-				return nil
-			}
-		}
 	}
 	var out []string
 	for _, ip := range sp.LoadBalancerIPs() {
-		if fam(ip) {
+		if ip.Is6() == o.IPv6 {
 			out = append(out, fmt.Sprintf("%s,%s,%d", ip, strings.ToLower(string(sp.Name.Protocol)), sp.Port))
 		}
 	}
 	return out
+}
+
+// sourceRanges are sp's loadBalancerSourceRanges of o's family, and
+// whether one of them holds a node IP: then the node's own hairpin through
+// an LB IP is admitted (KUBE-LOAD-BALANCER-SOURCE-IP), else the node is
+// kept from the LB IPs (portNoNodeAccess).
+func sourceRanges(sp *lb.ServicePort, o Options) (ranges []netip.Prefix, nodeInRange bool) {
+	for _, r := range sp.SourceRanges() {
+		if r.Addr().Is6() == o.IPv6 {
+			ranges = append(ranges, r)
+		}
+	}
+	for _, r := range ranges {
+		for _, n := range o.NodeIPs {
+			nodeInRange = nodeInRange || r.Contains(n)
+		}
+	}
+	return ranges, nodeInRange
 }
 
 // RestoreSets renders `ipset restore` input that makes each set hold
